@@ -1,0 +1,5 @@
+"""``python -m tpurun``."""
+
+from tpurun.cli import main
+
+main()

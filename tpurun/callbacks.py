@@ -1,0 +1,218 @@
+"""Callbacks: progress and NaN guard, host-side checkpoints, CSV log, LR plateau, early stop, user's.
+
+Checkpoints are written by Keras' ``.keras`` / ``.weights.h5`` savers, which copy the variables to
+the host and write from there, so a TPU never has to reach the local disk. Every file is written
+under a temporary name and renamed (or copied, for remote paths), so a kill leaves the previous
+checkpoint readable.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from typing import Any
+
+import keras  # imported only after runtime.activate() has chosen the backend
+
+from tpurun.config import Config
+from tpurun.console import Reporter
+from tpurun.errors import ConfigError, TpurunError
+from tpurun.fileio import save_atomically, write_json
+from tpurun.model import import_object
+from tpurun.plan import Plan, resolve_monitor, resolve_monitor_mode
+
+LATEST_WEIGHTS = "latest.weights.h5"
+LATEST_STATE = "latest.json"
+BEST_MODEL = "best.keras"
+
+
+class Progress(keras.callbacks.Callback):
+    """Feeds the reporter at a bounded rate, and stops training on a NaN or Inf loss.
+
+    ``async_safe``: under JAX, Keras then runs the batch hooks on a worker thread (pythonifying the
+    logs there), so reading a step's metrics never stalls the device queue. The hook may run on any
+    of several threads, and must not touch ``self.model``: under JAX that syncs the model state
+    from the worker and races the training loop ("Buffer has been deleted or donated"). It only
+    sets ``self._model.stop_training``, a plain attribute the loop checks after each execution.
+    """
+
+    async_safe = True
+
+    def __init__(self, reporter: Reporter, plan: Plan, epochs: int, stop_on_nan: bool):
+        super().__init__()
+        self.reporter = reporter
+        self.plan = plan
+        self.epochs = epochs
+        self.stop_on_nan = stop_on_nan
+        self.interval = reporter.progress_interval
+        self.epoch_seconds: list[float] = []
+        self.epoch_rates: list[float] = []
+        self.first_step_seconds: float | None = None
+        self.nan_at: tuple[int, int] | None = None
+        self._lock = threading.Lock()
+        self._train_start = time.monotonic()
+
+    def on_train_begin(self, logs=None):
+        self._train_start = time.monotonic()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch + 1
+        self._epoch_start = time.monotonic()
+        self._last_report = self._epoch_start
+        self.reporter.epoch_begin(self._epoch, self.plan.steps_per_epoch)
+
+    def on_train_batch_end(self, batch, logs=None):
+        now = time.monotonic()
+        step = batch + 1
+        if self.first_step_seconds is None:
+            self.first_step_seconds = now - self._train_start
+        loss = (logs or {}).get("loss")
+        if self.stop_on_nan and loss is not None and not math.isfinite(loss):
+            self.nan_at = self.nan_at or (self._epoch, step)
+            self._model.stop_training = True
+        if now - self._last_report < self.interval or step >= self.plan.steps_per_epoch:
+            return
+        with self._lock:
+            self._last_report = now
+            elapsed = now - self._epoch_start
+            rate = step * self.plan.global_batch_size / elapsed if elapsed > 0 else 0.0
+            eta = (self.plan.steps_per_epoch - step) * elapsed / step
+            self.reporter.progress(self._epoch, step, self.plan.steps_per_epoch, rate, eta, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        seconds = time.monotonic() - self._epoch_start
+        rate = self.plan.steps_per_epoch * self.plan.global_batch_size / seconds if seconds else 0.0
+        self.epoch_seconds.append(seconds)
+        self.epoch_rates.append(rate)
+        logs = dict(logs or {})
+        if self.stop_on_nan and not math.isfinite(logs.get("loss", 0.0)):
+            self.nan_at = self.nan_at or (epoch + 1, self.plan.steps_per_epoch)
+            self._model.stop_training = True
+        self.reporter.epoch_end(epoch + 1, logs, seconds, rate)
+
+
+class RunCheckpoint(keras.callbacks.Callback):
+    """The latest weights (with optimizer state) every epoch, and the best model by ``monitor``.
+
+    ``latest.json`` beside the weights records the epoch and the best value so far: a resume reads
+    it rather than trusting file times.
+    """
+
+    def __init__(
+        self, folder: str, monitor: str, mode: str, save_best_only: bool, filename: str | None
+    ):
+        super().__init__()
+        self.folder = folder
+        self.monitor = monitor
+        self.mode = mode
+        self.save_best_only = save_best_only
+        self.filename = filename
+        self.best: float | None = None
+        self.best_epoch: int | None = None
+
+    def improved(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        if self.best is None:
+            return True
+        return value < self.best if self.mode == "min" else value > self.best
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        value = logs.get(self.monitor)
+        if value is None:
+            raise ConfigError(
+                [
+                    f"callbacks.checkpoint.monitor: '{self.monitor}' is not among the epoch's "
+                    f"metrics ({', '.join(sorted(logs))})"
+                ]
+            )
+        better = self.improved(float(value))
+        if better:
+            self.best, self.best_epoch = float(value), epoch + 1
+            save_atomically(os.path.join(self.folder, BEST_MODEL), self.model.save)
+        if self.filename and (better or not self.save_best_only):
+            try:
+                name = self.filename.format(epoch=epoch + 1, **logs)
+            except (KeyError, IndexError, ValueError) as exc:
+                raise TpurunError(
+                    f"callbacks.checkpoint.filename '{self.filename}': cannot fill it in ({exc}); "
+                    f"it may use {{epoch}} and the metrics {', '.join(sorted(logs))}."
+                ) from None
+            path = os.path.join(self.folder, name)
+            writer = self.model.save_weights if name.endswith(".weights.h5") else self.model.save
+            save_atomically(path, writer)
+        save_atomically(os.path.join(self.folder, LATEST_WEIGHTS), self.model.save_weights)
+        write_json(
+            os.path.join(self.folder, LATEST_STATE),
+            {
+                "epoch": epoch + 1,
+                "monitor": self.monitor,
+                "best": self.best,
+                "best_epoch": self.best_epoch,
+                "logs": {k: float(v) for k, v in logs.items()},
+                "time": time.time(),
+            },
+        )
+
+
+def build_callbacks(
+    config: Config, plan: Plan, run_dir: str, reporter: Reporter
+) -> tuple[list[Any], Progress, RunCheckpoint | None]:
+    """The callback list for ``fit``, plus the two tpurun reads results from."""
+    cb = config.callbacks
+    progress = Progress(reporter, plan, config.train.epochs, cb.terminate_on_nan)
+    out: list[Any] = [progress]
+    if cb.reduce_lr_on_plateau is not None:
+        r = cb.reduce_lr_on_plateau
+        monitor = resolve_monitor(config, r.monitor)
+        out.append(
+            keras.callbacks.ReduceLROnPlateau(
+                monitor=monitor, factor=r.factor, patience=r.patience, min_lr=r.min_lr,
+                min_delta=r.min_delta, cooldown=r.cooldown, mode=resolve_monitor_mode(monitor, r.mode),
+            )
+        )  # fmt: skip
+    if cb.early_stopping is not None:
+        e = cb.early_stopping
+        monitor = resolve_monitor(config, e.monitor)
+        out.append(
+            keras.callbacks.EarlyStopping(
+                monitor=monitor, patience=e.patience, min_delta=e.min_delta,
+                mode=resolve_monitor_mode(monitor, e.mode), restore_best_weights=e.restore_best_weights,
+            )
+        )  # fmt: skip
+    for spec in cb.extra:
+        cls = import_object(spec.name, config.base_dir, "callbacks.extra")
+        try:
+            callback = cls(**spec.kwargs)
+        except Exception as exc:
+            raise TpurunError(
+                f"callbacks.extra '{spec.name}': {type(exc).__name__}: {exc}"
+            ) from None
+        if not isinstance(callback, keras.callbacks.Callback):
+            raise TpurunError(
+                f"callbacks.extra '{spec.name}' made a {type(callback).__name__}, not a "
+                "keras.callbacks.Callback."
+            )
+        out.append(callback)
+    # The CSV row of an epoch is written before its checkpoint; a resume drops rows past the
+    # checkpoint, so a kill between the two leaves neither a gap nor a duplicate.
+    if cb.csv_log is not None:
+        out.append(
+            keras.callbacks.CSVLogger(
+                os.path.join(run_dir, cb.csv_log.filename), append=cb.csv_log.append
+            )
+        )
+    checkpoint = None
+    if cb.checkpoint is not None:
+        checkpoint = RunCheckpoint(
+            folder=os.path.join(run_dir, "checkpoints"),
+            monitor=plan.monitor,
+            mode=resolve_monitor_mode(plan.monitor, cb.checkpoint.mode),
+            save_best_only=cb.checkpoint.save_best_only,
+            filename=cb.checkpoint.filename,
+        )
+        out.append(checkpoint)
+    return out, progress, checkpoint

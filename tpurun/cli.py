@@ -1,0 +1,163 @@
+"""The ``tpurun`` command. The only module that prints to the user or chooses an exit code.
+
+Exit codes: 0 success; 2 a user error (config, data, usage, an environment that cannot run the
+config), one short paragraph and no traceback; 1 anything unexpected, with the traceback written to
+a file whose path is printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tpurun import __version__
+from tpurun.errors import EXIT_UNEXPECTED, EXIT_USER_ERROR, TpurunError
+
+app = typer.Typer(
+    name="tpurun",
+    help="Train Keras 3 models from a YAML file, on TPUs, GPUs or CPUs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+ConfigArg = Annotated[
+    Path, typer.Argument(help="The experiment's YAML file.", show_default=False, dir_okay=False)
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        "-s",
+        help="Override a key: --set train.epochs=3 (repeatable).",
+        metavar="KEY=VALUE",
+    ),
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"tpurun {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")
+    ] = False,
+) -> None:
+    """Train Keras 3 models from a YAML file, on TPUs, GPUs or CPUs."""
+
+
+def _fail(exc: TpurunError) -> typer.Exit:
+    typer.echo(f"error: {exc}", err=True)
+    return typer.Exit(code=exc.exit_code)
+
+
+def _unexpected(run_dir: Path | None) -> typer.Exit:
+    """Write the traceback to a file (the run directory's, if any) and say where it is."""
+    text = traceback.format_exc()
+    path = run_dir / "error.log" if run_dir is not None and run_dir.is_dir() else None
+    try:
+        if path is None:
+            fd, name = tempfile.mkstemp(prefix="tpurun-error-", suffix=".log")
+            os.close(fd)
+            path = Path(name)
+        path.write_text(text)
+    except OSError:
+        path = None
+    last = text.strip().splitlines()[-1]
+    where = f"; the traceback is in {path}" if path else f"\n{text}"
+    typer.echo(f"error: unexpected failure: {last}{where}", err=True)
+    return typer.Exit(code=EXIT_UNEXPECTED)
+
+
+@app.command()
+def train(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    output: Annotated[
+        str | None,
+        typer.Option("--output", "-o", help="Parent folder for the run (overrides output.dir)."),
+    ] = None,
+    plain: Annotated[
+        bool,
+        typer.Option("--plain", help="Plain lines instead of a live view (also TPURUN_PLAIN=1)."),
+    ] = False,
+    restart: Annotated[
+        bool,
+        typer.Option("--restart", help="Start over; the existing run directory is moved aside."),
+    ] = False,
+) -> None:
+    """Train a model as CONFIG describes; rerunning continues an unfinished run."""
+    from tpurun.config import load_config
+    from tpurun.console import make_reporter
+
+    run_dir = None
+    reporter = make_reporter(plain)
+    try:
+        cfg = load_config(config, set_ or [])
+        run_dir = Path(output or cfg.output.dir) / cfg.name
+        from tpurun.runner import run
+
+        run(cfg, output=output, reporter=reporter, restart=restart)
+    except TpurunError as exc:
+        raise _fail(exc) from None
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        raise typer.Exit(code=130) from None
+    except Exception:
+        raise _unexpected(run_dir) from None
+
+
+@app.command("config")
+def config_command(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of YAML.")] = False,
+    check: Annotated[
+        bool, typer.Option("--check", help="Only validate the file: no data, no devices (instant).")
+    ] = False,
+) -> None:
+    """Print the resolved config with its derived values (replicas, batch, LR, steps), without training."""
+    from tpurun.config import load_config
+
+    try:
+        cfg = load_config(config, set_ or [])
+        if check:
+            data = cfg.to_dict()
+        else:
+            from tpurun.runner import prepare, resolved_config
+
+            data = resolved_config(cfg, prepare(cfg).plan)
+    except TpurunError as exc:
+        raise _fail(exc) from None
+    except Exception:
+        raise _unexpected(None) from None
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+    else:
+        import yaml
+
+        typer.echo(yaml.safe_dump(data, sort_keys=False), nl=False)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    try:
+        app()
+    except SystemExit as exc:
+        # Click reports usage errors with exit code 2 already; keep every other code as is.
+        code = (
+            exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USER_ERROR)
+        )
+        sys.exit(code)

@@ -1,0 +1,563 @@
+"""The experiment file: typed schema, strict YAML loading with line numbers, and --set overrides.
+
+Nothing here imports TensorFlow, JAX or Keras, so ``tpurun --help`` and validation answer at once.
+Values that need the machine or the data (replicas, global batch, scaled learning rate, steps) are
+derived later, in :mod:`tpurun.plan`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import typing
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+
+from tpurun.errors import ConfigError
+
+#: Keys tpurun writes into a run directory's config.yaml; ignored when that file is loaded again.
+WRITTEN_KEYS = ("derived",)
+
+Auto = Literal["auto"]
+RawDType = Literal[
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+]
+CastDType = Literal["float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8", "bool"]
+Positive = Annotated[int, Field(ge=1)]
+
+
+class Section(BaseModel):
+    """A strict config section: unknown keys are errors, defaults are validated too."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, validate_assignment=True)
+
+
+class NamedObject(Section):
+    """A Keras object named by a string, or by ``{name: ..., other keys are kwargs}``."""
+
+    name: str = Field(description="A Keras name (`adam`), or an import path `module:Name`.")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Constructor arguments.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_user_form(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return {"name": value, "kwargs": {}}
+        if isinstance(value, dict) and "kwargs" not in value:
+            rest = {k: v for k, v in value.items() if k != "name"}
+            return {"name": value.get("name"), "kwargs": rest}
+        return value
+
+    @model_serializer
+    def _to_user_form(self) -> Any:
+        return self.name if not self.kwargs else {"name": self.name, **self.kwargs}
+
+
+# --------------------------------------------------------------------------------------- runtime
+class RuntimeConfig(Section):
+    backend: Literal["auto", "jax", "tensorflow"] = Field(
+        "auto", description="Keras backend. auto: the fastest one that can run this config here."
+    )
+    accelerator: Literal["auto", "tpu", "gpu", "cpu"] = Field(
+        "auto", description="auto: TPU, else GPUs, else CPU."
+    )
+    tpu: str = Field(
+        "auto",
+        min_length=1,
+        description="TensorFlow TPU address: auto | local | <TPU name> | grpc://host:port.",
+    )
+    cpu_devices: int = Field(
+        1, ge=1, le=512, description="Split the CPU into N devices to rehearse an N-core config."
+    )
+    precision: Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"] = Field(
+        "auto", description="auto: mixed_bfloat16 on TPUs, float32 elsewhere."
+    )
+
+
+# ----------------------------------------------------------------------------------------- model
+class ModelConfig(Section):
+    factory: str = Field(
+        pattern=r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$",
+        description='"path/to/file.py:function" or "package.module:function"; returns a Keras model.',
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Arguments for the factory.")
+    optimizer: NamedObject = Field(
+        default_factory=lambda: NamedObject(name="adam"),
+        description="A Keras optimizer name or module:Class; other keys are its kwargs.",
+    )
+    loss: NamedObject | list[NamedObject] | dict[str, NamedObject] = Field(
+        description="A Keras loss name, module:function, or {name: ..., kwarg: ...}."
+    )
+    metrics: list[NamedObject] = Field(default_factory=list, description="Keras metrics.")
+
+
+# ------------------------------------------------------------------------------------------ data
+class _FeatureBase(Section):
+    key: str | None = Field(
+        None, description="The key in the record, when it differs from the name."
+    )
+
+
+class RawFeature(_FeatureBase):
+    type: Literal["raw"]
+    dtype: RawDType = Field("float32", description="The dtype the bytes were written as.")
+    shape: list[Positive] = Field(description="Shape of one record's tensor after decoding.")
+    cast: CastDType | None = Field(None, description="Cast after decoding.")
+
+
+class Int64Feature(_FeatureBase):
+    type: Literal["int64"]
+    shape: list[Positive] = Field(default_factory=list, description="[] for a scalar.")
+    cast: CastDType | None = None
+
+
+class FloatFeature(_FeatureBase):
+    type: Literal["float"]
+    shape: list[Positive] = Field(default_factory=list, description="[] for a scalar.")
+    cast: CastDType | None = None
+
+
+class BytesFeature(_FeatureBase):
+    type: Literal["bytes"]
+    shape: list[Positive] = Field(default_factory=list, description="[] for a scalar string.")
+
+
+class ImageFeature(_FeatureBase):
+    type: Literal["image"]
+    shape: Annotated[list[Positive], Field(min_length=3, max_length=3)] = Field(
+        description="[height, width, channels]; images are resized to it."
+    )
+    scale: bool = Field(True, description="Scale pixels to [0, 1] floats; false keeps 0..255.")
+    cast: CastDType | None = None
+
+    @field_validator("shape")
+    @classmethod
+    def _channels(cls, shape: list[int]) -> list[int]:
+        if shape[2] not in (1, 3, 4):
+            raise ValueError(f"channels (the last value) must be 1, 3 or 4, got {shape[2]}")
+        return shape
+
+
+Feature = Annotated[
+    RawFeature | Int64Feature | FloatFeature | BytesFeature | ImageFeature,
+    Field(discriminator="type"),
+]
+FeatureRef = str | list[str] | dict[str, str]
+
+
+class DataConfig(Section):
+    train: str | list[str] = Field(description="TFRecord glob(s): local, gs:// or ram://.")
+    validation: str | list[str] | None = Field(None, description="TFRecord glob(s) for validation.")
+    features: dict[str, Feature] = Field(min_length=1, description="How to decode each record key.")
+    inputs: FeatureRef = Field(description="Feature name, list, or {model_input: feature} map.")
+    targets: FeatureRef = Field(description="Feature name, list, or {model_output: feature} map.")
+    shuffle_buffer: int = Field(10000, ge=0, description="Records held for shuffling (0: off).")
+    compression: Literal["none", "gzip"] = Field("none", description="TFRecord compression.")
+
+    @staticmethod
+    def names(ref: FeatureRef) -> list[str]:
+        """The feature names an ``inputs`` / ``targets`` value refers to."""
+        if isinstance(ref, str):
+            return [ref]
+        return list(ref.values()) if isinstance(ref, dict) else list(ref)
+
+
+# ----------------------------------------------------------------------------------------- train
+class LearningRateConfig(Section):
+    base: float = Field(1e-3, gt=0, description="Learning rate tuned for base_batch_size.")
+    base_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Batch size `base` was tuned for (unset: the global batch, no scaling).",
+    )
+    scaling: Literal["linear", "sqrt", "none"] = Field(
+        "linear", description="lr = base x f(global_batch / base_batch_size)."
+    )
+    warmup_epochs: float = Field(0, ge=0, description="Linear warmup from 0, in epochs.")
+    schedule: Literal["constant", "cosine"] = Field("constant", description="After warmup.")
+
+
+class TrainConfig(Section):
+    per_core_batch_size: int | None = Field(
+        None, ge=1, description="Batch per replica; global batch = this x replicas (default 16)."
+    )
+    global_batch_size: int | None = Field(
+        None, ge=1, description="Alternative to per_core_batch_size; must divide by replicas."
+    )
+    epochs: int = Field(10, ge=1, description="Epochs to train.")
+    steps_per_epoch: int | Auto = Field("auto", description="auto: train records // global batch.")
+    validation_steps: int | Auto = Field(
+        "auto", description="auto: validation records // global batch."
+    )
+    steps_per_execution: int | Auto = Field(
+        "auto", description="Batches per device call; auto picks an integer for this backend."
+    )
+    learning_rate: LearningRateConfig = Field(default_factory=LearningRateConfig)
+
+    @field_validator("steps_per_epoch", "validation_steps", "steps_per_execution", mode="before")
+    @classmethod
+    def _auto_or_positive(cls, value: Any) -> Any:
+        # One clear message instead of pydantic's one-per-union-member.
+        if value == "auto" or (
+            isinstance(value, int) and not isinstance(value, bool) and value >= 1
+        ):
+            return value
+        raise ValueError("expected 'auto' or an integer >= 1")
+
+    @model_validator(mode="after")
+    def _one_batch_size(self) -> TrainConfig:
+        if self.per_core_batch_size is not None and self.global_batch_size is not None:
+            raise ValueError("give per_core_batch_size or global_batch_size, not both")
+        return self
+
+
+# ------------------------------------------------------------------------------------- callbacks
+Monitor = str
+Mode = Literal["auto", "min", "max"]
+
+
+class CheckpointConfig(Section):
+    monitor: Monitor = Field("auto", description="auto: val_loss with validation data, else loss.")
+    mode: Mode = "auto"
+    save_best_only: bool = Field(True, description="Keep only improved models (plus latest).")
+    filename: str | None = Field(
+        None, description="Pattern for kept models, e.g. 'ep{epoch:03d}-{val_loss:.4f}.keras'."
+    )
+
+    @field_validator("filename")
+    @classmethod
+    def _suffix(cls, value: str | None) -> str | None:
+        if value is not None and not value.endswith((".keras", ".weights.h5", ".h5")):
+            raise ValueError("must end in .keras (whole model) or .weights.h5 (weights only)")
+        if value is not None and ("/" in value or "\\" in value):
+            raise ValueError("a file name, without folders (files go in <run>/checkpoints/)")
+        return value
+
+
+class CsvLogConfig(Section):
+    append: bool = Field(True, description="Append to an existing log.csv.")
+    filename: str = "log.csv"
+
+
+class ReduceLROnPlateauConfig(Section):
+    monitor: Monitor = "auto"
+    factor: float = Field(0.1, gt=0, lt=1)
+    patience: int = Field(10, ge=0)
+    min_lr: float = Field(0.0, ge=0)
+    min_delta: float = Field(1e-4, ge=0)
+    cooldown: int = Field(0, ge=0)
+    mode: Mode = "auto"
+
+
+class EarlyStoppingConfig(Section):
+    monitor: Monitor = "auto"
+    patience: int = Field(10, ge=0)
+    min_delta: float = Field(0.0, ge=0)
+    mode: Mode = "auto"
+    restore_best_weights: bool = False
+
+
+class CallbacksConfig(Section):
+    checkpoint: CheckpointConfig | None = Field(default_factory=CheckpointConfig)
+    csv_log: CsvLogConfig | None = Field(default_factory=CsvLogConfig)
+    reduce_lr_on_plateau: ReduceLROnPlateauConfig | None = None
+    early_stopping: EarlyStoppingConfig | None = None
+    terminate_on_nan: bool = True
+    extra: list[NamedObject] = Field(
+        default_factory=list, description="User callbacks: 'module:Class' or {name: ..., kwargs}."
+    )
+
+
+class OutputConfig(Section):
+    dir: str = Field("runs", description="Run directory = <dir>/<name> (relative to the cwd).")
+
+
+# ---------------------------------------------------------------------------------------- config
+class Config(Section):
+    name: str = Field(
+        "run",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="Run name; defaults to the config file's stem.",
+    )
+    seed: int = Field(42, description="Seed for weights, shuffling and dropout.")
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    model: ModelConfig
+    data: DataConfig
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    callbacks: CallbacksConfig = Field(default_factory=CallbacksConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+
+    # Where relative paths (factory file, data globs) are resolved from: the config file's folder.
+    _base_dir: Path = PrivateAttr(default_factory=Path.cwd)
+
+    @property
+    def base_dir(self) -> Path:
+        return self._base_dir
+
+    def resolve_path(self, path: str) -> str:
+        """A local path relative to the config file's folder; remote URLs are left alone."""
+        if "://" in path or Path(path).is_absolute():
+            return path
+        return str(self._base_dir / path)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as plain data, in the form a user writes it."""
+        return self.model_dump(mode="json")
+
+
+# ---------------------------------------------------------------------------------------- loading
+class _Located:
+    """Where each key of a YAML document (or a --set override) came from."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.lines: dict[tuple, int] = {}
+        self.overrides: dict[tuple, str] = {}
+
+    def where(self, path: tuple) -> str:
+        for n in range(len(path), -1, -1):
+            if path[:n] in self.overrides:
+                return f"--set {self.overrides[path[:n]]}"
+        for n in range(len(path), -1, -1):
+            if path[:n] in self.lines:
+                return f"{self.source}:{self.lines[path[:n]]}"
+        return self.source
+
+
+def _index_lines(node: yaml.Node, path: tuple, located: _Located, problems: list[str]) -> None:
+    if isinstance(node, yaml.MappingNode):
+        seen: set = set()
+        for key_node, value_node in node.value:
+            key = key_node.value
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                dotted = ".".join(map(str, (*path, key)))
+                problems.append(f"{located.source}:{line}: duplicate key '{dotted}'")
+            seen.add(key)
+            located.lines[(*path, key)] = line
+            _index_lines(value_node, (*path, key), located, problems)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            located.lines[(*path, i)] = item.start_mark.line + 1
+            _index_lines(item, (*path, i), located, problems)
+
+
+def _parse_yaml(text: str, source: str) -> tuple[dict, _Located]:
+    located = _Located(source)
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError([f"{where}: not valid YAML: {problem}"]) from None
+    if data is None:
+        raise ConfigError([f"{source}: the file is empty"])
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [f"{source}:1: expected a mapping of keys at the top, got {type(data).__name__}"]
+        )
+    problems: list[str] = []
+    _index_lines(node, (), located, problems)
+    if problems:
+        raise ConfigError(problems)
+    return data, located
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """Split ``a.b.c=value``; the value is read as YAML (so 3 is an int and [1, 2] a list)."""
+    key, sep, raw = item.partition("=")
+    if not sep or not key.strip() or any(not part for part in key.strip().split(".")):
+        raise ConfigError(
+            [f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. train.epochs=3"]
+        )
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key.strip().split("."), value
+
+
+def apply_overrides(data: dict, overrides: list[str], located: _Located) -> None:
+    for item in overrides:
+        keys, value = parse_override(item)
+        node = data
+        for key in keys[:-1]:
+            if not isinstance(node.get(key), dict):
+                node[key] = {}
+            node = node[key]
+        node[keys[-1]] = value
+        located.overrides[tuple(keys)] = item
+
+
+def _model_at(loc: tuple, data: Any) -> tuple[type[BaseModel] | None, tuple]:
+    """Walk the schema along a pydantic error location.
+
+    Returns the model class found at that location, and the location with pydantic's union tags
+    removed, so that it matches the keys the user wrote.
+    """
+    cls: Any = Config
+    path: list = []
+    for part in loc:
+        if isinstance(data, dict) and part in data:
+            path.append(part)
+            data = data[part]
+        elif isinstance(data, list) and isinstance(part, int) and part < len(data):
+            path.append(part)
+            data = data[part]
+        # else: a union tag such as 'raw' or 'int' that the user never wrote; it still narrows `cls`.
+        cls = _descend(cls, part)
+    return (cls if isinstance(cls, type) and issubclass(cls, BaseModel) else None), tuple(path)
+
+
+def _descend(cls: Any, part: Any) -> Any:
+    if isinstance(cls, type) and issubclass(cls, BaseModel):
+        field = cls.model_fields.get(part) if isinstance(part, str) else None
+        return field.annotation if field is not None else cls
+    for arg in _flatten(cls):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            type_field = arg.model_fields.get("type")
+            if type_field is not None and typing.get_args(type_field.annotation) == (part,):
+                return arg
+    models = [a for a in _flatten(cls) if isinstance(a, type) and issubclass(a, BaseModel)]
+    return models[0] if len(models) == 1 else cls
+
+
+def _flatten(tp: Any) -> list:
+    """All types inside Optional/Union/list/dict/Annotated."""
+    args = typing.get_args(tp)
+    if not args:
+        return [tp]
+    out: list = []
+    for arg in args:
+        out.extend(_flatten(arg))
+    return out
+
+
+def _format_error(err: dict, data: dict, located: _Located) -> str:
+    loc = tuple(err["loc"])
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        parent_cls, parent_path = _model_at(loc[:-1], data)
+        key = loc[-1]
+        dotted = ".".join(map(str, (*parent_path, key)))
+        allowed = sorted(parent_cls.model_fields) if parent_cls else []
+        close = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
+        hint = f"; did you mean '{close[0]}'?" if close else f"; allowed here: {', '.join(allowed)}"
+        return f"{located.where((*parent_path, key))}: unknown key '{dotted}'{hint}"
+    _, path = _model_at(loc, data)
+    dotted = ".".join(map(str, path)) or "(top level)"
+    where = located.where(path)
+    if kind == "missing":
+        return f"{where}: '{dotted}' is required but missing"
+    if kind == "union_tag_invalid":
+        tags = [t.strip(" '") for t in err["ctx"]["expected_tags"].split(",")]
+        tag = str(err["ctx"]["tag"])
+        close = difflib.get_close_matches(tag, tags, n=1)
+        hint = f"did you mean '{close[0]}'?" if close else f"allowed: {', '.join(tags)}"
+        return (
+            f"{located.where((*path, 'type'))}: {dotted}.type: unknown feature type '{tag}'; {hint}"
+        )
+    msg = err["msg"].removeprefix("Value error, ")
+    received = err.get("input")
+    if isinstance(received, (dict, list)) and len(repr(received)) > 60:
+        return f"{where}: {dotted}: {msg}"
+    return f"{where}: {dotted}: {msg}; received {received!r}"
+
+
+def _cross_checks(config: Config, located: _Located) -> list[str]:
+    """Rules that span sections: feature references, LR plateau versus a schedule."""
+    problems = []
+    lr = config.train.learning_rate
+    if config.callbacks.reduce_lr_on_plateau is not None and (
+        lr.schedule != "constant" or lr.warmup_epochs > 0
+    ):
+        where = located.where(("callbacks", "reduce_lr_on_plateau"))
+        problems.append(
+            f"{where}: callbacks.reduce_lr_on_plateau cannot change a scheduled learning rate "
+            f"(train.learning_rate.schedule: {lr.schedule}, warmup_epochs: {lr.warmup_epochs:g}); "
+            "use schedule: constant with warmup_epochs: 0, or set reduce_lr_on_plateau: null"
+        )
+    declared = list(config.data.features)
+    for key in ("inputs", "targets"):
+        for name in DataConfig.names(getattr(config.data, key)):
+            if name not in config.data.features:
+                close = difflib.get_close_matches(name, declared, n=1)
+                hint = (
+                    f"did you mean '{close[0]}'?" if close else f"declared: {', '.join(declared)}"
+                )
+                where = located.where(("data", key))
+                problems.append(f"{where}: data.{key}: '{name}' is not a declared feature; {hint}")
+    return problems
+
+
+def validate(data: dict, located: _Located, base_dir: Path | None = None) -> Config:
+    """Validate plain data into a Config, reporting every problem at once."""
+    data = {k: v for k, v in data.items() if k not in WRITTEN_KEYS}
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        problems = list(dict.fromkeys(_format_error(e, data, located) for e in exc.errors()))
+        raise ConfigError(problems) from None
+    problems = _cross_checks(config, located)
+    if problems:
+        raise ConfigError(problems)
+    if base_dir is not None:
+        config._base_dir = base_dir
+    return config
+
+
+def load_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Load and validate a config file (or a dict), applying ``--set`` style overrides.
+
+    Args:
+        source: path to a YAML file, or the config as a dict (relative paths then resolve from the
+            current directory).
+        overrides: ``"dotted.key=value"`` strings; values are read as YAML.
+
+    Raises:
+        ConfigError: listing every problem, each with ``file:line`` (or ``--set KEY``) and the key.
+    """
+    if isinstance(source, dict):
+        import copy
+
+        data, located, base_dir = copy.deepcopy(source), _Located("config"), Path.cwd()
+        data.setdefault("name", "run")
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ConfigError(
+                [f"{path}: no such file"] if not path.exists() else [f"{path}: not a file"]
+            )
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError([f"{path}: cannot read it: {exc}"]) from None
+        data, located = _parse_yaml(text, str(path))
+        base_dir = path.resolve().parent
+        # A run directory's own config.yaml names the run; otherwise the file's stem does.
+        if "name" not in data:
+            data["name"] = path.stem
+    apply_overrides(data, list(overrides), located)
+    return validate(data, located, base_dir)

@@ -1,0 +1,1 @@
+"""Input: feature specs, the TFRecord pipeline, and TFRecord writing."""

@@ -1,0 +1,52 @@
+"""The errors tpurun raises on purpose.
+
+Library code raises these with a plain sentence that names the key or file, what was found and what
+to do; only ``cli.py`` turns them into ``error: ...`` and an exit code, with no traceback.
+"""
+
+from __future__ import annotations
+
+#: Exit codes, as documented in the README.
+EXIT_OK = 0
+EXIT_UNEXPECTED = 1
+EXIT_USER_ERROR = 2
+
+
+class TpurunError(Exception):
+    """A problem the user can fix: bad config, bad data, an environment that cannot run the config."""
+
+    exit_code = EXIT_USER_ERROR
+
+    def __init__(self, message: str, *, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n{self.hint}"
+
+
+class ConfigError(TpurunError):
+    """The config file, or a --set override, is invalid. ``problems`` holds one line per problem."""
+
+    def __init__(self, problems: list[str], *, source: str = "config"):
+        self.problems = list(problems)
+        self.source = source
+        if len(self.problems) == 1:
+            message = f"invalid {source}: {self.problems[0]}"
+        else:
+            lines = "\n".join(f"  {p}" for p in self.problems)
+            message = f"invalid {source} ({len(self.problems)} problems):\n{lines}"
+        super().__init__(message)
+
+
+class DataError(TpurunError):
+    """The data named by the config is missing, unreadable or does not match the features."""
+
+
+class EnvironmentSetupError(TpurunError):
+    """This machine or this Python process cannot run the config as written."""
+
+
+class ModelError(TpurunError):
+    """The model factory, optimizer, loss or metrics named by the config cannot be used."""

@@ -1,0 +1,224 @@
+"""The model: import the factory, build optimizer, loss, metrics and the LR schedule, compile."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import inspect
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from tpurun.config import Config, NamedObject
+from tpurun.errors import ModelError
+from tpurun.plan import Plan
+
+
+def import_object(spec: str, base_dir: Path, what: str) -> Any:
+    """Import ``"path/to/file.py:name"`` (relative to ``base_dir``) or ``"package.module:name"``.
+
+    Raises:
+        ModelError: the file, module or attribute does not exist, or the module fails to import.
+    """
+    module_part, _, attr = spec.rpartition(":")
+    if module_part.endswith(".py") or "/" in module_part:
+        path = Path(module_part)
+        path = path if path.is_absolute() else base_dir / path
+        if not path.is_file():
+            raise ModelError(f"{what} '{spec}': no such file {path}.")
+        name = f"tpurun_user_{path.stem}_{abs(hash(str(path.resolve())))}"
+        module = sys.modules.get(name)
+        if module is None:
+            module_spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(module_spec)
+            # The file's folder goes on sys.path so it can import its sibling modules.
+            sys.path.insert(0, str(path.parent))
+            try:
+                module_spec.loader.exec_module(module)
+            except Exception as exc:
+                raise ModelError(
+                    f"{what} '{spec}': importing {path} failed: {_brief(exc)}"
+                ) from None
+            sys.modules[name] = module
+    else:
+        if str(base_dir) not in sys.path:
+            sys.path.insert(0, str(base_dir))
+        try:
+            module = importlib.import_module(module_part)
+        except ModuleNotFoundError as exc:
+            raise ModelError(f"{what} '{spec}': no module named '{exc.name}'.") from None
+        except Exception as exc:
+            raise ModelError(
+                f"{what} '{spec}': importing {module_part} failed: {_brief(exc)}"
+            ) from None
+    if not hasattr(module, attr):
+        names = [n for n in dir(module) if not n.startswith("_")]
+        close = difflib.get_close_matches(attr, names, n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        raise ModelError(f"{what} '{spec}': {module_part} has no '{attr}'.{hint}")
+    return getattr(module, attr)
+
+
+def _brief(exc: BaseException) -> str:
+    """The exception, with the innermost frame of user code, in one line."""
+    frames = [
+        f for f in traceback.extract_tb(exc.__traceback__) if "site-packages" not in f.filename
+    ]
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def build_model(config: Config, backend: str) -> Any:
+    """Call the factory with its kwargs and check that it returned a Keras model."""
+    import keras
+
+    factory = import_object(config.model.factory, config.base_dir, "model.factory")
+    if not callable(factory):
+        raise ModelError(f"model.factory '{config.model.factory}' is not callable.")
+    try:
+        model = factory(**config.model.kwargs)
+    except TypeError as exc:
+        if "argument" in str(exc) and _is_signature_error(exc, factory):
+            sig = inspect.signature(factory)
+            raise ModelError(
+                f"model.kwargs do not fit {config.model.factory}{sig}: {exc}"
+            ) from None
+        raise _factory_failed(config, backend, exc) from None
+    except Exception as exc:
+        raise _factory_failed(config, backend, exc) from None
+    if not isinstance(model, keras.Model):
+        raise ModelError(
+            f"model.factory '{config.model.factory}' returned {type(model).__name__}, not a Keras "
+            "model (keras.Model, Sequential or a functional model)."
+        )
+    return model
+
+
+def _is_signature_error(exc: TypeError, factory: Any) -> bool:
+    tb = traceback.extract_tb(exc.__traceback__)
+    return len(tb) <= 1  # raised by the call itself, not inside the factory
+
+
+def _factory_failed(config: Config, backend: str, exc: BaseException) -> ModelError:
+    message = f"model.factory '{config.model.factory}' raised {_brief(exc)}"
+    text = "".join(traceback.format_exception(exc))
+    if backend == "jax" and ("tensorflow" in text or "tf." in str(exc)):
+        message += (
+            ". The model was built on the JAX backend, and this looks like it uses TensorFlow ops:"
+            " set runtime.backend: tensorflow, or use keras.ops."
+        )
+    return ModelError(message)
+
+
+# ------------------------------------------------------------------------- optimizer, loss, metrics
+def _keras_object(spec: NamedObject, module: Any, what: str, config: Config, **extra: Any) -> Any:
+    """Resolve a Keras name (``adam``, ``binary_crossentropy``) or ``module:Name``."""
+    if ":" in spec.name:
+        target = import_object(spec.name, config.base_dir, what)
+        if inspect.isclass(target):
+            return _call(target, {**spec.kwargs, **extra}, what, spec.name)
+        if spec.kwargs or extra:
+            raise ModelError(f"{what} '{spec.name}' is a function; it takes no kwargs.")
+        return target
+    camel = "".join(part[:1].upper() + part[1:] for part in spec.name.split("_"))
+    for candidate in (spec.name, camel):
+        target = getattr(module, candidate, None)
+        if inspect.isclass(target):
+            return _call(target, {**spec.kwargs, **extra}, what, spec.name)
+    if not spec.kwargs and not extra:
+        try:
+            return module.get(spec.name)
+        except (ValueError, TypeError):
+            pass
+    known = [
+        n
+        for n in dir(module)
+        if not n.startswith("_") and n not in ("get", "serialize", "deserialize")
+    ]
+    close = difflib.get_close_matches(spec.name, known, n=1) or difflib.get_close_matches(
+        camel, known, n=1
+    )
+    hint = f"; did you mean '{close[0]}'?" if close else "; use a Keras name or 'module:Name'"
+    raise ModelError(f"{what}: unknown name '{spec.name}'{hint}")
+
+
+def _call(cls: Any, kwargs: dict, what: str, name: str) -> Any:
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ModelError(f"{what} '{name}': {exc}") from None
+
+
+def learning_rate_schedule(config: Config, plan: Plan) -> Any:
+    """A float, or a built-in Keras schedule (so ``model.keras`` loads without tpurun)."""
+    import keras
+
+    lr = config.train.learning_rate
+    peak = plan.learning_rate
+    if lr.schedule == "constant" and plan.warmup_steps == 0:
+        return peak
+    # CosineDecay covers all cases: linear warmup to `peak` over warmup_steps, then cosine decay
+    # to 0 over the remaining steps; alpha=1 makes the "decay" a constant. The warmup starts at
+    # peak/warmup_steps, not 0: the first update uses lr(0), and 0 would waste it.
+    return keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=peak / plan.warmup_steps if plan.warmup_steps else peak,
+        decay_steps=max(1, plan.total_steps - plan.warmup_steps),
+        alpha=1.0 if lr.schedule == "constant" else 0.0,
+        warmup_target=peak if plan.warmup_steps else None,
+        warmup_steps=plan.warmup_steps,
+    )
+
+
+def build_optimizer(config: Config, plan: Plan) -> Any:
+    import keras
+
+    spec = config.model.optimizer
+    if "learning_rate" in spec.kwargs:
+        raise ModelError(
+            "model.optimizer.learning_rate: set the learning rate in train.learning_rate.base "
+            "(tpurun scales it with the batch size and applies warmup and schedule)."
+        )
+    schedule = learning_rate_schedule(config, plan)
+    return _keras_object(spec, keras.optimizers, "model.optimizer", config, learning_rate=schedule)
+
+
+def build_loss(config: Config) -> Any:
+    import keras
+
+    loss = config.model.loss
+    if isinstance(loss, list):
+        return [_keras_object(s, keras.losses, "model.loss", config) for s in loss]
+    if isinstance(loss, dict):
+        return {
+            k: _keras_object(s, keras.losses, f"model.loss.{k}", config) for k, s in loss.items()
+        }
+    return _keras_object(loss, keras.losses, "model.loss", config)
+
+
+def build_metrics(config: Config) -> list[Any]:
+    import keras
+
+    out = []
+    for spec in config.model.metrics:
+        if not spec.kwargs and ":" not in spec.name:
+            out.append(spec.name)  # Keras resolves 'accuracy' against the loss and target shapes
+        else:
+            out.append(_keras_object(spec, keras.metrics, "model.metrics", config))
+    return out
+
+
+def compile_model(model: Any, config: Config, plan: Plan) -> None:
+    loss = build_loss(config)
+    metrics = build_metrics(config)
+    optimizer = build_optimizer(config, plan)
+    try:
+        model.compile(
+            optimizer=optimizer,
+            loss=loss,
+            metrics=metrics,
+            steps_per_execution=plan.steps_per_execution,
+        )
+    except ValueError as exc:
+        raise ModelError(f"model.compile failed: {exc}") from None

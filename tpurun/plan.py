@@ -1,0 +1,185 @@
+"""Derived values: what a config means on this machine and this data.
+
+Replicas, global batch, scaled learning rate, steps and ``steps_per_execution`` are computed here
+once, written into the run directory's ``config.yaml`` and shown by ``tpurun config``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tpurun.config import Config
+from tpurun.errors import ConfigError, DataError
+from tpurun.runtime import Choice
+
+DEFAULT_PER_CORE_BATCH = 16
+MAX_AUTO_STEPS_PER_EXECUTION = 32
+
+
+@dataclass
+class Plan:
+    backend: str
+    accelerator: str
+    distribution: str
+    replicas: int
+    precision: str
+    reason: str
+    per_core_batch_size: int
+    global_batch_size: int
+    learning_rate: float
+    learning_rate_factor: float
+    train_files: list[str]
+    validation_files: list[str]
+    train_records: int
+    validation_records: int | None
+    steps_per_epoch: int
+    validation_steps: int | None
+    steps_per_execution: int
+    warmup_steps: int
+    total_steps: int
+    monitor: str
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self, with_files: bool = False) -> dict[str, Any]:
+        out = asdict(self)
+        if not with_files:
+            out["train_files"] = len(self.train_files)
+            out["validation_files"] = len(self.validation_files)
+        return out
+
+
+def batch_sizes(config: Config, replicas: int) -> tuple[int, int, list[str]]:
+    """Per-core and global batch size for a replica count, with the seeds' advice as warnings."""
+    train = config.train
+    if train.global_batch_size is not None:
+        if train.global_batch_size % replicas:
+            raise ConfigError(
+                [
+                    f"train.global_batch_size: {train.global_batch_size} does not divide evenly "
+                    f"over {replicas} replicas; use a multiple of {replicas}, or set "
+                    "train.per_core_batch_size instead"
+                ]
+            )
+        per_core = train.global_batch_size // replicas
+    else:
+        per_core = train.per_core_batch_size or DEFAULT_PER_CORE_BATCH
+    warnings = []
+    if per_core < 8 or per_core % 8:
+        warnings.append(
+            f"per-core batch size {per_core} is {'below 8' if per_core < 8 else 'not a multiple of 8'}"
+            ": TPU cores work in 8x128 tiles; 128 per core keeps the 128x128 MXU busy."
+        )
+    return per_core, per_core * replicas, warnings
+
+
+def lr_factor(config: Config, global_batch: int) -> float:
+    lr = config.train.learning_rate
+    if lr.base_batch_size is None or lr.scaling == "none":
+        return 1.0
+    ratio = global_batch / lr.base_batch_size
+    return ratio if lr.scaling == "linear" else math.sqrt(ratio)
+
+
+def auto_steps_per_execution(steps_per_epoch: int, limit: int | None) -> int:
+    """The largest divisor of the epoch's steps up to 32, so every execution is full."""
+    cap = min(limit or MAX_AUTO_STEPS_PER_EXECUTION, MAX_AUTO_STEPS_PER_EXECUTION, steps_per_epoch)
+    return max(d for d in range(1, cap + 1) if steps_per_epoch % d == 0)
+
+
+def _steps(value: int | str, records: int, global_batch: int, key: str, split: str) -> int:
+    if value != "auto":
+        return int(value)
+    steps = records // global_batch
+    if steps == 0:
+        raise DataError(
+            f"train.{key}: auto found {records} {split} records, fewer than one global batch of "
+            f"{global_batch}. Lower the batch size, or set train.{key} explicitly."
+        )
+    return steps
+
+
+def resolve_monitor(config: Config, monitor: str) -> str:
+    if monitor != "auto":
+        return monitor
+    return "val_loss" if config.data.validation else "loss"
+
+
+_MAX_METRICS = ("acc", "auc", "precision", "recall", "f1", "iou", "top_k")
+
+
+def resolve_monitor_mode(monitor: str, mode: str) -> str:
+    """``auto``: maximise accuracy-like metrics, minimise everything else (as Keras does)."""
+    if mode != "auto":
+        return mode
+    name = monitor.removeprefix("val_")
+    return "max" if any(key in name for key in _MAX_METRICS) else "min"
+
+
+def make_plan(
+    config: Config,
+    choice: Choice,
+    replicas: int,
+    train_files: list[str],
+    train_records: int,
+    validation_files: list[str],
+    validation_records: int | None,
+) -> Plan:
+    """Derive every value that depends on the machine and the data."""
+    per_core, global_batch, warnings = batch_sizes(config, replicas)
+    warnings = [*choice.warnings, *warnings]
+    train = config.train
+    steps = _steps(train.steps_per_epoch, train_records, global_batch, "steps_per_epoch", "train")
+    val_steps = None
+    if validation_records is not None:
+        val_steps = _steps(
+            train.validation_steps,
+            validation_records,
+            global_batch,
+            "validation_steps",
+            "validation",
+        )
+    spe = train.steps_per_execution
+    if spe == "auto":
+        spe = auto_steps_per_execution(steps, choice.max_steps_per_execution)
+    elif spe > steps:
+        warnings.append(
+            f"train.steps_per_execution: {spe} is more than the {steps} steps of an epoch; using {steps}."
+        )
+        spe = steps
+    elif steps % spe:
+        # Keras runs whole executions: 10 steps at 4 per execution would silently run 12.
+        rounded = steps - steps % spe
+        warnings.append(
+            f"train.steps_per_epoch: {steps} is not a multiple of steps_per_execution {spe}; "
+            f"using {rounded} so every epoch runs the steps it reports."
+        )
+        steps = rounded
+    factor = lr_factor(config, global_batch)
+    lr = train.learning_rate
+    checkpoint = config.callbacks.checkpoint
+    monitor = resolve_monitor(config, checkpoint.monitor if checkpoint else "auto")
+    return Plan(
+        backend=choice.backend,
+        accelerator=choice.accelerator,
+        distribution=choice.distribution,
+        replicas=replicas,
+        precision=choice.precision,
+        reason=choice.reason,
+        per_core_batch_size=per_core,
+        global_batch_size=global_batch,
+        learning_rate=lr.base * factor,
+        learning_rate_factor=factor,
+        train_files=list(train_files),
+        validation_files=list(validation_files),
+        train_records=train_records,
+        validation_records=validation_records,
+        steps_per_epoch=steps,
+        validation_steps=val_steps,
+        steps_per_execution=int(spe),
+        warmup_steps=round(lr.warmup_epochs * steps),
+        total_steps=steps * train.epochs,
+        monitor=monitor,
+        warnings=warnings,
+    )
