@@ -466,11 +466,13 @@ def _format_error(err: dict, data: dict, located: _Located) -> str:
         close = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
         hint = f"; did you mean '{close[0]}'?" if close else f"; allowed here: {', '.join(allowed)}"
         return f"{located.where((*parent_path, key))}: unknown key '{dotted}'{hint}"
+    if kind == "missing":
+        _, parent = _model_at(loc[:-1], data)
+        dotted = ".".join(map(str, (*parent, loc[-1])))
+        return f"{located.where(parent)}: '{dotted}' is required but missing"
     _, path = _model_at(loc, data)
     dotted = ".".join(map(str, path)) or "(top level)"
     where = located.where(path)
-    if kind == "missing":
-        return f"{where}: '{dotted}' is required but missing"
     if kind == "union_tag_invalid":
         tags = [t.strip(" '") for t in err["ctx"]["expected_tags"].split(",")]
         tag = str(err["ctx"]["tag"])

@@ -474,7 +474,8 @@ def activate(choice: Choice, seed: int) -> Runtime:
         distribution = None
         if len(devices) > 1 or choice.accelerator != "cpu":
             distribution = keras.distribution.DataParallel(devices=devices)
-            keras.distribution.set_distribution(distribution)
+        # Set (or clear) it every time: a notebook kernel keeps the previous run's distribution.
+        keras.distribution.set_distribution(distribution)
         runtime = Runtime(choice, len(devices), distribution=distribution,
                           devices=tuple(str(d) for d in devices))  # fmt: skip
     else:

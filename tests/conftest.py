@@ -1,0 +1,98 @@
+"""Shared fixtures: real TFRecord files in tmp_path, tiny model factories, config dicts.
+
+The test process itself runs Keras on the JAX backend with 8 simulated CPU devices (set here,
+before anything imports JAX or Keras); TensorFlow-backend runs go through real `tpurun`
+subprocesses, since Keras fixes its backend once per process.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+os.environ["KERAS_BACKEND"] = "jax"
+os.environ["JAX_PLATFORMS"] = "cpu"
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+FACTORIES = Path(__file__).resolve().parent / "factories.py"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    # Record counts are cached per user; keep each test's cache its own.
+    monkeypatch.setenv("TPURUN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+
+
+def make_records(n: int, seed: int = 0) -> list[dict]:
+    """Separable toy data: x is 8 float32 values stored raw; y = 1 when their sum is positive."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 8)).astype(np.float32)
+    y = (x.sum(axis=1) > 0).astype(np.int64)
+    return [{"x": x[i].tobytes(), "y": int(y[i]), "id": f"r{i}"} for i in range(n)]
+
+
+def write_toy_data(folder: Path, n_train: int = 512, n_val: int = 128, shards: int = 4) -> Path:
+    from tpurun.data.write import write_shards
+
+    folder.mkdir(parents=True, exist_ok=True)
+    write_shards(str(folder / "train"), make_records(n_train, 0), shards)
+    write_shards(str(folder / "val"), make_records(n_val, 1), 2)
+    return folder
+
+
+def toy_config(data_dir: Path, out_dir: Path, **sections) -> dict:
+    """A complete config dict for the toy data; ``sections`` update its top-level sections."""
+    config = {
+        "name": "toy",
+        "seed": 7,
+        "runtime": {"backend": "auto", "cpu_devices": 1},
+        "model": {
+            "factory": f"{FACTORIES}:mlp",
+            "loss": "binary_crossentropy",
+            "metrics": ["accuracy"],
+        },
+        "data": {
+            "train": str(data_dir / "train-*.tfrecord"),
+            "validation": str(data_dir / "val-*.tfrecord"),
+            "features": {
+                "x": {"type": "raw", "dtype": "float32", "shape": [8]},
+                "y": {"type": "int64", "cast": "float32"},
+            },
+            "inputs": "x",
+            "targets": "y",
+            "shuffle_buffer": 256,
+        },
+        "train": {"per_core_batch_size": 32, "epochs": 2, "learning_rate": {"base": 0.01}},
+        "output": {"dir": str(out_dir)},
+    }
+    for key, value in sections.items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            config[key] = {**config[key], **value}
+        else:
+            config[key] = value
+    return config
+
+
+@pytest.fixture
+def toy_data(tmp_path) -> Path:
+    return write_toy_data(tmp_path / "data")
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 600):
+    """Run the real `tpurun` console script in a subprocess."""
+    import subprocess
+
+    full_env = {**os.environ, "TPURUN_PLAIN": "1", **(env or {})}
+    # The subprocess picks its own backend and devices, as a user's shell would.
+    for key in ("KERAS_BACKEND", "XLA_FLAGS", "JAX_PLATFORMS"):
+        full_env.pop(key, None)
+    exe = Path(sys.executable).parent / "tpurun"
+    return subprocess.run(
+        [str(exe), *args], capture_output=True, text=True, env=full_env, timeout=timeout, cwd=ROOT
+    )
