@@ -202,10 +202,16 @@ def build_metrics(config: Config) -> list[Any]:
 
     out = []
     for spec in config.model.metrics:
-        if not spec.kwargs and ":" not in spec.name:
-            out.append(spec.name)  # Keras resolves 'accuracy' against the loss and target shapes
-        else:
+        if spec.kwargs or ":" in spec.name:
             out.append(_keras_object(spec, keras.metrics, "model.metrics", config))
+            continue
+        try:
+            keras.metrics.get(spec.name)
+        except ValueError:
+            _keras_object(spec, keras.metrics, "model.metrics", config)  # raises, with a suggestion
+        # Passed as the string: Keras picks e.g. sparse_categorical_accuracy for 'accuracy' from
+        # the loss and target shapes.
+        out.append(spec.name)
     return out
 
 

@@ -225,6 +225,8 @@ def run(
         finish("failed")
         (run_dir / ERROR_LOG).write_text(traceback.format_exc())
         raise
+    finally:
+        prepared.runtime.release()
 
     done = summary["epochs_completed"] + len(history.epoch)
     summary["epochs_completed"] = done

@@ -343,6 +343,14 @@ class Runtime:
     def scope(self):
         return self.strategy.scope() if self.strategy is not None else contextlib.nullcontext()
 
+    def release(self) -> None:
+        """Clear the global Keras distribution, so a notebook kernel's later Keras work (say,
+        ``predict`` on 3 samples) is not sharded over this run's devices."""
+        if self.distribution is not None:
+            import keras
+
+            keras.distribution.set_distribution(None)
+
 
 def import_tensorflow():
     """Import TensorFlow without its C++ start-up notices on stderr (oneDNN, CPU features).

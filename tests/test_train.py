@@ -1,0 +1,173 @@
+"""Real fits on real TFRecords: in this process on JAX (8 simulated devices available)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import keras
+import numpy as np
+import pytest
+
+import tpurun
+from tpurun.errors import DataError, ModelError, TpurunError
+
+from conftest import FACTORIES, toy_config
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_fit_on_8_simulated_devices_writes_the_run_directory(toy_data, tmp_path):
+    config = toy_config(toy_data, tmp_path / "runs", runtime={"cpu_devices": 8},
+                        train={"per_core_batch_size": 8, "epochs": 3, "steps_per_execution": 2,
+                               "learning_rate": {"base": 0.02, "base_batch_size": 32}})  # fmt: skip
+    summary = tpurun.train(config, verbose=False)
+    run_dir = tmp_path / "runs" / "toy"
+
+    assert summary["status"] == "completed" and summary["epochs_completed"] == 3
+    assert (summary["backend"], summary["replicas"], summary["global_batch_size"]) == ("jax", 8, 64)
+    assert summary["learning_rate"] == pytest.approx(0.04)  # 0.02 x 64 / 32
+    assert summary["steps_per_epoch"] == 8 and summary["steps_per_execution"] == 2
+    assert summary["best"]["monitor"] == "val_loss" and summary["best"]["epoch"] in (1, 2, 3)
+    assert summary["examples_per_sec"] > 0 and summary["seconds"] > 0
+    assert len(summary["epoch_seconds"]) == 3
+    assert json.loads((run_dir / "summary.json").read_text()) == summary
+
+    rows = read_csv(run_dir / "log.csv")
+    assert [r["epoch"] for r in rows] == ["0", "1", "2"]
+    assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(rows[0])
+    assert float(rows[-1]["val_accuracy"]) > 0.8  # the toy data is separable
+
+    resolved = tpurun.load_config(run_dir / "config.yaml")  # loads back, derived section ignored
+    assert resolved.train.epochs == 3
+    derived = __import__("yaml").safe_load((run_dir / "config.yaml").read_text())["derived"]
+    assert derived["replicas"] == 8 and derived["global_batch_size"] == 64
+    assert derived["train_records"] == 512 and derived["steps_per_epoch"] == 8
+
+    ckpts = {p.name for p in (run_dir / "checkpoints").iterdir()}
+    assert {"best.keras", "latest.weights.h5", "latest.json"} <= ckpts
+    model = keras.saving.load_model(run_dir / "model.keras")
+    assert model.predict(np.zeros((2, 8), np.float32), verbose=0).shape == (2, 1)
+
+
+def test_rerun_resumes_and_keeps_one_csv_row_per_epoch(toy_data, tmp_path):
+    config = toy_config(toy_data, tmp_path / "runs", train={"epochs": 2, "learning_rate": {"base": 0.01}})
+    first = tpurun.train(config, verbose=False)
+    assert first["epochs_completed"] == 2
+    again = tpurun.train(config, verbose=False)  # finished: nothing to do
+    assert again["epochs_completed"] == 2 and again["status"] == "completed"
+
+    config["train"]["epochs"] = 4
+    resumed = tpurun.train(config, verbose=False)
+    assert resumed["epochs_completed"] == 4 and resumed["resumed_from_epoch"] == [2]
+    rows = read_csv(tmp_path / "runs" / "toy" / "log.csv")
+    assert [r["epoch"] for r in rows] == ["0", "1", "2", "3"]
+    state = json.loads((tmp_path / "runs" / "toy" / "checkpoints" / "latest.json").read_text())
+    assert state["epoch"] == 4
+
+    restarted = tpurun.train(config, restart=True, verbose=False)
+    assert restarted["resumed_from_epoch"] == [] and restarted["epochs_completed"] == 4
+    assert len(list((tmp_path / "runs").glob("toy-*"))) == 1  # the old run, moved aside
+
+
+def test_resume_restores_optimizer_state(toy_data, tmp_path):
+    config = toy_config(toy_data, tmp_path / "runs", train={"epochs": 1})
+    tpurun.train(config, verbose=False)
+    config["train"]["epochs"] = 2
+    tpurun.train(config, verbose=False)
+    model = keras.saving.load_model(tmp_path / "runs" / "toy" / "model.keras")
+    # 512 records / 32 per batch = 16 steps an epoch; two epochs of Adam updates in total
+    assert int(model.optimizer.iterations.numpy()) == 32
+
+
+def test_warmup_and_cosine_schedule_end_to_end(toy_data, tmp_path):
+    config = toy_config(toy_data, tmp_path / "runs", train={
+        "epochs": 2, "learning_rate": {"base": 0.01, "warmup_epochs": 1, "schedule": "cosine"}})  # fmt: skip
+    tpurun.train(config, verbose=False)
+    model = keras.saving.load_model(tmp_path / "runs" / "toy" / "model.keras")
+    schedule = model.optimizer._learning_rate
+    assert isinstance(schedule, keras.optimizers.schedules.CosineDecay)
+    assert float(schedule(16)) == pytest.approx(0.01)  # the peak, after one epoch of warmup
+    assert float(schedule(8)) == pytest.approx(0.01 * 8 / 16 + 0.01 / 16 * (1 - 8 / 16), rel=1e-3)
+    assert float(schedule(32)) == pytest.approx(0.0, abs=1e-6)  # cosine to zero at the end
+
+
+def test_checkpoint_filename_pattern_and_every_epoch(toy_data, tmp_path):
+    config = toy_config(toy_data, tmp_path / "runs", train={"epochs": 2}, callbacks={
+        "checkpoint": {"monitor": "loss", "save_best_only": False,
+                       "filename": "ep{epoch:03d}_loss{loss:.4f}.weights.h5"}})  # fmt: skip
+    tpurun.train(config, verbose=False)
+    names = sorted(p.name for p in (tmp_path / "runs" / "toy" / "checkpoints").glob("ep*"))
+    assert [n[:6] for n in names] == ["ep001_", "ep002_"] and all(n.endswith(".weights.h5") for n in names)
+
+
+def test_plateau_early_stopping_and_user_callbacks(toy_data, tmp_path):
+    config = toy_config(toy_data, tmp_path / "runs", train={"epochs": 6, "learning_rate": {"base": 0.01}},
+                        callbacks={"reduce_lr_on_plateau": {"monitor": "loss", "factor": 0.5, "patience": 0, "min_delta": 10},
+                                   "early_stopping": {"monitor": "loss", "patience": 2, "min_delta": 10},
+                                   "extra": [{"name": "keras.callbacks:History"}]})  # fmt: skip
+    summary = tpurun.train(config, verbose=False)
+    # no epoch improves the loss by 10: early stopping after 1 + 2 epochs, the LR halved after epoch 2
+    assert summary["status"] == "stopped_early" and summary["epochs_completed"] == 3
+    rows = read_csv(tmp_path / "runs" / "toy" / "log.csv")
+    assert [float(r["learning_rate"]) for r in rows] == pytest.approx([0.01, 0.01, 0.005])
+
+
+def test_two_model_inputs_from_a_feature_map(toy_data, tmp_path):
+    config = toy_config(toy_data, tmp_path / "runs", model={"factory": f"{FACTORIES}:two_inputs", "loss": "binary_crossentropy"})
+    config["data"]["features"]["y2"] = {"type": "int64", "key": "y", "cast": "float32"}
+    config["data"]["inputs"] = {"a": "x", "b": "y2"}
+    summary = tpurun.train(config, verbose=False)
+    assert summary["status"] == "completed"
+
+
+@pytest.mark.parametrize(
+    ("model", "error", "match"),
+    [
+        ({"factory": f"{FACTORIES}:nope"}, ModelError, "has no 'nope'"),
+        ({"factory": f"{FACTORIES}:not_a_model"}, ModelError, "returned str, not a Keras model"),
+        ({"factory": f"{FACTORIES}:raises"}, ModelError, r"raised RuntimeError: the factory broke on purpose \(at .*factories.py:\d+\)"),
+        ({"factory": f"{FACTORIES}:uses_tensorflow_ops"}, ModelError, "built on the JAX backend.*runtime.backend: tensorflow"),
+        ({"factory": f"{FACTORIES}:mlp", "kwargs": {"width": 3}}, ModelError, "model.kwargs do not fit"),
+        ({"factory": "no/such/file.py:build"}, ModelError, "no such file"),
+        ({"factory": "no_such_module:build"}, ModelError, "no module named 'no_such_module'"),
+        ({"optimizer": "adamm"}, ModelError, "model.optimizer: unknown name 'adamm'; did you mean"),
+        ({"optimizer": {"name": "adam", "learning_rate": 0.1}}, ModelError, "set the learning rate in train.learning_rate.base"),
+        ({"loss": "binary_crossentropyy"}, ModelError, "did you mean 'binary_crossentropy'"),
+        ({"loss": {"name": "binary_crossentropy", "from_logitz": True}}, ModelError, "unexpected keyword argument 'from_logitz'"),
+        ({"metrics": ["acuracy"]}, ModelError, "model.metrics: unknown name 'acuracy'"),
+    ],
+)
+def test_model_problems_are_clear_errors(toy_data, tmp_path, model, error, match):
+    config = toy_config(toy_data, tmp_path / "runs", model=model)
+    with pytest.raises(error, match=match):
+        tpurun.train(config, verbose=False)
+
+
+def test_data_that_does_not_match_the_features(toy_data, tmp_path):
+    config = toy_config(toy_data, tmp_path / "runs")
+    config["data"]["features"]["x"]["shape"] = [9]
+    with pytest.raises(DataError, match="feature 'x' is declared raw float32 of shape \\[9\\], which is 36 bytes, but the record holds 32 bytes"):
+        tpurun.train(config, verbose=False)
+    assert not (tmp_path / "runs").exists()  # nothing was written before the data was checked
+
+
+def test_model_that_does_not_fit_the_targets(toy_data, tmp_path):
+    config = toy_config(toy_data, tmp_path / "runs")
+    config["data"]["features"]["y"] = {"type": "int64", "key": "y", "cast": "float32"}
+    config["data"]["features"]["wide"] = {"type": "raw", "dtype": "float32", "shape": [2, 4], "key": "x"}
+    config["data"]["targets"] = "wide"
+    with pytest.raises(ModelError, match="does not fit the data"):
+        tpurun.train(config, verbose=False)
+
+
+def test_nan_loss_stops_with_a_clear_message(toy_data, tmp_path):
+    config = toy_config(toy_data, tmp_path / "runs", train={"epochs": 3, "learning_rate": {"base": 1e30}},
+                        model={"loss": "mse"})  # fmt: skip
+    with pytest.raises(TpurunError, match="the loss became NaN or Inf.*learning rate too high"):
+        tpurun.train(config, verbose=False)
+    summary = json.loads((tmp_path / "runs" / "toy" / "summary.json").read_text())
+    assert summary["status"] == "nan" and summary["epochs_completed"] < 3
