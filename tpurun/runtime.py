@@ -336,7 +336,7 @@ class Runtime:
 
     choice: Choice
     replicas: int
-    strategy: Any = None  # tf.distribute strategy (TF backend)
+    strategy: Any = None  # tf.distribute strategy (TF backend, several devices or a TPU)
     distribution: Any = None  # keras.distribution (JAX backend)
     devices: tuple[str, ...] = ()
 
@@ -459,7 +459,7 @@ def _tf_strategy(choice: Choice):
         if kind == "CPU":
             devices = devices[: choice.cpu_devices]
         return tf.distribute.MirroredStrategy(devices=devices)
-    return tf.distribute.get_strategy()
+    return None
 
 
 def activate(choice: Choice, seed: int) -> Runtime:
@@ -491,8 +491,13 @@ def activate(choice: Choice, seed: int) -> Runtime:
         import keras
 
         _check_keras_backend(keras, choice)
-        runtime = Runtime(choice, strategy.num_replicas_in_sync, strategy=strategy,
-                          devices=tuple(strategy.extended.worker_devices))  # fmt: skip
+        if strategy is None:  # one device: TF's default strategy, nothing to distribute
+            runtime = Runtime(
+                choice, 1, devices=("/cpu:0" if choice.accelerator == "cpu" else "/gpu:0",)
+            )
+        else:
+            runtime = Runtime(choice, strategy.num_replicas_in_sync, strategy=strategy,
+                              devices=tuple(strategy.extended.worker_devices))  # fmt: skip
     keras.mixed_precision.set_global_policy(choice.precision)
     keras.utils.set_random_seed(seed)
     return runtime

@@ -1,0 +1,162 @@
+"""The `tpurun` command: CliRunner for the fast paths, real subprocesses for real runs."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from conftest import ROOT, run_cli, toy_config
+from typer.testing import CliRunner
+
+from tpurun.cli import app
+
+runner = CliRunner()
+ANSI = re.compile(r"\x1b\[")
+
+
+def write_config(tmp_path, config: dict):
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def test_help_and_version():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0 and "train" in result.output and "config" in result.output
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == "tpurun 0.1.0"
+
+
+def test_help_is_fast_and_imports_no_framework():
+    code = (
+        "import sys; sys.argv = ['tpurun', '--help'];\n"
+        "from tpurun.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "heavy = [m for m in ('tensorflow', 'jax', 'keras') if m in sys.modules]\n"
+        "sys.stderr.write(repr(heavy)); sys.exit(3 if heavy else 0)"
+    )
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert time.monotonic() - start < 30  # a generous bound: the point is no TF/JAX import
+
+
+def test_config_errors_exit_2_with_every_problem_and_no_traceback(tmp_path, toy_data):
+    config = toy_config(toy_data, tmp_path / "runs")
+    config["train"]["epoch"] = 3
+    config["runtime"]["backend"] = "torch"
+    path = write_config(tmp_path, config)
+    result = runner.invoke(app, ["train", str(path)])
+    assert result.exit_code == 2
+    assert "invalid config (2 problems)" in result.output
+    assert "unknown key 'train.epoch'; did you mean 'epochs'?" in result.output
+    assert f"{path}:" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_missing_config_file_and_bad_set():
+    result = runner.invoke(app, ["train", "nope.yaml"])
+    assert result.exit_code == 2 and "nope.yaml: no such file" in result.output
+    result = runner.invoke(app, ["config", "nope.yaml", "--set", "novalue"])
+    assert result.exit_code == 2
+
+
+def test_config_check_json_is_instant(tmp_path, toy_data):
+    path = write_config(tmp_path, toy_config(toy_data, tmp_path / "runs"))
+    result = runner.invoke(app, ["config", str(path), "--check", "--json", "--set", "train.epochs=7"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["train"]["epochs"] == 7 and "derived" not in data
+
+
+def test_config_prints_derived_values(tmp_path, toy_data):
+    path = write_config(tmp_path, toy_config(toy_data, tmp_path / "runs", runtime={"cpu_devices": 4}))
+    result = run_cli("config", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    derived = json.loads(result.stdout)["derived"]
+    assert derived["backend"] == "jax" and derived["replicas"] == 4
+    assert derived["global_batch_size"] == 128 and derived["steps_per_epoch"] == 4
+    assert derived["train_records"] == 512 and derived["validation_records"] == 128
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_tensorflow_backend_real_runs(tmp_path, toy_data, replicas):
+    config = toy_config(toy_data, tmp_path / "runs", runtime={"backend": "tensorflow", "cpu_devices": replicas},
+                        train={"per_core_batch_size": 32 // replicas, "epochs": 2})  # fmt: skip
+    path = write_config(tmp_path, config)
+    result = run_cli("train", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((tmp_path / "runs" / "toy" / "summary.json").read_text())
+    assert summary["backend"] == "tensorflow" and summary["replicas"] == replicas
+    assert summary["distribution"] == ("mirrored" if replicas > 1 else "default")
+    assert summary["final_metrics"]["val_accuracy"] > 0.75
+    # plain output: epoch lines, no ANSI escapes, no carriage-return redraws
+    assert "[tpurun] epoch 2/2" in result.stdout
+    assert not ANSI.search(result.stdout) and "\r" not in result.stdout
+
+
+@pytest.mark.slow
+def test_tensorflow_multi_replica_with_steps_per_execution_is_refused(tmp_path, toy_data):
+    config = toy_config(toy_data, tmp_path / "runs", runtime={"backend": "tensorflow", "cpu_devices": 2},
+                        train={"steps_per_execution": 4})  # fmt: skip
+    result = run_cli("train", str(write_config(tmp_path, config)))
+    assert result.returncode == 2
+    assert "keras-team/keras#19246" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_unexpected_failures_exit_1_with_the_traceback_in_the_run_directory(tmp_path, toy_data):
+    config = toy_config(toy_data, tmp_path / "runs", callbacks={"extra": [f"{ROOT / 'tests' / 'factories.py'}:Exploding"]})
+    result = run_cli("train", str(write_config(tmp_path, config)))
+    assert result.returncode == 1
+    log = tmp_path / "runs" / "toy" / "error.log"
+    assert f"the traceback is in {log}" in result.stderr
+    assert "RuntimeError: boom" in log.read_text()
+    assert json.loads((tmp_path / "runs" / "toy" / "summary.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.slow
+def test_notebook_cell_gets_plain_lines_even_on_a_pty(tmp_path, toy_data):
+    """`!tpurun` in Jupyter runs on a pseudo-terminal with JPY_PARENT_PID set."""
+    import os
+    import pty
+
+    config = toy_config(toy_data, tmp_path / "runs", train={"epochs": 1})
+    path = write_config(tmp_path, config)
+    env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "XLA_FLAGS", "JAX_PLATFORMS", "TPURUN_PLAIN", "CI")}
+    env.update(JPY_PARENT_PID="1", TERM="xterm-color")
+    controller, worker = pty.openpty()
+    exe = str(ROOT / ".venv" / "bin" / "tpurun") if (ROOT / ".venv").exists() else "tpurun"
+    proc = subprocess.Popen([exe, "train", str(path)], stdout=worker, stderr=worker, env=env, cwd=ROOT)
+    os.close(worker)
+    chunks = []
+    while True:
+        try:
+            data = os.read(controller, 4096)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    assert proc.wait(timeout=300) == 0
+    output = b"".join(chunks).decode()
+    assert "[tpurun] epoch 1/1" in output
+    assert not ANSI.search(output)
+    assert "\r" not in output.replace("\r\n", "\n")  # the pty turns \n into \r\n; no bare \r
+
+
+@pytest.mark.slow
+def test_quickstart_reaches_95_percent(tmp_path):
+    result = run_cli("train", "configs/quickstart.yaml", "--output", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((tmp_path / "quickstart" / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["replicas"] == 8
+    assert summary["backend"] == "jax" and summary["global_batch_size"] == 128
+    assert summary["best"]["monitor"] == "val_accuracy" and summary["best"]["value"] >= 0.95
