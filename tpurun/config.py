@@ -193,7 +193,7 @@ class LearningRateConfig(Section):
     scaling: Literal["linear", "sqrt", "none"] = Field(
         "linear", description="lr = base x f(global_batch / base_batch_size)."
     )
-    warmup_epochs: float = Field(0, ge=0, description="Linear warmup from 0, in epochs.")
+    warmup_epochs: float = Field(0, ge=0, description="Linear warmup to the scaled LR, in epochs.")
     schedule: Literal["constant", "cosine"] = Field("constant", description="After warmup.")
 
 

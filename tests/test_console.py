@@ -1,0 +1,85 @@
+"""Output: plain lines for notebooks, CI and pipes; a live view only on a real terminal."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+
+from tpurun.console import LiveReporter, PlainReporter, format_duration, want_plain
+from tpurun.plan import Plan
+
+
+class FakeTTY(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize(
+    ("env", "plain"),
+    [
+        ({"TERM": "xterm-256color"}, False),  # a real terminal
+        ({"TERM": "xterm-color", "JPY_PARENT_PID": "123"}, True),  # `!tpurun` in Jupyter/Kaggle: a pty
+        ({"TERM": "xterm", "COLAB_RELEASE_TAG": "release"}, True),
+        ({"TERM": "xterm", "KAGGLE_KERNEL_RUN_TYPE": "Batch"}, True),
+        ({"TERM": "xterm", "CI": "true"}, True),
+        ({"TERM": "dumb"}, True),
+        ({"TERM": "xterm", "TPURUN_PLAIN": "1"}, True),
+    ],
+)
+def test_plain_detection_does_not_trust_isatty_alone(env, plain):
+    assert want_plain(stream=FakeTTY(), env=env) is plain
+
+
+def test_pipes_and_the_flag_are_plain():
+    assert want_plain(stream=io.StringIO(), env={"TERM": "xterm"}) is True
+    assert want_plain(force=True, stream=FakeTTY(), env={"TERM": "xterm"}) is True
+
+
+def plan() -> Plan:
+    return Plan("jax", "cpu", "data_parallel", 8, "float32", "test", 16, 128, 2e-3, 1.0, ["a"], ["b"],
+                1437, 360, 11, 2, 11, 0, 330, "val_accuracy")  # fmt: skip
+
+
+def drive(reporter):
+    reporter.message("CPU via jax", "note")
+    reporter.message("per-core batch size 4 is below 8", "warn")
+    reporter.start(plan(), "runs/quickstart", 2, 0)
+    for epoch in (1, 2):
+        reporter.epoch_begin(epoch, 11)
+        reporter.progress(epoch, 5, 11, 1234.5, 3.2, {"loss": 0.5, "accuracy": 0.9})
+        reporter.epoch_end(epoch, {"loss": 0.25, "accuracy": 0.95, "learning_rate": 0.002}, 1.5, 939.0)
+    reporter.finish({"status": "completed", "epochs_completed": 2, "seconds": 3.1,
+                     "best": {"monitor": "val_accuracy", "value": 0.97, "epoch": 2}, "run_dir": "runs/quickstart"})  # fmt: skip
+
+
+def test_plain_lines_have_no_escapes_and_one_line_per_epoch():
+    out = io.StringIO()
+    drive(PlainReporter(out))
+    text = out.getvalue()
+    assert "\x1b" not in text and "\r" not in text
+    lines = text.splitlines()
+    assert all(line.startswith("[tpurun] ") for line in lines)
+    assert "[tpurun] warning: per-core batch size 4 is below 8" in lines
+    epoch_lines = [line for line in lines if re.match(r"\[tpurun\] epoch \d/2  loss", line)]
+    assert len(epoch_lines) == 2 and "lr 0.0020" in epoch_lines[0] and "939 ex/s" in epoch_lines[0]
+    assert any("step 5/11 (45%)" in line and "eta 3s" in line for line in lines)
+    assert lines[-1] == "[tpurun] completed: 2 epoch(s) in 3s, best val_accuracy 0.9700 at epoch 2 -> runs/quickstart"
+
+
+def test_live_view_renders_progress_on_a_terminal():
+    out = FakeTTY()
+    reporter = LiveReporter(out)
+    reporter.console.force_terminal = True
+    drive(reporter)
+    text = out.getvalue()
+    assert "epoch 2/2" in text and "loss 0.2500" in text
+    assert "\x1b[" in text  # styled for a terminal
+
+
+def test_durations():
+    assert format_duration(5.4) == "5s"
+    assert format_duration(65) == "1m05s"
+    assert format_duration(3725) == "1h02m05s"
+    assert format_duration(None) == "?"
