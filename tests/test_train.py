@@ -171,3 +171,25 @@ def test_nan_loss_stops_with_a_clear_message(toy_data, tmp_path):
         tpurun.train(config, verbose=False)
     summary = json.loads((tmp_path / "runs" / "toy" / "summary.json").read_text())
     assert summary["status"] == "nan" and summary["epochs_completed"] < 3
+
+
+def test_truncated_shard_is_named(toy_data, tmp_path):
+    shard = sorted(toy_data.glob("train-*"))[-1]
+    shard.write_bytes(shard.read_bytes()[:-7])
+    config = toy_config(toy_data, tmp_path / "runs")
+    with pytest.raises(DataError, match=f"{shard}: cannot read it as TFRecords"):
+        tpurun.train(config, verbose=False)
+
+
+def test_a_kernel_that_imported_keras_with_another_backend_is_told_so(toy_data, tmp_path):
+    # This test process imported Keras on JAX, as a notebook kernel might have.
+    config = toy_config(toy_data, tmp_path / "runs", runtime={"backend": "tensorflow"})
+    with pytest.raises(TpurunError, match="Keras was already imported in this Python process with the jax backend"):
+        tpurun.train(config, verbose=False)
+
+
+def test_plain_progress_lines_from_the_python_api(toy_data, tmp_path, capsys):
+    config = toy_config(toy_data, tmp_path / "runs", train={"epochs": 1})
+    tpurun.train(config)
+    out = capsys.readouterr().out
+    assert "[tpurun] CPU via jax" in out and "[tpurun] epoch 1/1" in out and "[tpurun] completed" in out
