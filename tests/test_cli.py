@@ -68,14 +68,18 @@ def test_missing_config_file_and_bad_set():
 
 def test_config_check_json_is_instant(tmp_path, toy_data):
     path = write_config(tmp_path, toy_config(toy_data, tmp_path / "runs"))
-    result = runner.invoke(app, ["config", str(path), "--check", "--json", "--set", "train.epochs=7"])
+    result = runner.invoke(
+        app, ["config", str(path), "--check", "--json", "--set", "train.epochs=7"]
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert data["train"]["epochs"] == 7 and "derived" not in data
 
 
 def test_config_prints_derived_values(tmp_path, toy_data):
-    path = write_config(tmp_path, toy_config(toy_data, tmp_path / "runs", runtime={"cpu_devices": 4}))
+    path = write_config(
+        tmp_path, toy_config(toy_data, tmp_path / "runs", runtime={"cpu_devices": 4})
+    )
     result = run_cli("config", str(path), "--json")
     assert result.returncode == 0, result.stderr
     derived = json.loads(result.stdout)["derived"]
@@ -113,13 +117,19 @@ def test_tensorflow_multi_replica_with_steps_per_execution_is_refused(tmp_path, 
 
 @pytest.mark.slow
 def test_unexpected_failures_exit_1_with_the_traceback_in_the_run_directory(tmp_path, toy_data):
-    config = toy_config(toy_data, tmp_path / "runs", callbacks={"extra": [f"{ROOT / 'tests' / 'factories.py'}:Exploding"]})
+    config = toy_config(
+        toy_data,
+        tmp_path / "runs",
+        callbacks={"extra": [f"{ROOT / 'tests' / 'factories.py'}:Exploding"]},
+    )
     result = run_cli("train", str(write_config(tmp_path, config)))
     assert result.returncode == 1
     log = tmp_path / "runs" / "toy" / "error.log"
     assert f"the traceback is in {log}" in result.stderr
     assert "RuntimeError: boom" in log.read_text()
-    assert json.loads((tmp_path / "runs" / "toy" / "summary.json").read_text())["status"] == "failed"
+    assert (
+        json.loads((tmp_path / "runs" / "toy" / "summary.json").read_text())["status"] == "failed"
+    )
 
 
 @pytest.mark.slow
@@ -130,11 +140,17 @@ def test_notebook_cell_gets_plain_lines_even_on_a_pty(tmp_path, toy_data):
 
     config = toy_config(toy_data, tmp_path / "runs", train={"epochs": 1})
     path = write_config(tmp_path, config)
-    env = {k: v for k, v in os.environ.items() if k not in ("KERAS_BACKEND", "XLA_FLAGS", "JAX_PLATFORMS", "TPURUN_PLAIN", "CI")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("KERAS_BACKEND", "XLA_FLAGS", "JAX_PLATFORMS", "TPURUN_PLAIN", "CI")
+    }
     env.update(JPY_PARENT_PID="1", TERM="xterm-color")
     controller, worker = pty.openpty()
     exe = str(ROOT / ".venv" / "bin" / "tpurun") if (ROOT / ".venv").exists() else "tpurun"
-    proc = subprocess.Popen([exe, "train", str(path)], stdout=worker, stderr=worker, env=env, cwd=ROOT)
+    proc = subprocess.Popen(
+        [exe, "train", str(path)], stdout=worker, stderr=worker, env=env, cwd=ROOT
+    )
     os.close(worker)
     chunks = []
     while True:

@@ -111,7 +111,9 @@ def test_every_problem_is_reported_at_once(tmp_path):
         GOOD.replace("  backend: auto", "  backend: torch")
         .replace("  epochs: 100", "  epochs: ten")
         .replace("seed: 42", "sed: 42")
-        .replace("type: raw, dtype: float32, shape: [1024]", "type: rawx, dtype: float32, shape: [1024]")
+        .replace(
+            "type: raw, dtype: float32, shape: [1024]", "type: rawx, dtype: float32, shape: [1024]"
+        )
     )
     found = problems(tmp_path, text)
     assert len(found) == 4, found
@@ -161,7 +163,10 @@ def test_overrides_are_typed_and_located(tmp_path):
     joined = "\n".join(info.value.problems)
     assert "--set train.epochs=three: train.epochs:" in joined
     assert "--set train.epoch=3: unknown key 'train.epoch'; did you mean 'epochs'?" in joined
-    assert "--set runtime.cpu_devices=0: runtime.cpu_devices: Input should be greater than or equal to 1" in joined
+    assert (
+        "--set runtime.cpu_devices=0: runtime.cpu_devices: Input should be greater than or equal to 1"
+        in joined
+    )
 
 
 def test_override_syntax_error():
@@ -178,7 +183,9 @@ def test_steps_accept_auto_or_positive_integers(tmp_path):
 
 
 def test_batch_size_given_twice(tmp_path):
-    with pytest.raises(ConfigError, match="give per_core_batch_size or global_batch_size, not both"):
+    with pytest.raises(
+        ConfigError, match="give per_core_batch_size or global_batch_size, not both"
+    ):
         load_config(write(tmp_path, GOOD), ["train.global_batch_size=128"])
 
 
@@ -232,7 +239,9 @@ def test_resolved_config_with_derived_section_loads_again(tmp_path):
 
 
 def test_name_defaults_to_file_stem(tmp_path):
-    text = GOOD.replace("name: naic-recognizer            # run directory = <output.dir>/<name>\n", "")
+    text = GOOD.replace(
+        "name: naic-recognizer            # run directory = <output.dir>/<name>\n", ""
+    )
     assert load_config(write(tmp_path, text, "my-exp.yaml")).name == "my-exp"
 
 

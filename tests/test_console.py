@@ -20,7 +20,10 @@ class FakeTTY(io.StringIO):
     ("env", "plain"),
     [
         ({"TERM": "xterm-256color"}, False),  # a real terminal
-        ({"TERM": "xterm-color", "JPY_PARENT_PID": "123"}, True),  # `!tpurun` in Jupyter/Kaggle: a pty
+        (
+            {"TERM": "xterm-color", "JPY_PARENT_PID": "123"},
+            True,
+        ),  # `!tpurun` in Jupyter/Kaggle: a pty
         ({"TERM": "xterm", "COLAB_RELEASE_TAG": "release"}, True),
         ({"TERM": "xterm", "KAGGLE_KERNEL_RUN_TYPE": "Batch"}, True),
         ({"TERM": "xterm", "CI": "true"}, True),
@@ -49,7 +52,9 @@ def drive(reporter):
     for epoch in (1, 2):
         reporter.epoch_begin(epoch, 11)
         reporter.progress(epoch, 5, 11, 1234.5, 3.2, {"loss": 0.5, "accuracy": 0.9})
-        reporter.epoch_end(epoch, {"loss": 0.25, "accuracy": 0.95, "learning_rate": 0.002}, 1.5, 939.0)
+        reporter.epoch_end(
+            epoch, {"loss": 0.25, "accuracy": 0.95, "learning_rate": 0.002}, 1.5, 939.0
+        )
     reporter.finish({"status": "completed", "epochs_completed": 2, "seconds": 3.1,
                      "best": {"monitor": "val_accuracy", "value": 0.97, "epoch": 2}, "run_dir": "runs/quickstart"})  # fmt: skip
 
@@ -65,7 +70,10 @@ def test_plain_lines_have_no_escapes_and_one_line_per_epoch():
     epoch_lines = [line for line in lines if re.match(r"\[tpurun\] epoch \d/2  loss", line)]
     assert len(epoch_lines) == 2 and "lr 0.0020" in epoch_lines[0] and "939 ex/s" in epoch_lines[0]
     assert any("step 5/11 (45%)" in line and "eta 3s" in line for line in lines)
-    assert lines[-1] == "[tpurun] completed: 2 epoch(s) in 3s, best val_accuracy 0.9700 at epoch 2 -> runs/quickstart"
+    assert (
+        lines[-1]
+        == "[tpurun] completed: 2 epoch(s) in 3s, best val_accuracy 0.9700 at epoch 2 -> runs/quickstart"
+    )
 
 
 def test_live_view_renders_progress_on_a_terminal():

@@ -29,7 +29,13 @@ def test_raw_int64_float_and_bytes(tmp_path):
     rng = np.random.default_rng(0)
     raw = rng.normal(size=(6, 2, 3)).astype(np.float32)
     records = [
-        {"x": raw[i].tobytes(), "label": i, "vec": [i, 2 * i, 3 * i], "f": [0.5 * i, 1.0], "id": f"id{i}"}
+        {
+            "x": raw[i].tobytes(),
+            "label": i,
+            "vec": [i, 2 * i, 3 * i],
+            "f": [0.5 * i, 1.0],
+            "id": f"id{i}",
+        }
         for i in range(6)
     ]
     files = write_shards(str(tmp_path / "d"), records, 1)
@@ -54,7 +60,9 @@ def test_raw_int64_float_and_bytes(tmp_path):
 
 
 def test_list_of_inputs_and_record_key_renaming(tmp_path):
-    files = write_shards(str(tmp_path / "d"), [{"image/class": i, "w": float(i)} for i in range(4)], 1)
+    files = write_shards(
+        str(tmp_path / "d"), [{"image/class": i, "w": float(i)} for i in range(4)], 1
+    )
     data = data_config(
         {"label": {"type": "int64", "key": "image/class"}, "w": {"type": "float"}},
         inputs=["w", "label"],
@@ -70,12 +78,23 @@ def test_images_are_decoded_resized_and_scaled(tmp_path, encoder):
     image[:, :15] = 0
     encoded = (tf.io.encode_png if encoder == "png" else tf.io.encode_jpeg)(image).numpy()
     files = write_shards(str(tmp_path / "d"), [{"image": encoded, "class": 1}] * 2, 1)
-    data = data_config({"image": {"type": "image", "shape": [10, 10, 3]}, "class": {"type": "int64"}}, "image", "class")
+    data = data_config(
+        {"image": {"type": "image", "shape": [10, 10, 3]}, "class": {"type": "int64"}},
+        "image",
+        "class",
+    )
     x, _ = first_batch(files, data, 2)
     assert x.shape == (2, 10, 10, 3) and x.dtype == tf.float32
     assert float(tf.reduce_min(x)) >= 0.0 and float(tf.reduce_max(x)) <= 1.0
     assert x.numpy()[0, 5, 0, 0] < 0.1 and x.numpy()[0, 5, 9, 0] > 0.9
-    unscaled = data_config({"image": {"type": "image", "shape": [10, 10, 1], "scale": False}, "class": {"type": "int64"}}, "image", "class")
+    unscaled = data_config(
+        {
+            "image": {"type": "image", "shape": [10, 10, 1], "scale": False},
+            "class": {"type": "int64"},
+        },
+        "image",
+        "class",
+    )
     x, _ = first_batch(files, unscaled, 2)
     assert x.shape == (2, 10, 10, 1) and float(tf.reduce_max(x)) > 200
 
@@ -97,7 +116,9 @@ def test_validation_is_ordered_and_repeats_the_same_batches(tmp_path):
     data = data_config({"i": {"type": "int64"}}, "i", "i", shuffle_buffer=50)
     finite = pipeline.make_dataset(files, data, 4, training=False, take_batches=2)
     assert [x.numpy().tolist() for x, _ in finite] == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    repeated = pipeline.make_dataset(files, data, 4, training=False, take_batches=2, repeat_eval=True)
+    repeated = pipeline.make_dataset(
+        files, data, 4, training=False, take_batches=2, repeat_eval=True
+    )
     firsts = [x.numpy().tolist()[0] for x, _ in repeated.take(5)]
     assert firsts == [0, 4, 0, 4, 0]
 
@@ -152,11 +173,18 @@ def test_first_record_mismatches_name_feature_file_declared_and_found(tmp_path):
         return str(info.value)
 
     raw = data_config({"x": {"type": "raw", "dtype": "float32", "shape": [4]}}, "x", "x").features
-    assert "feature 'x' is declared raw float32 of shape [4], which is 16 bytes, but the record holds 24 bytes (6 float32 values)" in check(raw)
+    assert (
+        "feature 'x' is declared raw float32 of shape [4], which is 16 bytes, but the record holds 24 bytes (6 float32 values)"
+        in check(raw)
+    )
     missing = data_config({"z": {"type": "int64"}}, "z", "z").features
-    assert "feature 'z' (record key 'z') is not in the records; they hold: img, x, y" in check(missing)
+    assert "feature 'z' (record key 'z') is not in the records; they hold: img, x, y" in check(
+        missing
+    )
     kind = data_config({"y": {"type": "float"}}, "y", "y").features
-    assert "feature 'y' is declared float of shape [], but the record holds int64 values" in check(kind)
+    assert "feature 'y' is declared float of shape [], but the record holds int64 values" in check(
+        kind
+    )
     image = data_config({"img": {"type": "image", "shape": [4, 4, 3]}}, "img", "img").features
     assert "not a JPEG, PNG" in check(image)
     shape = data_config({"y": {"type": "int64", "shape": [3]}}, "y", "y").features

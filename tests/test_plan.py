@@ -23,7 +23,9 @@ def config(**train):
 
 
 def choice(replicas=8, max_spe=None) -> Choice:
-    return Choice("jax", "cpu", "data_parallel", replicas, "float32", "test", max_steps_per_execution=max_spe)
+    return Choice(
+        "jax", "cpu", "data_parallel", replicas, "float32", "test", max_steps_per_execution=max_spe
+    )
 
 
 def plan(cfg, replicas=8, records=10_000, val=1000, max_spe=None):
@@ -39,9 +41,19 @@ def test_global_batch_and_linear_scaling_like_a_v3_8():
 
 
 def test_sqrt_and_no_scaling():
-    p = plan(config(per_core_batch_size=64, learning_rate={"base": 1e-3, "base_batch_size": 128, "scaling": "sqrt"}))
+    p = plan(
+        config(
+            per_core_batch_size=64,
+            learning_rate={"base": 1e-3, "base_batch_size": 128, "scaling": "sqrt"},
+        )
+    )
     assert p.learning_rate == pytest.approx(1e-3 * math.sqrt(4))
-    p = plan(config(per_core_batch_size=64, learning_rate={"base": 1e-3, "base_batch_size": 128, "scaling": "none"}))
+    p = plan(
+        config(
+            per_core_batch_size=64,
+            learning_rate={"base": 1e-3, "base_batch_size": 128, "scaling": "none"},
+        )
+    )
     assert p.learning_rate == pytest.approx(1e-3)
     p = plan(config(per_core_batch_size=64))  # no base_batch_size: base is for this batch
     assert p.learning_rate == pytest.approx(1e-3)
@@ -84,7 +96,14 @@ def test_explicit_steps_per_execution_rounds_the_epoch_to_whole_executions():
 
 
 def test_warmup_and_total_steps():
-    p = plan(config(per_core_batch_size=16, epochs=4, steps_per_epoch=50, learning_rate={"warmup_epochs": 0.5}))
+    p = plan(
+        config(
+            per_core_batch_size=16,
+            epochs=4,
+            steps_per_epoch=50,
+            learning_rate={"warmup_epochs": 0.5},
+        )
+    )
     assert (p.warmup_steps, p.total_steps) == (25, 200)
 
 

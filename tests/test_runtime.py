@@ -28,7 +28,11 @@ def rc(**kw) -> RuntimeConfig:
 
 def test_cpu_defaults_to_jax():
     choice = choose(rc(), "auto", CPU_BOTH)
-    assert (choice.accelerator, choice.backend, choice.distribution) == ("cpu", "jax", "data_parallel")
+    assert (choice.accelerator, choice.backend, choice.distribution) == (
+        "cpu",
+        "jax",
+        "data_parallel",
+    )
     assert choice.replicas == 1 and choice.precision == "float32"
     assert "no TPU or GPU found" in choice.reason
 
@@ -60,13 +64,22 @@ def test_keras_19246_auto_avoids_tf_or_caps_steps():
 
 def test_kaggle_tpu_vm_uses_jax_in_bfloat16():
     choice = choose(rc(), "auto", KAGGLE_TPU_VM)
-    assert (choice.accelerator, choice.backend, choice.distribution) == ("tpu", "jax", "data_parallel")
+    assert (choice.accelerator, choice.backend, choice.distribution) == (
+        "tpu",
+        "jax",
+        "data_parallel",
+    )
     assert choice.precision == "mixed_bfloat16"
     assert choice.replicas is None  # known once the TPU is initialised
 
 
 def test_tpu_that_nothing_can_drive_is_an_error_even_in_auto():
-    machine = Machine(tpu_device_files=("/dev/accel0",), tensorflow="2.21.0", tensorflow_build="tensorflow-cpu", jax="0.10.2")
+    machine = Machine(
+        tpu_device_files=("/dev/accel0",),
+        tensorflow="2.21.0",
+        tensorflow_build="tensorflow-cpu",
+        jax="0.10.2",
+    )
     with pytest.raises(EnvironmentSetupError) as info:
         choose(rc(), "auto", machine)
     assert "pip install 'jax[tpu]'" in str(info.value)
@@ -76,12 +89,16 @@ def test_tpu_that_nothing_can_drive_is_an_error_even_in_auto():
 
 
 def test_tf_backend_asked_for_on_a_tpu_it_cannot_drive():
-    with pytest.raises(EnvironmentSetupError, match="'tensorflow' cannot drive the TPU.*tensorflow-tpu"):
+    with pytest.raises(
+        EnvironmentSetupError, match="'tensorflow' cannot drive the TPU.*tensorflow-tpu"
+    ):
         choose(rc(backend="tensorflow"), "auto", KAGGLE_TPU_VM)
 
 
 def test_tpu_node_with_tensorflow_gets_tpu_strategy_and_address():
-    machine = Machine(env={"TPU_NAME": "grpc://10.0.0.2:8470"}, tensorflow="2.15.0", tensorflow_build="tensorflow")
+    machine = Machine(
+        env={"TPU_NAME": "grpc://10.0.0.2:8470"}, tensorflow="2.15.0", tensorflow_build="tensorflow"
+    )
     choice = choose(rc(), 32, machine)
     assert (choice.backend, choice.distribution) == ("tensorflow", "tpu_strategy")
     assert choice.tpu_address == "grpc://10.0.0.2:8470"
@@ -98,25 +115,37 @@ def test_tpu_address_resolution():
 
 
 def test_explicit_accelerators_that_are_absent():
-    with pytest.raises(EnvironmentSetupError, match="'tpu' was asked for, but this machine has no TPU"):
+    with pytest.raises(
+        EnvironmentSetupError, match="'tpu' was asked for, but this machine has no TPU"
+    ):
         choose(rc(accelerator="tpu"), "auto", CPU_BOTH)
     with pytest.raises(EnvironmentSetupError, match="'gpu' was asked for, but no NVIDIA GPU"):
         choose(rc(accelerator="gpu"), "auto", CPU_BOTH)
 
 
 def test_gpus_prefer_jax_with_cuda_else_tensorflow():
-    gpus = Machine(gpu_count=4, tensorflow="2.21.0", tensorflow_build="tensorflow", jax="0.10.2", jax_gpu=True)
+    gpus = Machine(
+        gpu_count=4, tensorflow="2.21.0", tensorflow_build="tensorflow", jax="0.10.2", jax_gpu=True
+    )
     choice = choose(rc(), 16, gpus)
     assert (choice.accelerator, choice.backend, choice.replicas) == ("gpu", "jax", 4)
     tf_only = Machine(gpu_count=2, tensorflow="2.21.0", tensorflow_build="tensorflow", jax="0.10.2")
     choice = choose(rc(), "auto", tf_only)
-    assert (choice.backend, choice.distribution, choice.max_steps_per_execution) == ("tensorflow", "mirrored", 1)
+    assert (choice.backend, choice.distribution, choice.max_steps_per_execution) == (
+        "tensorflow",
+        "mirrored",
+        1,
+    )
 
 
 def test_gpu_without_cuda_frameworks_falls_back_to_cpu_and_says_why():
-    machine = Machine(gpu_count=1, tensorflow="2.21.0", tensorflow_build="tensorflow-cpu", jax="0.10.2")
+    machine = Machine(
+        gpu_count=1, tensorflow="2.21.0", tensorflow_build="tensorflow-cpu", jax="0.10.2"
+    )
     choice = choose(rc(), "auto", machine)
-    assert choice.accelerator == "cpu" and "no installed framework has CUDA support" in choice.reason
+    assert (
+        choice.accelerator == "cpu" and "no installed framework has CUDA support" in choice.reason
+    )
 
 
 def test_float16_on_tpu_warns():
@@ -125,9 +154,17 @@ def test_float16_on_tpu_warns():
 
 
 def test_keras_already_imported_in_a_notebook():
-    loaded_tf = Machine(tensorflow="2.21.0", tensorflow_build="tensorflow-cpu", jax="0.10.2", keras_loaded_backend="tensorflow")
+    loaded_tf = Machine(
+        tensorflow="2.21.0",
+        tensorflow_build="tensorflow-cpu",
+        jax="0.10.2",
+        keras_loaded_backend="tensorflow",
+    )
     assert choose(rc(), 1, loaded_tf).backend == "tensorflow"
-    with pytest.raises(EnvironmentSetupError, match="already imported in this Python process with the tensorflow backend"):
+    with pytest.raises(
+        EnvironmentSetupError,
+        match="already imported in this Python process with the tensorflow backend",
+    ):
         choose(rc(backend="jax"), 1, loaded_tf)
 
 

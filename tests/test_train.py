@@ -8,11 +8,10 @@ import json
 import keras
 import numpy as np
 import pytest
+from conftest import FACTORIES, toy_config
 
 import tpurun
 from tpurun.errors import DataError, ModelError, TpurunError
-
-from conftest import FACTORIES, toy_config
 
 
 def read_csv(path):
@@ -54,7 +53,9 @@ def test_fit_on_8_simulated_devices_writes_the_run_directory(toy_data, tmp_path)
 
 
 def test_rerun_resumes_and_keeps_one_csv_row_per_epoch(toy_data, tmp_path):
-    config = toy_config(toy_data, tmp_path / "runs", train={"epochs": 2, "learning_rate": {"base": 0.01}})
+    config = toy_config(
+        toy_data, tmp_path / "runs", train={"epochs": 2, "learning_rate": {"base": 0.01}}
+    )
     first = tpurun.train(config, verbose=False)
     assert first["epochs_completed"] == 2
     again = tpurun.train(config, verbose=False)  # finished: nothing to do
@@ -101,7 +102,9 @@ def test_checkpoint_filename_pattern_and_every_epoch(toy_data, tmp_path):
                        "filename": "ep{epoch:03d}_loss{loss:.4f}.weights.h5"}})  # fmt: skip
     tpurun.train(config, verbose=False)
     names = sorted(p.name for p in (tmp_path / "runs" / "toy" / "checkpoints").glob("ep*"))
-    assert [n[:6] for n in names] == ["ep001_", "ep002_"] and all(n.endswith(".weights.h5") for n in names)
+    assert [n[:6] for n in names] == ["ep001_", "ep002_"] and all(
+        n.endswith(".weights.h5") for n in names
+    )
 
 
 def test_plateau_early_stopping_and_user_callbacks(toy_data, tmp_path):
@@ -117,7 +120,11 @@ def test_plateau_early_stopping_and_user_callbacks(toy_data, tmp_path):
 
 
 def test_two_model_inputs_from_a_feature_map(toy_data, tmp_path):
-    config = toy_config(toy_data, tmp_path / "runs", model={"factory": f"{FACTORIES}:two_inputs", "loss": "binary_crossentropy"})
+    config = toy_config(
+        toy_data,
+        tmp_path / "runs",
+        model={"factory": f"{FACTORIES}:two_inputs", "loss": "binary_crossentropy"},
+    )
     config["data"]["features"]["y2"] = {"type": "int64", "key": "y", "cast": "float32"}
     config["data"]["inputs"] = {"a": "x", "b": "y2"}
     summary = tpurun.train(config, verbose=False)
@@ -129,15 +136,35 @@ def test_two_model_inputs_from_a_feature_map(toy_data, tmp_path):
     [
         ({"factory": f"{FACTORIES}:nope"}, ModelError, "has no 'nope'"),
         ({"factory": f"{FACTORIES}:not_a_model"}, ModelError, "returned str, not a Keras model"),
-        ({"factory": f"{FACTORIES}:raises"}, ModelError, r"raised RuntimeError: the factory broke on purpose \(at .*factories.py:\d+\)"),
-        ({"factory": f"{FACTORIES}:uses_tensorflow_ops"}, ModelError, "built on the JAX backend.*runtime.backend: tensorflow"),
-        ({"factory": f"{FACTORIES}:mlp", "kwargs": {"width": 3}}, ModelError, "model.kwargs do not fit"),
+        (
+            {"factory": f"{FACTORIES}:raises"},
+            ModelError,
+            r"raised RuntimeError: the factory broke on purpose \(at .*factories.py:\d+\)",
+        ),
+        (
+            {"factory": f"{FACTORIES}:uses_tensorflow_ops"},
+            ModelError,
+            "built on the JAX backend.*runtime.backend: tensorflow",
+        ),
+        (
+            {"factory": f"{FACTORIES}:mlp", "kwargs": {"width": 3}},
+            ModelError,
+            "model.kwargs do not fit",
+        ),
         ({"factory": "no/such/file.py:build"}, ModelError, "no such file"),
         ({"factory": "no_such_module:build"}, ModelError, "no module named 'no_such_module'"),
         ({"optimizer": "adamm"}, ModelError, "model.optimizer: unknown name 'adamm'; did you mean"),
-        ({"optimizer": {"name": "adam", "learning_rate": 0.1}}, ModelError, "set the learning rate in train.learning_rate.base"),
+        (
+            {"optimizer": {"name": "adam", "learning_rate": 0.1}},
+            ModelError,
+            "set the learning rate in train.learning_rate.base",
+        ),
         ({"loss": "binary_crossentropyy"}, ModelError, "did you mean 'binary_crossentropy'"),
-        ({"loss": {"name": "binary_crossentropy", "from_logitz": True}}, ModelError, "unexpected keyword argument 'from_logitz'"),
+        (
+            {"loss": {"name": "binary_crossentropy", "from_logitz": True}},
+            ModelError,
+            "unexpected keyword argument 'from_logitz'",
+        ),
         ({"metrics": ["acuracy"]}, ModelError, "model.metrics: unknown name 'acuracy'"),
     ],
 )
@@ -150,7 +177,10 @@ def test_model_problems_are_clear_errors(toy_data, tmp_path, model, error, match
 def test_data_that_does_not_match_the_features(toy_data, tmp_path):
     config = toy_config(toy_data, tmp_path / "runs")
     config["data"]["features"]["x"]["shape"] = [9]
-    with pytest.raises(DataError, match="feature 'x' is declared raw float32 of shape \\[9\\], which is 36 bytes, but the record holds 32 bytes"):
+    with pytest.raises(
+        DataError,
+        match="feature 'x' is declared raw float32 of shape \\[9\\], which is 36 bytes, but the record holds 32 bytes",
+    ):
         tpurun.train(config, verbose=False)
     assert not (tmp_path / "runs").exists()  # nothing was written before the data was checked
 
@@ -158,7 +188,12 @@ def test_data_that_does_not_match_the_features(toy_data, tmp_path):
 def test_model_that_does_not_fit_the_targets(toy_data, tmp_path):
     config = toy_config(toy_data, tmp_path / "runs")
     config["data"]["features"]["y"] = {"type": "int64", "key": "y", "cast": "float32"}
-    config["data"]["features"]["wide"] = {"type": "raw", "dtype": "float32", "shape": [2, 4], "key": "x"}
+    config["data"]["features"]["wide"] = {
+        "type": "raw",
+        "dtype": "float32",
+        "shape": [2, 4],
+        "key": "x",
+    }
     config["data"]["targets"] = "wide"
     with pytest.raises(ModelError, match="does not fit the data"):
         tpurun.train(config, verbose=False)
@@ -184,7 +219,9 @@ def test_truncated_shard_is_named(toy_data, tmp_path):
 def test_a_kernel_that_imported_keras_with_another_backend_is_told_so(toy_data, tmp_path):
     # This test process imported Keras on JAX, as a notebook kernel might have.
     config = toy_config(toy_data, tmp_path / "runs", runtime={"backend": "tensorflow"})
-    with pytest.raises(TpurunError, match="Keras was already imported in this Python process with the jax backend"):
+    with pytest.raises(
+        TpurunError, match="Keras was already imported in this Python process with the jax backend"
+    ):
         tpurun.train(config, verbose=False)
 
 
@@ -192,4 +229,8 @@ def test_plain_progress_lines_from_the_python_api(toy_data, tmp_path, capsys):
     config = toy_config(toy_data, tmp_path / "runs", train={"epochs": 1})
     tpurun.train(config)
     out = capsys.readouterr().out
-    assert "[tpurun] CPU via jax" in out and "[tpurun] epoch 1/1" in out and "[tpurun] completed" in out
+    assert (
+        "[tpurun] CPU via jax" in out
+        and "[tpurun] epoch 1/1" in out
+        and "[tpurun] completed" in out
+    )
