@@ -1,9 +1,10 @@
 """One training run: resolve, prepare the run directory, fit, and write what happened.
 
-(Named runner.py, not train.py: `tpurun.train` is the public function, and a submodule of that
-name would replace it on the package once imported.)
 Prints nothing: progress goes to the injected :class:`~tpurun.console.Reporter`, problems are raised
 as :class:`~tpurun.errors.TpurunError`, and the summary is returned.
+
+(Named runner.py, not train.py: ``tpurun.train`` is the public function, and a submodule of that
+name would replace it on the package once imported.)
 """
 
 from __future__ import annotations
