@@ -176,3 +176,24 @@ def test_quickstart_reaches_95_percent(tmp_path):
     assert summary["status"] == "completed" and summary["replicas"] == 8
     assert summary["backend"] == "jax" and summary["global_batch_size"] == 128
     assert summary["best"]["monitor"] == "val_accuracy" and summary["best"]["value"] >= 0.95
+
+
+@pytest.mark.slow
+def test_naic_like_example_runs_several_epochs_on_8_devices(tmp_path):
+    """The second example, on data from its generator. Several epochs on 8 simulated devices with
+    2 cores also guards against the Keras/XLA rendezvous abort an async_safe batch hook caused."""
+    gen = subprocess.run(
+        [sys.executable, "configs/data/make_naic_like.py", "--train", "4096", "--validation", "512", "--out", str(tmp_path / "naic")],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert gen.returncode == 0, gen.stderr
+    result = run_cli(
+        "train", "configs/naic_like.yaml", "--output", str(tmp_path / "runs"),
+        "--set", "train.epochs=4",
+        "--set", f"data.train={tmp_path / 'naic'}/naic-train-*.tfrecord",
+        "--set", f"data.validation={tmp_path / 'naic'}/naic-validation-*.tfrecord",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((tmp_path / "runs" / "naic-like" / "summary.json").read_text())
+    assert summary["epochs_completed"] == 4 and summary["replicas"] == 8
+    assert summary["steps_per_execution"] == 32 and summary["final_metrics"]["val_accuracy"] > 0.8

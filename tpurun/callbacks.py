@@ -31,14 +31,13 @@ BEST_MODEL = "best.keras"
 class Progress(keras.callbacks.Callback):
     """Feeds the reporter at a bounded rate, and stops training on a NaN or Inf loss.
 
-    ``async_safe``: under JAX, Keras then runs the batch hooks on a worker thread (pythonifying the
-    logs there), so reading a step's metrics never stalls the device queue. The hook may run on any
-    of several threads, and must not touch ``self.model``: under JAX that syncs the model state
-    from the worker and races the training loop ("Buffer has been deleted or donated"). It only
-    sets ``self._model.stop_training``, a plain attribute the loop checks after each execution.
+    Deliberately *not* ``async_safe``. With it (and no other batch hook), Keras 3 on JAX reads each
+    step's logs on a worker thread while the main thread computes metrics; with more simulated CPU
+    devices than cores, XLA's all-reduce rendezvous then starves and aborts the process ("Expected
+    8 threads to join the rendezvous, but only 7 of them arrived on time", reproduced with plain
+    Keras too). On the main thread the logs cost one host sync per execution, which
+    ``steps_per_execution`` amortises, and which Keras' own progress bar costs as well.
     """
-
-    async_safe = True
 
     def __init__(self, reporter: Reporter, plan: Plan, epochs: int, stop_on_nan: bool):
         super().__init__()
