@@ -20,8 +20,8 @@ the list in both (tpurun's own progress callback is first), so they include trai
 validation but not the checkpoint and CSV writes that the later callbacks do at the epoch's end;
 the wall times include those. Data is written once into benchmarks/_work/ (gitignored).
 
-tpurun runs configs/naic_like.yaml as it is, including its `callbacks.extra` workaround (see the
-comment there), so both sides run Keras' batch-end hooks on the main thread. On the TensorFlow
+tpurun runs configs/naic_like.yaml as it is. Both sides run Keras' batch-end hooks on the main
+thread (tpurun's progress callback; the baseline's ModelCheckpoint and timing callback). On the TensorFlow
 backend (MirroredStrategy over 8 logical CPU devices, steps_per_execution 1) epoch times on a
 2-core machine swing from ~1.5 s to ~10 s in either program; give it more --repeats.
 """
