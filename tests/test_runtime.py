@@ -181,3 +181,59 @@ def test_probe_reads_device_files_and_environment(tmp_path):
     assert not empty.tpu_present and empty.gpu_count == 0
     # this environment's frameworks, as installed by `make install`
     assert empty.tensorflow_build == "tensorflow-cpu" and empty.jax is not None
+
+
+def tpu_choice(backend: str) -> Choice:
+    from tpurun.runtime import Choice
+
+    distribution = "tpu_strategy" if backend == "tensorflow" else "data_parallel"
+    return Choice(backend, "tpu", distribution, None, "mixed_bfloat16", "test", tpu_address="local")
+
+
+def test_a_tpu_held_by_another_process_names_the_notebook_trap(monkeypatch):
+    import jax
+
+    from tpurun import runtime
+
+    def held(platform=None):
+        raise RuntimeError(
+            "Unable to initialize backend 'tpu': ABORTED: The TPU is already in use by process with pid 4242."
+        )
+
+    monkeypatch.setattr(jax, "devices", held)
+    with pytest.raises(
+        EnvironmentSetupError, match=r"held by another process.*pid 4242.*restart it"
+    ):
+        runtime._jax_devices(tpu_choice("jax"))
+
+
+def test_jax_without_the_tpu_platform_is_a_clear_error(monkeypatch):
+    import jax
+
+    from tpurun import runtime
+
+    def missing(platform=None):
+        raise RuntimeError(
+            "Unknown backend: 'tpu' requested, but no platforms that are instances of tpu are present."
+        )
+
+    monkeypatch.setattr(jax, "devices", missing)
+    with pytest.raises(EnvironmentSetupError, match="JAX cannot use the TPU: Unknown backend"):
+        runtime._jax_devices(tpu_choice("jax"))
+
+
+def test_tf_tpu_resolver_failure_is_a_clear_error(monkeypatch):
+    import tensorflow as tf
+
+    from tpurun import runtime
+
+    class Resolver:
+        def __init__(self, tpu=None):
+            raise ValueError("Please provide a TPU Name to connect to.")
+
+    monkeypatch.setattr(tf.distribute.cluster_resolver, "TPUClusterResolver", Resolver)
+    with pytest.raises(
+        EnvironmentSetupError,
+        match="cannot reach the TPU at 'local': Please provide a TPU Name.*runtime.backend: jax",
+    ):
+        runtime._tf_strategy(tpu_choice("tensorflow"))
