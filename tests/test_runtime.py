@@ -9,7 +9,7 @@ import pytest
 
 from tpurun.config import RuntimeConfig
 from tpurun.errors import EnvironmentSetupError
-from tpurun.runtime import KERAS_19246, Machine, choose, probe, resolve_tpu_address
+from tpurun.runtime import KERAS_19246, Choice, Machine, choose, probe, resolve_tpu_address
 
 CPU_BOTH = Machine(tensorflow="2.21.0", tensorflow_build="tensorflow-cpu", jax="0.10.2")
 KAGGLE_TPU_VM = Machine(
@@ -184,8 +184,6 @@ def test_probe_reads_device_files_and_environment(tmp_path):
 
 
 def tpu_choice(backend: str) -> Choice:
-    from tpurun.runtime import Choice
-
     distribution = "tpu_strategy" if backend == "tensorflow" else "data_parallel"
     return Choice(backend, "tpu", distribution, None, "mixed_bfloat16", "test", tpu_address="local")
 
