@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 import time
 from typing import Any
 
@@ -50,7 +49,6 @@ class Progress(keras.callbacks.Callback):
         self.epoch_rates: list[float] = []
         self.first_step_seconds: float | None = None
         self.nan_at: tuple[int, int] | None = None
-        self._lock = threading.Lock()
         self._train_start = time.monotonic()
 
     def on_train_begin(self, logs=None):
@@ -73,12 +71,11 @@ class Progress(keras.callbacks.Callback):
             self._model.stop_training = True
         if now - self._last_report < self.interval or step >= self.plan.steps_per_epoch:
             return
-        with self._lock:
-            self._last_report = now
-            elapsed = now - self._epoch_start
-            rate = step * self.plan.global_batch_size / elapsed if elapsed > 0 else 0.0
-            eta = (self.plan.steps_per_epoch - step) * elapsed / step
-            self.reporter.progress(self._epoch, step, self.plan.steps_per_epoch, rate, eta, logs)
+        self._last_report = now
+        elapsed = now - self._epoch_start
+        rate = step * self.plan.global_batch_size / elapsed if elapsed > 0 else 0.0
+        eta = (self.plan.steps_per_epoch - step) * elapsed / step
+        self.reporter.progress(self._epoch, step, self.plan.steps_per_epoch, rate, eta, logs)
 
     def on_epoch_end(self, epoch, logs=None):
         seconds = time.monotonic() - self._epoch_start
