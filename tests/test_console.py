@@ -42,7 +42,7 @@ def test_pipes_and_the_flag_are_plain():
 
 def plan() -> Plan:
     return Plan("jax", "cpu", "data_parallel", 8, "float32", "test", 16, 128, 2e-3, 1.0, ["a"], ["b"],
-                1437, 360, 11, 2, 11, 0, 330, "val_accuracy")  # fmt: skip
+                1437, 360, "counted", "none", 11, 2, 11, 0, 330, "val_accuracy")  # fmt: skip
 
 
 def drive(reporter):

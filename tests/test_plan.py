@@ -7,6 +7,7 @@ import math
 import pytest
 
 from tpurun.config import load_config
+from tpurun.data.resolve import ResolvedData
 from tpurun.errors import ConfigError, DataError
 from tpurun.plan import auto_steps_per_execution, make_plan, resolve_monitor_mode
 from tpurun.runtime import Choice
@@ -29,7 +30,8 @@ def choice(replicas=8, max_spe=None) -> Choice:
 
 
 def plan(cfg, replicas=8, records=10_000, val=1000, max_spe=None):
-    return make_plan(cfg, choice(replicas, max_spe), replicas, ["a"], records, ["b"], val)
+    data = ResolvedData(cfg.data, ["a"], ["b"], records, val, "counted")
+    return make_plan(cfg, choice(replicas, max_spe), replicas, data)
 
 
 def test_global_batch_and_linear_scaling_like_a_v3_8():

@@ -138,7 +138,7 @@ def config_command(
         else:
             from tpurun.runner import prepare, resolved_config
 
-            data = resolved_config(cfg, prepare(cfg).plan)
+            data = resolved_config(prepare(cfg))
     except TpurunError as exc:
         raise _fail(exc) from None
     except Exception:

@@ -168,11 +168,26 @@ FeatureRef = str | list[str] | dict[str, str]
 class DataConfig(Section):
     train: str | list[str] = Field(description="TFRecord glob(s): local, gs:// or ram://.")
     validation: str | list[str] | None = Field(None, description="TFRecord glob(s) for validation.")
-    features: dict[str, Feature] = Field(min_length=1, description="How to decode each record key.")
+    kaggle_dataset: str | None = Field(
+        None,
+        min_length=1,
+        description="A Kaggle dataset name: relative globs are read from its path (gs:// or /kaggle/input).",
+    )
+    features: dict[str, Feature] = Field(
+        default_factory=dict,
+        description="How to decode each record key (omitted: from the shards' schema file).",
+    )
     inputs: FeatureRef = Field(description="Feature name, list, or {model_input: feature} map.")
     targets: FeatureRef = Field(description="Feature name, list, or {model_output: feature} map.")
     shuffle_buffer: int = Field(10000, ge=0, description="Records held for shuffling (0: off).")
-    compression: Literal["none", "gzip"] = Field("none", description="TFRecord compression.")
+    compression: Literal["auto", "none", "gzip"] = Field(
+        "auto", description="TFRecord compression; auto: the schema's, else detected."
+    )
+    cache: str | None = Field(
+        None,
+        min_length=1,
+        description="Cache the records read: 'memory', or a file path prefix (for datasets that fit).",
+    )
 
     @staticmethod
     def names(ref: FeatureRef) -> list[str]:
@@ -501,16 +516,25 @@ def _cross_checks(config: Config, located: _Located) -> list[str]:
             f"(train.learning_rate.schedule: {lr.schedule}, warmup_epochs: {lr.warmup_epochs:g}); "
             "use schedule: constant with warmup_epochs: 0, or set reduce_lr_on_plateau: null"
         )
-    declared = list(config.data.features)
+    if config.data.features:  # else they come from the schema file, checked once it is read
+        problems += reference_problems(config.data, located.where)
+    return problems
+
+
+def reference_problems(data: DataConfig, where=lambda path: "config") -> list[str]:
+    """``inputs`` and ``targets`` must name declared features."""
+    problems = []
+    declared = list(data.features)
     for key in ("inputs", "targets"):
-        for name in DataConfig.names(getattr(config.data, key)):
-            if name not in config.data.features:
+        for name in DataConfig.names(getattr(data, key)):
+            if name not in data.features:
                 close = difflib.get_close_matches(name, declared, n=1)
                 hint = (
                     f"did you mean '{close[0]}'?" if close else f"declared: {', '.join(declared)}"
                 )
-                where = located.where(("data", key))
-                problems.append(f"{where}: data.{key}: '{name}' is not a declared feature; {hint}")
+                problems.append(
+                    f"{where(('data', key))}: data.{key}: '{name}' is not a declared feature; {hint}"
+                )
     return problems
 
 

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpurun.config import Config
 from tpurun.errors import ConfigError, DataError
 from tpurun.runtime import Choice
+
+if TYPE_CHECKING:
+    from tpurun.data.resolve import ResolvedData
 
 DEFAULT_PER_CORE_BATCH = 16
 MAX_AUTO_STEPS_PER_EXECUTION = 32
@@ -34,6 +37,8 @@ class Plan:
     validation_files: list[str]
     train_records: int
     validation_records: int | None
+    record_counts_from: str
+    compression: str
     steps_per_epoch: int
     validation_steps: int | None
     steps_per_execution: int
@@ -117,16 +122,9 @@ def resolve_monitor_mode(monitor: str, mode: str) -> str:
     return "max" if any(key in name for key in _MAX_METRICS) else "min"
 
 
-def make_plan(
-    config: Config,
-    choice: Choice,
-    replicas: int,
-    train_files: list[str],
-    train_records: int,
-    validation_files: list[str],
-    validation_records: int | None,
-) -> Plan:
+def make_plan(config: Config, choice: Choice, replicas: int, data: ResolvedData) -> Plan:
     """Derive every value that depends on the machine and the data."""
+    train_records, validation_records = data.train_records, data.validation_records
     per_core, global_batch, warnings = batch_sizes(config, replicas)
     warnings = [*choice.warnings, *warnings]
     train = config.train
@@ -171,10 +169,12 @@ def make_plan(
         global_batch_size=global_batch,
         learning_rate=lr.base * factor,
         learning_rate_factor=factor,
-        train_files=list(train_files),
-        validation_files=list(validation_files),
+        train_files=list(data.train_files),
+        validation_files=list(data.validation_files),
         train_records=train_records,
         validation_records=validation_records,
+        record_counts_from=data.counts_from,
+        compression=data.data.compression,
         steps_per_epoch=steps,
         validation_steps=val_steps,
         steps_per_execution=int(spe),

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from tpurun import __version__
-from tpurun.config import Config
+from tpurun.config import Config, DataConfig
 from tpurun.console import Reporter
 from tpurun.errors import DataError, ModelError, TpurunError
 from tpurun.fileio import read_json, save_atomically, write_json
@@ -39,38 +39,35 @@ class Prepared:
     config: Config
     runtime: Runtime
     plan: Plan
+    data: DataConfig  # the effective data section: features filled in, compression known
 
 
 def prepare(
     config: Config, reporter: Reporter | None = None, machine: Machine | None = None
 ) -> Prepared:
     """Choose the runtime, set the process up, find and check the data, derive the plan."""
-    from tpurun.data import pipeline
+    from tpurun.data.resolve import resolve
 
     reporter = reporter or Reporter()
     choice = choose(config.runtime, config.train.steps_per_execution, machine or probe())
     reporter.message(choice.summary, "note")
     runtime = activate(choice, config.seed)
-
-    data = config.data
-    train_files = pipeline.expand(data.train, config.resolve_path)
-    val_files = pipeline.expand(data.validation, config.resolve_path) if data.validation else []
-    pipeline.check_first_record(train_files, data.features, data.compression)
-    if val_files:
-        pipeline.check_first_record(val_files, data.features, data.compression)
-    train_records = pipeline.count_records(train_files, data.compression)
-    val_records = pipeline.count_records(val_files, data.compression) if val_files else None
-    plan = make_plan(
-        config, choice, runtime.replicas, train_files, train_records, val_files, val_records
-    )
+    resolved = resolve(config)
+    plan = make_plan(config, choice, runtime.replicas, resolved)
     for warning in plan.warnings:
         reporter.message(warning, "warn")
-    return Prepared(config, runtime, plan)
+    return Prepared(config, runtime, plan, resolved.data)
 
 
-def resolved_config(config: Config, plan: Plan) -> dict[str, Any]:
-    """The config as written (defaults filled in) plus a ``derived`` section; loads back as is."""
-    return {**config.to_dict(), "derived": plan.to_dict()}
+def resolved_config(prepared: Prepared) -> dict[str, Any]:
+    """The config as run, plus a ``derived`` section; loads back as a config.
+
+    Defaults are filled in, and the data section is the effective one (features read from a schema
+    file, compression detected), so the file describes the run on its own.
+    """
+    config = prepared.config.to_dict()
+    config["data"] = prepared.data.model_dump(mode="json")
+    return {**config, "derived": prepared.plan.to_dict()}
 
 
 def _trim_csv(path: Path, epochs_done: int) -> None:
@@ -204,7 +201,7 @@ def run(
     (run_dir / "config.yaml").write_text(
         "# Written by tpurun: the config as run, with defaults filled in, and the values derived\n"
         "# on this machine under `derived` (ignored when this file is loaded again).\n"
-        + yaml.safe_dump(resolved_config(config, plan), sort_keys=False)
+        + yaml.safe_dump(resolved_config(prepared), sort_keys=False)
     )
 
     def finish(status: str) -> dict[str, Any]:
@@ -257,6 +254,17 @@ def run(
     return result
 
 
+def _cache(config: Config, run_dir: Path, split: str) -> str | None:
+    """``data.cache`` for one split: "" keeps records in memory, a path prefix on disk."""
+    cache = config.data.cache
+    if cache is None:
+        return None
+    if cache == "memory":
+        return ""
+    Path(cache).parent.mkdir(parents=True, exist_ok=True)
+    return f"{cache}-{split}"
+
+
 def _train(prepared: Prepared, run_dir: Path, state: dict | None, reporter: Reporter):
     """Build datasets, model and callbacks; restore the latest checkpoint if any; fit."""
     from tpurun import callbacks as cbs
@@ -265,13 +273,15 @@ def _train(prepared: Prepared, run_dir: Path, state: dict | None, reporter: Repo
 
     config, plan, runtime = prepared.config, prepared.plan, prepared.runtime
     train_ds = pipeline.make_dataset(
-        plan.train_files, config.data, plan.global_batch_size, training=True, seed=config.seed
-    )
+        plan.train_files, prepared.data, plan.global_batch_size, training=True, seed=config.seed,
+        cache=_cache(config, run_dir, "train"),
+    )  # fmt: skip
     val_ds = None
     if plan.validation_files:
         val_ds = pipeline.make_dataset(
-            plan.validation_files, config.data, plan.global_batch_size, training=False,
+            plan.validation_files, prepared.data, plan.global_batch_size, training=False,
             take_batches=plan.validation_steps, repeat_eval=runtime.strategy is not None,
+            cache=_cache(config, run_dir, "validation"),
         )  # fmt: skip
     with runtime.scope():
         model = build_model(config, plan.backend)

@@ -25,6 +25,20 @@ from tpurun.errors import DataError
 _COMPRESSION = {"none": "", "gzip": "GZIP"}
 
 
+def detect_compression(path: str) -> str:
+    """GZIP files start with 1f 8b; TFRecord files start with a record length and its CRC."""
+    import tensorflow as tf
+
+    with tf.io.gfile.GFile(path, "rb") as f:
+        return "gzip" if f.read(2) == b"\x1f\x8b" else "none"
+
+
+def _compression_type(compression: str, files: Sequence[str]) -> str:
+    if compression == "auto":
+        compression = detect_compression(files[0]) if files else "none"
+    return _COMPRESSION[compression]
+
+
 def expand(patterns: str | Sequence[str], resolve=lambda p: p) -> list[str]:
     """Expand globs (local, gs://, ram://) into a sorted file list.
 
@@ -66,14 +80,14 @@ def _file_key(path: str) -> str:
 def _count_one(path: str, compression: str) -> int:
     import tensorflow as tf
 
-    ds = tf.data.TFRecordDataset(path, compression_type=_COMPRESSION[compression])
+    ds = tf.data.TFRecordDataset(path, compression_type=_compression_type(compression, [path]))
     try:
         return int(ds.reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))
     except tf.errors.OpError as exc:
         raise DataError(f"{path}: cannot read it as TFRecords: {exc.message}") from None
 
 
-def count_records(files: Sequence[str], compression: str = "none") -> int:
+def count_records(files: Sequence[str], compression: str = "auto") -> int:
     """Count records, reading each file once ever.
 
     Counts are remembered by path, size and mtime in ``~/.cache/tpurun/record_counts.json`` (or
@@ -106,7 +120,7 @@ def check_first_record(files: Sequence[str], features: Mapping[str, Any], compre
     """Fail early, with a clear message, when the records do not match the declared features."""
     import tensorflow as tf
 
-    ds = tf.data.TFRecordDataset(files[0], compression_type=_COMPRESSION[compression])
+    ds = tf.data.TFRecordDataset(files[0], compression_type=_compression_type(compression, files))
     try:
         first = next(iter(ds.take(1)), None)
     except tf.errors.OpError as exc:
@@ -126,6 +140,7 @@ def make_dataset(
     seed: int | None = None,
     take_batches: int | None = None,
     repeat_eval: bool = False,
+    cache: str | None = None,
     num_shards: int = 1,
     shard_index: int = 0,
 ):
@@ -144,6 +159,8 @@ def make_dataset(
             dataset (measured with MirroredStrategy on 8 CPUs: val accuracy 0.65 for batches it
             scores 0.98 on when repeated). Elsewhere the finite form is exact even when
             steps_per_execution does not divide the batch count.
+        cache: cache the serialized records after the first pass: ``""`` in memory, or a file
+            path prefix (TF writes ``<prefix>.index`` and data files). None: no cache.
         num_shards, shard_index: for multi-host input, each process reads its own files.
 
     Returns:
@@ -152,7 +169,7 @@ def make_dataset(
     import tensorflow as tf
 
     autotune = tf.data.AUTOTUNE
-    compression = _COMPRESSION[data.compression]
+    compression = _compression_type(data.compression, files)
     used = feat.used_features(data)
     spec = feat.parse_spec(used)
 
@@ -161,14 +178,20 @@ def make_dataset(
         ds = ds.shard(num_shards, shard_index)
     n_files = max(1, len(files) // num_shards)
     if training:
-        ds = ds.shuffle(n_files, seed=seed, reshuffle_each_iteration=True).repeat()
+        ds = ds.shuffle(n_files, seed=seed, reshuffle_each_iteration=cache is None)
+        if cache is None:
+            ds = ds.repeat()  # repeating the file list keeps reads streaming across epochs
     ds = ds.interleave(
         lambda f: tf.data.TFRecordDataset(f, compression_type=compression),
         cycle_length=min(n_files, 16),
         block_length=1,
         num_parallel_calls=autotune,
-        deterministic=not training,
+        deterministic=not training or cache is not None,  # a cache must see one fixed pass
     )
+    if cache is not None:
+        ds = ds.cache(cache)
+        if training:
+            ds = ds.repeat()
     if training and data.shuffle_buffer > 1:
         ds = ds.shuffle(data.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     ds = ds.batch(batch_size, drop_remainder=True)

@@ -102,7 +102,7 @@ def read(path: str) -> dict[str, Any]:
     except (tf.errors.OpError, ValueError) as exc:
         raise DataError(f"{path}: cannot read the schema file: {exc}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise DataError(f"{path}: not a tpurun schema file (no \"format\": \"{FORMAT}\").")
+        raise DataError(f'{path}: not a tpurun schema file (no "format": "{FORMAT}").')
     if data.get("version") != VERSION:
         raise DataError(
             f"{path}: schema version {data.get('version')!r}; this tpurun reads version {VERSION}. "

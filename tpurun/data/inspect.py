@@ -1,0 +1,473 @@
+"""``tpurun data inspect``: what a set of TFRecord files holds, and a ``features:`` block to paste.
+
+Record counts come from the schema file written beside the shards when it lists every file, else
+from reading the files once (cached by :func:`tpurun.data.pipeline.count_records`). Features are
+inferred from the first records: how a key is stored (list kind, number of values) is a fact; a raw
+tensor's dtype and shape are guesses from its byte length and values, and say so. Keys the schema
+describes take its entry, since the writer knew the dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import yaml
+
+from tpurun.data import pipeline
+from tpurun.data import schema as schema_file
+from tpurun.errors import DataError
+
+VERSION = 1
+#: One input stream per TPU core of a host; shard counts are advised in multiples of it.
+TPU_CORES = 8
+_TARGET_SHARD_BYTES = 150 * 10**6
+_MAX_RECORD_BYTES = 2**31 - 1  # protobuf cannot parse a message larger than this
+_IMAGE_MAGIC = (b"\xff\xd8", b"\x89PNG")
+_ITEMSIZE = {"float32": 4, "float64": 8, "uint8": 1}
+# Schema types and the list kind that stores them, to catch a schema that does not fit the records.
+_STORED_AS = {
+    "raw": "bytes_list", "image": "bytes_list", "bytes": "bytes_list",
+    "int64": "int64_list", "float": "float_list",
+}  # fmt: skip
+
+
+@dataclass
+class FileInfo:
+    path: str
+    bytes: int
+    records: int
+
+
+@dataclass
+class FeatureInfo:
+    """One record key: how it is stored and the config entry that reads it.
+
+    Attributes:
+        name: the feature's name in the block (the record key, unless the schema names it).
+        key: the key in the records.
+        stored: ``bytes_list``, ``int64_list``, ``float_list``, ``mixed`` or ``empty``.
+        spec: the ``features:`` entry, or ``None`` when tpurun cannot read the key (see notes).
+        source: ``inferred`` from the records, or ``schema``.
+        notes: what the user should check or know, one sentence each.
+    """
+
+    name: str
+    key: str
+    stored: str
+    spec: dict[str, Any] | None
+    source: str = "inferred"
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class InspectReport:
+    """What :func:`inspect` found. ``to_dict()`` is the ``--json`` output."""
+
+    files: list[FileInfo]
+    total_bytes: int
+    total_records: int
+    counts_from: str  # "schema" (a schema file lists every file) or "counted"
+    compression: str  # "none" or "gzip", as in the config's data.compression
+    sampled_records: int
+    largest_sampled_record: int  # bytes
+    features: list[FeatureInfo]
+    features_yaml: str
+    advice: list[str]
+    class_names: list[str] | None = None
+    schema_path: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": VERSION, **asdict(self)}
+
+
+def inspect(
+    patterns: str | list[str],
+    *,
+    sample: int = 16,
+    progress: Callable[[int, int], None] | None = None,
+) -> InspectReport:
+    """Describe the TFRecord files matched by ``patterns``.
+
+    Args:
+        patterns: glob(s), local, gs:// or ram://.
+        sample: records read (from the first file, then the next ones) to infer the features.
+        progress: called as ``progress(done_files, total_files)`` while records are counted; not
+            called when the schema file gives the counts.
+
+    Raises:
+        DataError: a glob matches no file, or a file is not a TFRecord file of tf.train.Example.
+        ValueError: ``sample`` is below 1.
+    """
+    if sample < 1:
+        raise ValueError(f"sample must be at least 1; received sample={sample}")
+    import tensorflow as tf
+
+    paths = pipeline.expand(patterns)
+    sizes = [int(tf.io.gfile.stat(p).length) for p in paths]
+    compression = _detect_compression(paths[0])
+    # Sampling first: a glob that matched the wrong files fails in a second, not after a count.
+    samples = _read_samples(paths, compression, sample)
+    schemas = schema_file.find_for(paths)
+    counts, counts_from = _count(paths, schemas, compression, progress)
+    files = [FileInfo(p, s, n) for p, s, n in zip(paths, sizes, counts, strict=True)]
+
+    features = _infer([example for example, _ in samples])
+    schema_path, schema = schemas.get(paths[0]) or next(iter(schemas.values()), (None, None))
+    if schema:
+        _apply_schema(features, schema.get("features") or {})
+    largest = max((size for _, size in samples), default=0)
+    return InspectReport(
+        files=files,
+        total_bytes=sum(sizes),
+        total_records=sum(counts),
+        counts_from=counts_from,
+        compression=compression,
+        sampled_records=len(samples),
+        largest_sampled_record=largest,
+        features=features,
+        features_yaml=features_yaml(features),
+        advice=advise(files, compression, features, largest),
+        class_names=schema.get("class_names") if schema else None,
+        schema_path=schema_path,
+    )
+
+
+# ------------------------------------------------------------------------------------ reading
+def _detect_compression(path: str) -> str:
+    import tensorflow as tf
+
+    with tf.io.gfile.GFile(path, "rb") as f:
+        head = f.read(3)
+    # The gzip magic plus its deflate method byte: a plain TFRecord starts with a record length,
+    # which would need to be exactly 559903 (mod 2**24) bytes to look the same.
+    return "gzip" if head == b"\x1f\x8b\x08" else "none"
+
+
+def _reason(exc: Any) -> str:
+    """TensorFlow's message without the op and function names it wraps around it."""
+    return exc.message.split("}} ")[-1].split(" [Op:")[0]
+
+
+def _read_samples(paths: Sequence[str], compression: str, sample: int) -> list[tuple[Any, int]]:
+    """The first ``sample`` records, as (parsed tf.train.Example, serialized bytes) pairs."""
+    import tensorflow as tf
+
+    samples: list[tuple[Any, int]] = []
+    for path in paths:
+        dataset = tf.data.TFRecordDataset(
+            path, compression_type="GZIP" if compression == "gzip" else ""
+        )
+        try:
+            records = [r.numpy() for r in dataset.take(sample - len(samples))]
+        except tf.errors.OpError as exc:
+            raise DataError(
+                f"{path}: not a TFRecord file (compression: {compression}): {_reason(exc)}"
+            ) from None
+        for record in records:
+            try:
+                example = tf.train.Example.FromString(record)
+            except Exception:  # protobuf raises its own DecodeError type
+                example = None
+            if example is None or not example.features.feature:
+                raise DataError(
+                    f"{path}: the records are not tf.train.Example; tpurun reads Examples "
+                    "(SequenceExample and raw tensors are not supported)."
+                )
+            # The serialized size is what protobuf's 2 GB limit applies to.
+            samples.append((example, len(record)))
+        if len(samples) >= sample:
+            break
+    return samples
+
+
+def _count(paths, schemas, compression, progress) -> tuple[list[int], str]:
+    if schemas and all(p in schemas for p in paths):
+        return [schema_file.record_count(schemas[p][1], p) or 0 for p in paths], "schema"
+    # A schema naming only some files is from another write in the same folder: count them all.
+    counts: list[int] = []
+    for start in range(0, len(paths), TPU_CORES):
+        chunk = paths[start : start + TPU_CORES]
+        pipeline.count_records(chunk, compression)  # reads the chunk in parallel, then caches
+        for path in chunk:
+            counts.append(pipeline.count_records([path], compression))  # from the cache
+            if progress is not None:
+                progress(len(counts), len(paths))
+    return counts, "counted"
+
+
+# ---------------------------------------------------------------------------------- inference
+def _infer(examples: Sequence[Any]) -> list[FeatureInfo]:
+    keys = sorted({key for example in examples for key in example.features.feature})
+    infos = []
+    for key in keys:
+        present = [ex.features.feature[key] for ex in examples if key in ex.features.feature]
+        kinds = {f.WhichOneof("kind") for f in present} - {None}
+        if len(kinds) > 1:
+            stored = ", ".join(sorted(kinds))
+            info = FeatureInfo(
+                key,
+                key,
+                "mixed",
+                None,
+                notes=[f"stored as {stored} in different records; tpurun needs one kind"],
+            )  # noqa: E501
+        elif not kinds:
+            info = FeatureInfo(
+                key, key, "empty", None, notes=["holds no values in the sampled records; left out"]
+            )  # noqa: E501
+        else:
+            kind = kinds.pop()
+            # A Feature with no list set is an empty one: a varying length, as parse_example sees it.
+            values = [list(getattr(f, kind).value) if f.WhichOneof("kind") else [] for f in present]
+            info = _infer_key(key, kind, values)
+        if len(present) < len(examples) and info.spec is not None:
+            info.spec = None
+            info.notes.append(
+                f"missing in {len(examples) - len(present)} of {len(examples)} sampled records; "
+                "tpurun reads only features every record holds, so it is left out"
+            )
+        infos.append(info)
+    return infos
+
+
+def _infer_key(key: str, kind: str, values: list[list[Any]]) -> FeatureInfo:
+    lengths = sorted({len(v) for v in values})
+    if len(lengths) > 1:
+        note = (
+            f"variable length ({lengths[0]} to {lengths[-1]} values in the sampled records); "
+            "tpurun reads fixed-length features only, so it is left out"
+        )
+        return FeatureInfo(key, key, kind, None, notes=[note])
+    n = lengths[0]
+    if n == 0:
+        return FeatureInfo(key, key, kind, None, notes=["empty in every sampled record; left out"])
+    shape = [] if n == 1 else [n]
+    if kind == "int64_list":
+        return FeatureInfo(key, key, kind, {"type": "int64", "shape": shape})
+    if kind == "float_list":
+        return FeatureInfo(key, key, kind, {"type": "float", "shape": shape})
+    if n > 1:
+        return FeatureInfo(key, key, kind, {"type": "bytes", "shape": shape})
+    return _infer_one_bytes_value(key, [v[0] for v in values])
+
+
+def _infer_one_bytes_value(key: str, blobs: list[bytes]) -> FeatureInfo:
+    notes: list[str] = []
+    if blobs[0].startswith(_IMAGE_MAGIC):
+        shape, notes = _image_shape(blobs)
+        if shape:
+            return FeatureInfo(
+                key, key, "bytes_list", {"type": "image", "shape": shape}, notes=notes
+            )  # noqa: E501
+    lengths = {len(b) for b in blobs}
+    if len(lengths) > 1 or _is_text(blobs):
+        return FeatureInfo(key, key, "bytes_list", {"type": "bytes", "shape": []}, notes=notes)
+    size = lengths.pop()
+    dtype = _guess_dtype(blobs)
+    count = size // _ITEMSIZE[dtype]
+    notes.append(
+        f"{size} bytes in every sampled record: raw dtype {dtype} and shape [{count}] are guesses "
+        "from the length and the values; check them (and reshape) against what wrote the data"
+    )
+    if len(blobs) == 1:
+        notes.append("only one record was sampled, so the length may vary")
+    spec = {"type": "raw", "dtype": dtype, "shape": [count]}
+    return FeatureInfo(key, key, "bytes_list", spec, notes=notes)
+
+
+def _image_shape(blobs: list[bytes]) -> tuple[list[int] | None, list[str]]:
+    import tensorflow as tf
+
+    shapes = []
+    for blob in blobs:
+        if not blob.startswith(_IMAGE_MAGIC):
+            return None, ["some values are JPEG/PNG images, others are not"]
+        try:
+            shapes.append(tf.io.decode_image(blob, expand_animations=False).shape.as_list())
+        except tf.errors.OpError:
+            return None, ["starts like a JPEG/PNG image but does not decode"]
+    height, width, _ = shapes[0]
+    # Gray and color images mixed: decoding to the most channels keeps the color.
+    channels = max(s[2] for s in shapes)
+    channels = 1 if channels == 2 else channels  # gray + alpha: the gray is the picture
+    notes = []
+    if any(s[:2] != [height, width] for s in shapes):
+        sizes = sorted({f"{h}x{w}" for h, w, _ in shapes})
+        notes.append(
+            f"image sizes vary ({', '.join(sizes[:4])}); shape is the first one's, and tpurun "
+            "resizes every image to shape, so set the size the model wants"
+        )
+    return [height, width, channels], notes
+
+
+def _is_text(blobs: list[bytes]) -> bool:
+    try:
+        texts = [b.decode("utf-8") for b in blobs]
+    except UnicodeDecodeError:
+        return False
+    return all(ch.isprintable() or ch.isspace() for text in texts for ch in text)
+
+
+def _guess_dtype(blobs: list[bytes]) -> str:
+    import numpy as np
+
+    data = b"".join(blobs)  # every blob has the same length, so one view reads them all
+    size = len(blobs[0])
+    if size % 4 == 0:
+        as32 = np.frombuffer(data, "<f4")
+        # float64 values that are round numbers leave their low 32-bit word zero, and the high
+        # words read as sane float32 values: without this check they would pass as float32.
+        halves_zero = size % 8 == 0 and not as32[0::2].any() and as32[1::2].any()
+        if not halves_zero and _plausible_floats(as32):
+            return "float32"
+    if size % 8 == 0 and _plausible_floats(np.frombuffer(data, "<f8")):
+        return "float64"
+    return "uint8"
+
+
+def _plausible_floats(values: Any) -> bool:
+    import numpy as np
+
+    with np.errstate(all="ignore"):
+        if not np.isfinite(values).all():
+            return False
+        magnitude = np.abs(values)
+        if magnitude.max() >= 1e10:
+            return False
+        nonzero = magnitude[magnitude > 0]
+        # Bytes of another dtype read as floats mostly land below 1e-20 (small integers become
+        # denormals, dark pixels tiny exponents) or above 1e10; real data rarely does either.
+        return nonzero.size == 0 or float(np.mean(nonzero < 1e-20)) < 0.1
+
+
+def _apply_schema(features: list[FeatureInfo], declared: dict[str, dict[str, Any]]) -> None:
+    """Let the schema's entries replace the guesses for the keys it describes."""
+    by_key = {spec.get("key") or name: (name, spec) for name, spec in declared.items()}
+    for info in features:
+        if info.key not in by_key:
+            continue
+        name, spec = by_key[info.key]
+        if _STORED_AS.get(spec.get("type")) != info.stored:
+            info.notes.append(f"the schema declares {spec!r}, but the records hold {info.stored}")
+            continue
+        info.name, info.spec, info.source = name, dict(spec), "schema"
+        info.notes = [n for n in info.notes if "are guesses" not in n]
+
+
+# --------------------------------------------------------------------------------- rendering
+class _FlowDict(dict):
+    """A feature entry: dumped on one line, as users write them."""
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(
+    _FlowDict,
+    lambda dumper, data: dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=True),
+)
+
+
+def features_yaml(features: Sequence[FeatureInfo]) -> str:
+    """The ``features:`` block for the features tpurun can read, one line per feature."""
+    block = {f.name: _FlowDict(f.spec) for f in features if f.spec is not None}
+    return yaml.dump(
+        {"features": block}, Dumper=_Dumper, sort_keys=False, width=float("inf"), indent=2
+    )
+
+
+def format_bytes(size: float) -> str:
+    """``1.5 MB``, ``150 MB``: decimal units, as storage consoles show them."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            value = size / scale
+            return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
+    return f"{int(size)} B"
+
+
+# ------------------------------------------------------------------------------------ advice
+def _suggested_shards(total_bytes: int) -> int:
+    wanted = math.ceil(total_bytes / _TARGET_SHARD_BYTES)
+    return max(TPU_CORES, math.ceil(wanted / TPU_CORES) * TPU_CORES)
+
+
+def _image_like(count: int) -> tuple[int, int, int] | None:
+    """A square H x W x C (C = 3 or 1) that ``count`` bytes could be; never both for one count."""
+    for channels in (3, 1):
+        side = math.isqrt(count // channels)
+        if side >= 8 and side * side * channels == count:
+            return side, side, channels
+    return None
+
+
+def advise(
+    files: Sequence[FileInfo],
+    compression: str,
+    features: Sequence[FeatureInfo],
+    largest_record: int = 0,
+) -> list[str]:
+    """Actionable lines about sharding, storage dtypes, record sizes and config settings."""
+    advice = []
+    n = len(files)
+    total = sum(f.bytes for f in files)
+    shards = _suggested_shards(total)
+    per_shard = f"~{format_bytes(total / shards)} each" if total else "any size"
+    average = total / n if n else 0
+    records = sum(f.records for f in files)
+    if records == 0:
+        advice.append("the files hold no records: check the glob, or rewrite the data")
+    if compression == "gzip":
+        advice.append(
+            "the files are GZIP-compressed: set `compression: gzip` in the data section "
+            "(decompressing costs host CPU; uncompressed shards read faster if storage allows)"
+        )
+    if n < TPU_CORES:
+        advice.append(
+            f"{n} file{'s' if n > 1 else ''}: use a multiple of 8 shards (one stream per TPU core), "
+            f"e.g. {shards} shards of {per_shard}, so every core reads its own file in parallel"
+        )
+    elif average < 10 * 10**6 and n > shards:
+        advice.append(
+            f"{n} files average {format_bytes(average)}: too many small files (each open is a "
+            f"request, slow on gs://); rewrite them into {shards} shards of {per_shard} "
+            "(100-200 MB is the target)"
+        )
+    elif n % TPU_CORES:
+        advice.append(
+            f"{n} files is not a multiple of 8: TPU cores (and hosts) get uneven shares of the "
+            f"files; rewrite them into {shards} shards of {per_shard}"
+        )
+    if average > 10**9:
+        advice.append(
+            f"files average {format_bytes(average)}: too few and too large to stream in parallel "
+            f"and shuffle well; target 100-200 MB per shard ({shards} shards)"
+        )
+    for f in features:
+        spec = f.spec or {}
+        if spec.get("type") != "raw":
+            continue
+        if spec.get("dtype") == "float64":
+            advice.append(
+                f"feature '{f.name}' is stored as raw float64: write it as float32 (half the bytes "
+                "to store and read) unless the model needs the precision"
+            )
+        elif spec.get("dtype") == "uint8" and _image_like(math.prod(spec["shape"])):
+            h, w, c = _image_like(math.prod(spec["shape"]))
+            advice.append(
+                f"feature '{f.name}' is raw uint8 and may be an {h}x{w}x{c} image (then set "
+                f"shape: [{h}, {w}, {c}]); uint8 is fine to store (4x smaller than float32): add "
+                "`cast: float32` or cast and scale in the model"
+            )
+    # gzip sizes understate the records, so this estimate errs on the safe side.
+    per_record = max((f.bytes / f.records for f in files if f.records), default=0)
+    if max(largest_record, per_record) > _MAX_RECORD_BYTES:
+        advice.append(
+            f"records reach {format_bytes(max(largest_record, per_record))}: a record over 2 GB "
+            "cannot be parsed (TensorFlow fails with 'Unable to parse tensor proto'); split "
+            "each example into several records"
+        )
+    return advice
