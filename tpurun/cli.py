@@ -151,6 +151,86 @@ def config_command(
         typer.echo(yaml.safe_dump(data, sort_keys=False), nl=False)
 
 
+data_app = typer.Typer(
+    name="data",
+    help="Write, inspect and benchmark TFRecord datasets.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+app.add_typer(data_app)
+
+
+def _print_rows(rows: list[tuple[str, str]], title: str | None = None) -> None:
+    """A two-column listing: a Rich table on a terminal, aligned plain text elsewhere."""
+    from tpurun.console import want_plain
+
+    if want_plain():
+        if title:
+            typer.echo(title)
+        width = max((len(k) for k, _ in rows), default=0)
+        for key, value in rows:
+            typer.echo(f"  {key.ljust(width)}  {value}")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, value)
+    Console().print(table)
+
+
+@data_app.command("bench")
+def data_bench(
+    config: ConfigArg,
+    set_: SetOpt = None,
+    steps: Annotated[
+        int, typer.Option("--steps", min=1, help="Batches to time after warm-up.")
+    ] = 100,
+    warmup: Annotated[
+        int, typer.Option("--warmup", min=0, help="Batches read before timing.")
+    ] = 10,
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object.")] = False,
+) -> None:
+    """Measure the configured training input pipeline alone: is the input the bottleneck?"""
+    from tpurun.config import load_config
+
+    try:
+        cfg = load_config(config, set_ or [])
+        from tpurun.data.bench import bench
+
+        result = bench(cfg, steps=steps, warmup=warmup)
+    except TpurunError as exc:
+        raise _fail(exc) from None
+    except Exception:
+        raise _unexpected(None) from None
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    _print_rows(
+        [
+            ("examples/s", f"{result['examples_per_sec']:,.0f}"),
+            (
+                "batches/s",
+                f"{result['batches_per_sec']:,.1f}  (global batch {result['global_batch_size']})",
+            ),
+            (
+                "MB/s",
+                f"{result['mb_per_sec']:,.1f}  ({result['bytes_per_record']:,.0f} bytes/record as stored)",
+            ),
+            (
+                "timed",
+                f"{result['steps']} batches in {result['seconds']:.2f}s after {result['warmup_steps']} warm-up",
+            ),
+            ("CPU cores", str(result["cpu_cores"])),
+            ("files", f"{result['train_files']} ({result['train_records']:,} records)"),
+        ],
+        title=f"input pipeline: {config}",
+    )
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

@@ -25,6 +25,7 @@ VERSION = 1
 TPU_CORES = 8
 _TARGET_SHARD_BYTES = 150 * 10**6
 _MAX_RECORD_BYTES = 2**31 - 1  # protobuf cannot parse a message larger than this
+_COUNT_BATCH = 8  # files per count_records call, which reads them in parallel
 _IMAGE_MAGIC = (b"\xff\xd8", b"\x89PNG")
 _ITEMSIZE = {"float32": 4, "float64": 8, "uint8": 1}
 # Schema types and the list kind that stores them, to catch a schema that does not fit the records.
@@ -43,23 +44,14 @@ class FileInfo:
 
 @dataclass
 class FeatureInfo:
-    """One record key: how it is stored and the config entry that reads it.
+    """One record key: how it is stored, and the ``features:`` entry that reads it."""
 
-    Attributes:
-        name: the feature's name in the block (the record key, unless the schema names it).
-        key: the key in the records.
-        stored: ``bytes_list``, ``int64_list``, ``float_list``, ``mixed`` or ``empty``.
-        spec: the ``features:`` entry, or ``None`` when tpurun cannot read the key (see notes).
-        source: ``inferred`` from the records, or ``schema``.
-        notes: what the user should check or know, one sentence each.
-    """
-
-    name: str
-    key: str
-    stored: str
-    spec: dict[str, Any] | None
-    source: str = "inferred"
-    notes: list[str] = field(default_factory=list)
+    name: str  # in the block: the record key, unless the schema names the feature
+    key: str  # in the records
+    stored: str  # bytes_list, int64_list, float_list, mixed or empty
+    spec: dict[str, Any] | None  # None: tpurun cannot read the key as stored (see notes)
+    source: str = "inferred"  # or "schema"
+    notes: list[str] = field(default_factory=list)  # what to check, one sentence each
 
 
 @dataclass
@@ -107,7 +99,10 @@ def inspect(
 
     paths = pipeline.expand(patterns)
     sizes = [int(tf.io.gfile.stat(p).length) for p in paths]
-    compression = _detect_compression(paths[0])
+    # An empty first shard says nothing about the compression of the others.
+    compression = _detect_compression(
+        next((p for p, s in zip(paths, sizes, strict=True) if s), paths[0])
+    )
     # Sampling first: a glob that matched the wrong files fails in a second, not after a count.
     samples = _read_samples(paths, compression, sample)
     schemas = schema_file.find_for(paths)
@@ -146,11 +141,6 @@ def _detect_compression(path: str) -> str:
     return "gzip" if head == b"\x1f\x8b\x08" else "none"
 
 
-def _reason(exc: Any) -> str:
-    """TensorFlow's message without the op and function names it wraps around it."""
-    return exc.message.split("}} ")[-1].split(" [Op:")[0]
-
-
 def _read_samples(paths: Sequence[str], compression: str, sample: int) -> list[tuple[Any, int]]:
     """The first ``sample`` records, as (parsed tf.train.Example, serialized bytes) pairs."""
     import tensorflow as tf
@@ -163,9 +153,8 @@ def _read_samples(paths: Sequence[str], compression: str, sample: int) -> list[t
         try:
             records = [r.numpy() for r in dataset.take(sample - len(samples))]
         except tf.errors.OpError as exc:
-            raise DataError(
-                f"{path}: not a TFRecord file (compression: {compression}): {_reason(exc)}"
-            ) from None
+            reason = exc.message.split("}} ")[-1].split(" [Op:")[0]  # without TF's op names
+            raise DataError(f"{path}: not a TFRecord file ({compression=}): {reason}") from None
         for record in records:
             try:
                 example = tf.train.Example.FromString(record)
@@ -188,8 +177,8 @@ def _count(paths, schemas, compression, progress) -> tuple[list[int], str]:
         return [schema_file.record_count(schemas[p][1], p) or 0 for p in paths], "schema"
     # A schema naming only some files is from another write in the same folder: count them all.
     counts: list[int] = []
-    for start in range(0, len(paths), TPU_CORES):
-        chunk = paths[start : start + TPU_CORES]
+    for start in range(0, len(paths), _COUNT_BATCH):
+        chunk = paths[start : start + _COUNT_BATCH]
         pipeline.count_records(chunk, compression)  # reads the chunk in parallel, then caches
         for path in chunk:
             counts.append(pipeline.count_records([path], compression))  # from the cache
@@ -200,82 +189,66 @@ def _count(paths, schemas, compression, progress) -> tuple[list[int], str]:
 
 # ---------------------------------------------------------------------------------- inference
 def _infer(examples: Sequence[Any]) -> list[FeatureInfo]:
-    keys = sorted({key for example in examples for key in example.features.feature})
     infos = []
-    for key in keys:
+    for key in sorted({key for example in examples for key in example.features.feature}):
         present = [ex.features.feature[key] for ex in examples if key in ex.features.feature]
-        kinds = {f.WhichOneof("kind") for f in present} - {None}
-        if len(kinds) > 1:
-            stored = ", ".join(sorted(kinds))
-            info = FeatureInfo(
-                key,
-                key,
-                "mixed",
-                None,
-                notes=[f"stored as {stored} in different records; tpurun needs one kind"],
-            )  # noqa: E501
-        elif not kinds:
-            info = FeatureInfo(
-                key, key, "empty", None, notes=["holds no values in the sampled records; left out"]
-            )  # noqa: E501
+        kinds = sorted({f.WhichOneof("kind") for f in present} - {None})
+        if len(kinds) == 1:
+            stored = kinds[0]
+            # A Feature with no list set is an empty list: a varying length, as parsing sees it.
+            values = [
+                list(getattr(f, stored).value) if f.WhichOneof("kind") else [] for f in present
+            ]
+            spec, notes = _infer_key(stored, values)
+        elif kinds:
+            stored, spec = "mixed", None
+            notes = [f"stored as {' and '.join(kinds)} in different records; tpurun needs one kind"]
         else:
-            kind = kinds.pop()
-            # A Feature with no list set is an empty one: a varying length, as parse_example sees it.
-            values = [list(getattr(f, kind).value) if f.WhichOneof("kind") else [] for f in present]
-            info = _infer_key(key, kind, values)
-        if len(present) < len(examples) and info.spec is not None:
-            info.spec = None
-            info.notes.append(
+            stored, spec, notes = "empty", None, ["no values in the sampled records; left out"]
+        if len(present) < len(examples) and spec is not None:
+            spec = None
+            notes.append(
                 f"missing in {len(examples) - len(present)} of {len(examples)} sampled records; "
                 "tpurun reads only features every record holds, so it is left out"
             )
-        infos.append(info)
+        infos.append(FeatureInfo(key, key, stored, spec, notes=notes))
     return infos
 
 
-def _infer_key(key: str, kind: str, values: list[list[Any]]) -> FeatureInfo:
+def _infer_key(kind: str, values: list[list[Any]]) -> tuple[dict | None, list[str]]:
+    """The features entry for one key, and notes, from its values in the sampled records."""
     lengths = sorted({len(v) for v in values})
     if len(lengths) > 1:
-        note = (
+        return None, [
             f"variable length ({lengths[0]} to {lengths[-1]} values in the sampled records); "
             "tpurun reads fixed-length features only, so it is left out"
-        )
-        return FeatureInfo(key, key, kind, None, notes=[note])
+        ]
     n = lengths[0]
     if n == 0:
-        return FeatureInfo(key, key, kind, None, notes=["empty in every sampled record; left out"])
+        return None, ["empty in every sampled record; left out"]
     shape = [] if n == 1 else [n]
-    if kind == "int64_list":
-        return FeatureInfo(key, key, kind, {"type": "int64", "shape": shape})
-    if kind == "float_list":
-        return FeatureInfo(key, key, kind, {"type": "float", "shape": shape})
+    if kind != "bytes_list":
+        return {"type": "int64" if kind == "int64_list" else "float", "shape": shape}, []
     if n > 1:
-        return FeatureInfo(key, key, kind, {"type": "bytes", "shape": shape})
-    return _infer_one_bytes_value(key, [v[0] for v in values])
-
-
-def _infer_one_bytes_value(key: str, blobs: list[bytes]) -> FeatureInfo:
+        return {"type": "bytes", "shape": shape}, []
+    blobs = [v[0] for v in values]
     notes: list[str] = []
     if blobs[0].startswith(_IMAGE_MAGIC):
         shape, notes = _image_shape(blobs)
         if shape:
-            return FeatureInfo(
-                key, key, "bytes_list", {"type": "image", "shape": shape}, notes=notes
-            )  # noqa: E501
-    lengths = {len(b) for b in blobs}
+            return {"type": "image", "shape": shape}, notes
+    lengths = sorted({len(b) for b in blobs})
     if len(lengths) > 1 or _is_text(blobs):
-        return FeatureInfo(key, key, "bytes_list", {"type": "bytes", "shape": []}, notes=notes)
-    size = lengths.pop()
+        return {"type": "bytes", "shape": []}, notes
     dtype = _guess_dtype(blobs)
-    count = size // _ITEMSIZE[dtype]
+    count = lengths[0] // _ITEMSIZE[dtype]
     notes.append(
-        f"{size} bytes in every sampled record: raw dtype {dtype} and shape [{count}] are guesses "
-        "from the length and the values; check them (and reshape) against what wrote the data"
+        f"{lengths[0]} bytes in every sampled record: raw dtype {dtype} and shape [{count}] are "
+        "guesses from the length and the values; check them (and reshape) against the writer"
     )
     if len(blobs) == 1:
         notes.append("only one record was sampled, so the length may vary")
-    spec = {"type": "raw", "dtype": dtype, "shape": [count]}
-    return FeatureInfo(key, key, "bytes_list", spec, notes=notes)
+    return {"type": "raw", "dtype": dtype, "shape": [count]}, notes
 
 
 def _image_shape(blobs: list[bytes]) -> tuple[list[int] | None, list[str]]:
@@ -347,14 +320,15 @@ def _apply_schema(features: list[FeatureInfo], declared: dict[str, dict[str, Any
     """Let the schema's entries replace the guesses for the keys it describes."""
     by_key = {spec.get("key") or name: (name, spec) for name, spec in declared.items()}
     for info in features:
-        if info.key not in by_key:
-            continue
+        if info.spec is None or info.key not in by_key:
+            continue  # tpurun cannot read what the records hold, whatever the schema says
         name, spec = by_key[info.key]
         if _STORED_AS.get(spec.get("type")) != info.stored:
-            info.notes.append(f"the schema declares {spec!r}, but the records hold {info.stored}")
+            info.notes.append(f"the schema declares {spec}, but the records hold {info.stored}")
             continue
+        if info.spec["type"] != "image":  # image size notes still hold; raw guesses do not
+            info.notes = []
         info.name, info.spec, info.source = name, dict(spec), "schema"
-        info.notes = [n for n in info.notes if "are guesses" not in n]
 
 
 # --------------------------------------------------------------------------------- rendering
@@ -395,12 +369,14 @@ def _suggested_shards(total_bytes: int) -> int:
     return max(TPU_CORES, math.ceil(wanted / TPU_CORES) * TPU_CORES)
 
 
-def _image_like(count: int) -> tuple[int, int, int] | None:
-    """A square H x W x C (C = 3 or 1) that ``count`` bytes could be; never both for one count."""
-    for channels in (3, 1):
-        side = math.isqrt(count // channels)
-        if side >= 8 and side * side * channels == count:
-            return side, side, channels
+def _image_like(shape: list[int]) -> list[int] | None:
+    """The image shape a raw uint8 tensor may have: its own if [H, W, C], else a square one."""
+    if len(shape) == 3 and shape[2] in (1, 3, 4):
+        return shape
+    for channels in (3, 1):  # a count is never both 3 x a square and a square
+        side = math.isqrt(shape[0] // channels) if len(shape) == 1 else 0
+        if side >= 8 and side * side * channels == shape[0]:
+            return [side, side, channels]
     return None
 
 
@@ -411,14 +387,12 @@ def advise(
     largest_record: int = 0,
 ) -> list[str]:
     """Actionable lines about sharding, storage dtypes, record sizes and config settings."""
-    advice = []
-    n = len(files)
-    total = sum(f.bytes for f in files)
+    n, total = len(files), sum(f.bytes for f in files)
     shards = _suggested_shards(total)
-    per_shard = f"~{format_bytes(total / shards)} each" if total else "any size"
+    rewrite = f"rewrite them into {shards} shards of ~{format_bytes(total / shards)}"
     average = total / n if n else 0
-    records = sum(f.records for f in files)
-    if records == 0:
+    advice = []
+    if not any(f.records for f in files):
         advice.append("the files hold no records: check the glob, or rewrite the data")
     if compression == "gzip":
         advice.append(
@@ -427,47 +401,44 @@ def advise(
         )
     if n < TPU_CORES:
         advice.append(
-            f"{n} file{'s' if n > 1 else ''}: use a multiple of 8 shards (one stream per TPU core), "
-            f"e.g. {shards} shards of {per_shard}, so every core reads its own file in parallel"
+            f"{n} file{'s' if n > 1 else ''}: use a multiple of 8 shards (one stream per TPU "
+            f"core) so every core reads its own file in parallel; {rewrite}"
         )
-    elif average < 10 * 10**6 and n > shards:
+    elif average < 10**7 and n > shards:
         advice.append(
             f"{n} files average {format_bytes(average)}: too many small files (each open is a "
-            f"request, slow on gs://); rewrite them into {shards} shards of {per_shard} "
-            "(100-200 MB is the target)"
+            f"request, slow on gs://); {rewrite} (100-200 MB is the target)"
         )
     elif n % TPU_CORES:
         advice.append(
-            f"{n} files is not a multiple of 8: TPU cores (and hosts) get uneven shares of the "
-            f"files; rewrite them into {shards} shards of {per_shard}"
+            f"{n} files is not a multiple of 8: TPU cores and hosts get uneven shares; {rewrite}"
         )
     if average > 10**9:
         advice.append(
             f"files average {format_bytes(average)}: too few and too large to stream in parallel "
-            f"and shuffle well; target 100-200 MB per shard ({shards} shards)"
+            f"and shuffle well; target 100-200 MB per shard: {rewrite}"
         )
     for f in features:
         spec = f.spec or {}
-        if spec.get("type") != "raw":
-            continue
-        if spec.get("dtype") == "float64":
+        if spec.get("type") == "raw" and spec.get("dtype") == "float64":
             advice.append(
                 f"feature '{f.name}' is stored as raw float64: write it as float32 (half the bytes "
                 "to store and read) unless the model needs the precision"
             )
-        elif spec.get("dtype") == "uint8" and _image_like(math.prod(spec["shape"])):
-            h, w, c = _image_like(math.prod(spec["shape"]))
-            advice.append(
-                f"feature '{f.name}' is raw uint8 and may be an {h}x{w}x{c} image (then set "
-                f"shape: [{h}, {w}, {c}]); uint8 is fine to store (4x smaller than float32): add "
-                "`cast: float32` or cast and scale in the model"
-            )
-    # gzip sizes understate the records, so this estimate errs on the safe side.
-    per_record = max((f.bytes / f.records for f in files if f.records), default=0)
-    if max(largest_record, per_record) > _MAX_RECORD_BYTES:
+        elif spec.get("type") == "raw" and spec.get("dtype") == "uint8" and not spec.get("cast"):
+            image = _image_like(spec["shape"])
+            if image:
+                advice.append(
+                    f"feature '{f.name}' (raw uint8) may be an image of shape {image}: uint8 is "
+                    "fine to store (4x smaller than float32); add `cast: float32`, or cast and "
+                    "scale in the model"
+                )
+    # Compressed sizes understate the records, so this estimate errs on the safe side.
+    largest = max([largest_record, *(f.bytes / f.records for f in files if f.records)])
+    if largest > _MAX_RECORD_BYTES:
         advice.append(
-            f"records reach {format_bytes(max(largest_record, per_record))}: a record over 2 GB "
-            "cannot be parsed (TensorFlow fails with 'Unable to parse tensor proto'); split "
-            "each example into several records"
+            f"records reach {format_bytes(largest)}: a record over 2 GB cannot be parsed "
+            "(TensorFlow fails with 'Unable to parse tensor proto'); split each example into "
+            "several records"
         )
     return advice

@@ -1,9 +1,23 @@
-"""Writing ``tf.train.Example`` records: used by the example data generators and the tests."""
+"""Writing ``tf.train.Example`` records: ``tpurun data write``, the example data generators, tests.
+
+``write_dataset`` turns a source (arrays, CSV, an image folder: see ``sources``) into TFRecord
+shards and a schema file, holding one chunk of records in memory at a time. A write is all or
+nothing: shards are written under hidden ``.<name>.partial`` names (which no ``*.tfrecord`` glob
+matches), renamed once every shard is complete, and the schema file comes last.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import math
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
+
+from tpurun.data import schema
+from tpurun.data.sources import Source
+from tpurun.errors import DataError, TpurunError
 
 
 def example_bytes(record: Mapping[str, Any]) -> bytes:
@@ -48,9 +62,8 @@ def write_shards(
     """
     import tensorflow as tf
 
-    paths = [f"{prefix}-{i:05d}-of-{num_shards:05d}.tfrecord" for i in range(num_shards)]
-    options = tf.io.TFRecordOptions(compression_type="GZIP" if compression == "gzip" else "")
-    writers = [tf.io.TFRecordWriter(p, options) for p in paths]
+    paths = schema.shard_names(prefix, None, num_shards)
+    writers = [tf.io.TFRecordWriter(p, _options(compression)) for p in paths]
     try:
         for i, record in enumerate(records):
             writers[i % num_shards].write(example_bytes(record))
@@ -58,3 +71,337 @@ def write_shards(
         for w in writers:
             w.close()
     return paths
+
+
+def _options(compression: str):
+    import tensorflow as tf
+
+    return tf.io.TFRecordOptions(compression_type="GZIP" if compression == "gzip" else "")
+
+
+# ------------------------------------------------------------------------------ tpurun data write
+#: The most bytes of records one chunk holds, whatever ``chunk_records`` asks (large images).
+CHUNK_BYTES = 256 * 2**20
+_MB = 10**6
+
+
+@dataclass
+class WriteReport:
+    """What ``write_dataset`` wrote.
+
+    Attributes:
+        schema_path: the schema file, ``<OUT_PREFIX>.schema.json``.
+        source: the source as given.
+        features: ``{name: feature spec}``, as a config's ``data.features`` takes them.
+        class_names: the class of each label value (image folders), else None.
+        splits: ``{split: [(shard path, records, bytes), ...]}``; the split is "all" when the
+            records were not split, else "train" and "validation".
+        compression: "none" or "gzip".
+        records: the records written, in all splits.
+        seconds: how long the whole write took.
+    """
+
+    schema_path: str
+    source: str
+    features: dict[str, dict[str, Any]]
+    class_names: list[str] | None
+    splits: dict[str, list[tuple[str, int, int]]]
+    compression: str
+    records: int
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict, for ``--json``."""
+        report = asdict(self)
+        report["splits"] = {
+            split: [{"path": path, "records": n, "bytes": size} for path, n, size in shards]
+            for split, shards in self.splits.items()
+        }
+        return report
+
+
+def write_dataset(
+    source: str | Source,
+    out_prefix: str,
+    *,
+    shard_mb: float = 150.0,
+    shard_multiple: int = 8,
+    compression: str = "none",
+    validation_fraction: float = 0.0,
+    seed: int = 0,
+    image_size: tuple[int, int] | None = None,
+    chunk_records: int = 4096,
+    progress: Callable[[int, int], None] | None = None,
+) -> WriteReport:
+    """Write a source as TFRecord shards plus ``<out_prefix>.schema.json``.
+
+    An interrupted write (an error, Ctrl-C) removes its partial files, so the dataset written
+    before under this prefix, if any, stays as it was; a successful one replaces it.
+
+    Args:
+        source: a .npz/.npy file, a folder of .npy files, CSV file(s), an image folder (see
+            ``sources.open_source``), or an opened ``Source``.
+        out_prefix: shards are ``<out_prefix>[-<split>]-00000-of-00008.tfrecord``; local, gs://
+            or ram://.
+        shard_mb: the target size of a shard in MB (10^6 bytes), estimated from the source.
+        shard_multiple: each split's shard count is a multiple of this, so that hosts and cores
+            read equal shares; a split with fewer records than this is one shard.
+        compression: "none" or "gzip".
+        validation_fraction: this fraction of the records, drawn with ``seed``, is written as a
+            "validation" split and the rest as "train"; 0 writes a single split, "all".
+        seed: seeds the validation draw (and an image folder's shuffled file order).
+        image_size: ``(height, width)`` to re-encode images at (JPEG quality 95, PNG files stay
+            PNG); None keeps the image files' bytes.
+        chunk_records: records read and held at a time (fewer when they exceed ``CHUNK_BYTES``).
+        progress: called as ``progress(records_done, records_total)`` after each chunk.
+
+    Returns:
+        What was written, where.
+
+    Raises:
+        DataError: the source cannot be read, holds no record, or changed while being read.
+        TpurunError: an option is out of range.
+    """
+    from tpurun.data.sources import open_source
+
+    started = time.monotonic()
+    _check_options(
+        out_prefix, shard_mb, shard_multiple, compression, validation_fraction, chunk_records
+    )
+    if not isinstance(source, Source):
+        source = open_source(source, image_size=image_size, seed=seed)
+    total = source.records
+    is_validation = split_mask(total, validation_fraction, seed)
+    if is_validation is None:
+        split_records = {"all": total}
+    else:
+        n_validation = int(is_validation.sum())
+        split_records = {"train": total - n_validation, "validation": n_validation}
+    shard_sets = {}
+    for split, records in split_records.items():
+        count = shard_count(records, source.nbytes * records / total, shard_mb, shard_multiple)
+        paths = schema.shard_names(out_prefix, None if split == "all" else split, count)
+        shard_sets[split] = _ShardSet(paths, balanced_sizes(records, count), compression)
+
+    folder, base = _split_prefix(out_prefix)
+    _prepare_folder(folder, base)
+    chunk_size = max(1, min(chunk_records, CHUNK_BYTES * total // max(1, source.nbytes)))
+    committed = False
+    try:
+        done = 0
+        for chunk in source.chunks(chunk_size):
+            columns = list(chunk.items())
+            rows = len(columns[0][1])
+            for i in range(rows):
+                record = example_bytes({name: column[i] for name, column in columns})
+                if is_validation is None:
+                    shard_sets["all"].write(record)
+                elif is_validation[done + i]:
+                    shard_sets["validation"].write(record)
+                else:
+                    shard_sets["train"].write(record)
+            done += rows
+            if progress is not None:
+                progress(done, total)
+        if done != total:
+            raise DataError(
+                f"{source.path}: {done} records were read, but {total} were counted first; "
+                "did the source change during the write? Write it again."
+            )
+        splits = {split: shard_set.finish() for split, shard_set in shard_sets.items()}
+        _commit(out_prefix, folder, base, list(shard_sets.values()))
+        committed = True
+    finally:
+        if not committed:
+            for shard_set in shard_sets.values():
+                shard_set.abandon()
+    shard_counts = {
+        split: {_basename(path): n for path, n, _ in shards} for split, shards in splits.items()
+    }
+    schema.write(
+        schema.schema_path(out_prefix),
+        schema.make(
+            source.features,
+            shard_counts,
+            compression=compression,
+            class_names=source.class_names,
+            source=source.path,
+        ),
+    )
+    return WriteReport(
+        schema_path=schema.schema_path(out_prefix),
+        source=source.path,
+        features=source.features,
+        class_names=source.class_names,
+        splits=splits,
+        compression=compression,
+        records=total,
+        seconds=time.monotonic() - started,
+    )
+
+
+def _check_options(out_prefix, shard_mb, shard_multiple, compression, fraction, chunk_records):
+    problems = [
+        (not out_prefix or out_prefix.endswith("/"), f"out_prefix={out_prefix!r}",
+         "a path prefix such as data/flowers (shards are named <prefix>-00000-of-00008.tfrecord)"),
+        (not shard_mb > 0, f"shard_mb={shard_mb}", "a size in MB greater than 0"),
+        (shard_multiple < 1, f"shard_multiple={shard_multiple}", "an integer >= 1"),
+        (compression not in ("none", "gzip"), f"compression={compression!r}", "'none' or 'gzip'"),
+        (not 0 <= fraction < 1, f"validation_fraction={fraction}", "a fraction in [0, 1)"),
+        (chunk_records < 1, f"chunk_records={chunk_records}", "an integer >= 1"),
+    ]  # fmt: skip
+    for bad, received, expected in problems:
+        if bad:
+            raise TpurunError(f"Invalid option {received}. Expected {expected}.")
+
+
+# ----------------------------------------------------------------------------- sizes and splits
+def split_mask(records: int, fraction: float, seed: int):
+    """Which records go to validation: ``round(records * fraction)`` of them (at least one).
+
+    Returns:
+        A bool array over the record indices, drawn by a permutation seeded with ``seed``; None
+        when ``fraction`` is 0.
+
+    Raises:
+        DataError: the split would leave no training record.
+    """
+    import numpy as np
+
+    if fraction <= 0:
+        return None
+    n_validation = max(1, round(records * fraction))
+    if n_validation >= records:
+        raise DataError(
+            f"validation_fraction={fraction} of {records} records leaves no training record; "
+            "lower it or write more records."
+        )
+    mask = np.zeros(records, bool)
+    mask[np.random.default_rng(seed).permutation(records)[:n_validation]] = True
+    return mask
+
+
+def shard_count(records: int, nbytes: float, shard_mb: float, multiple: int) -> int:
+    """Shards of about ``shard_mb`` each, a multiple of ``multiple``, and none empty.
+
+    At least ``multiple`` shards, except that fewer records than ``multiple`` make one shard: a
+    shard per record would only add files, and no host split of them can be even anyway.
+    """
+    if records < multiple:
+        return 1
+    wanted = max(1, math.ceil(nbytes / (shard_mb * _MB)))
+    return min(math.ceil(wanted / multiple) * multiple, records // multiple * multiple)
+
+
+def balanced_sizes(records: int, shards: int) -> list[int]:
+    """Records per shard for contiguous ranges whose sizes differ by at most one."""
+    return [(k + 1) * records // shards - k * records // shards for k in range(shards)]
+
+
+# --------------------------------------------------------------------------------- shard files
+class _ShardSet:
+    """One split's shards, filled one after another with contiguous ranges of its records.
+
+    Only one file is open at a time, however many shards, and each is first written as a
+    ``.<name>.partial`` file beside its final name.
+    """
+
+    def __init__(self, paths: list[str], sizes: list[int], compression: str):
+        self.paths, self.sizes, self.compression = paths, sizes, compression
+        self.partials = [_partial_path(p) for p in paths]
+        self.index, self.count, self.writer = 0, 0, None
+
+    def write(self, record: bytes) -> None:
+        import tensorflow as tf
+
+        if self.writer is None:
+            if self.index == len(self.paths):
+                raise DataError("the source yielded more records than it counted.")
+            self.writer = tf.io.TFRecordWriter(self.partials[self.index], _options(self.compression))
+        self.writer.write(record)
+        self.count += 1
+        if self.count == self.sizes[self.index]:
+            self.writer.close()
+            self.writer, self.index, self.count = None, self.index + 1, 0
+
+    def finish(self) -> list[tuple[str, int, int]]:
+        """Check every shard is complete; return ``(path, records, bytes)`` for each."""
+        import tensorflow as tf
+
+        if self.index != len(self.paths):
+            raise DataError("the source yielded fewer records than it counted.")
+        sizes = [tf.io.gfile.stat(p).length for p in self.partials]
+        return list(zip(self.paths, self.sizes, sizes, strict=True))
+
+    def abandon(self) -> None:
+        """Close and remove whatever this set wrote; used when the write fails."""
+        if self.writer is not None:
+            try:
+                self.writer.close()
+            except Exception:  # the write already failed; removing the file matters more
+                pass
+            self.writer = None
+        for partial in self.partials:
+            _remove(partial)
+
+
+def _commit(out_prefix: str, folder: str, base: str, shard_sets: list[_ShardSet]) -> None:
+    """Replace the dataset of this prefix: old schema out, new shards in, old shards out."""
+    import tensorflow as tf
+
+    new = {path for s in shard_sets for path in s.paths}
+    old = [path for path in _files_of(folder, base, partial=False) if path not in new]
+    # The old schema may name shards that the new set reuses with other counts: without a schema,
+    # readers count records instead of trusting a wrong number.
+    _remove(schema.schema_path(out_prefix))
+    for shard_set in shard_sets:
+        for partial, path in zip(shard_set.partials, shard_set.paths, strict=True):
+            tf.io.gfile.rename(partial, path, overwrite=True)
+    for path in old:
+        _remove(path)
+
+
+def _split_prefix(out_prefix: str) -> tuple[str, str]:
+    folder, _, base = out_prefix.rpartition("/")
+    return folder or ".", base
+
+
+def _basename(path: str) -> str:
+    return path.rpartition("/")[2]
+
+
+def _partial_path(path: str) -> str:
+    folder, _, name = path.rpartition("/")
+    return f"{folder}/.{name}.partial" if folder else f".{name}.partial"
+
+
+def _prepare_folder(folder: str, base: str) -> None:
+    """Create the output folder; remove partial shards that a killed write left behind."""
+    import tensorflow as tf
+
+    if not tf.io.gfile.isdir(folder):
+        tf.io.gfile.makedirs(folder)
+    for stale in _files_of(folder, base, partial=True):
+        _remove(stale)
+
+
+def _files_of(folder: str, base: str, *, partial: bool) -> list[str]:
+    """The shards (or partial shards) of prefix ``folder/base``, with or without a split."""
+    import tensorflow as tf
+
+    name = rf"{re.escape(base)}(-train|-validation)?-\d{{5,}}-of-\d{{5,}}\.tfrecord"
+    pattern = re.compile(rf"\.{name}\.partial" if partial else name)
+    return [
+        f"{folder}/{entry}" if folder != "." else entry
+        for entry in sorted(tf.io.gfile.listdir(folder))
+        if pattern.fullmatch(entry.rstrip("/"))
+    ]
+
+
+def _remove(path: str) -> None:
+    import tensorflow as tf
+
+    try:
+        tf.io.gfile.remove(path)
+    except tf.errors.NotFoundError:
+        pass

@@ -1,0 +1,34 @@
+"""`tpurun data ...` through the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+from conftest import run_cli, toy_config
+
+
+def write_config(tmp_path, config):
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def test_bench_json_reports_examples_per_sec(tmp_path, toy_data):
+    path = write_config(tmp_path, toy_config(toy_data, tmp_path / "runs", runtime={"cpu_devices": 2}))
+    result = run_cli("data", "bench", str(path), "--steps", "20", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["examples_per_sec"] > 0 and data["global_batch_size"] == 64
+    assert data["steps"] == 20 and data["cpu_cores"] >= 1
+    assert data["bytes_per_record"] > 32  # 8 float32 values plus the Example framing
+    assert not (tmp_path / "runs").exists()  # benchmarking writes no run
+
+
+def test_bench_plain_listing_and_bad_config(tmp_path, toy_data):
+    path = write_config(tmp_path, toy_config(toy_data, tmp_path / "runs"))
+    result = run_cli("data", "bench", str(path), "--steps", "5")
+    assert result.returncode == 0, result.stderr
+    assert "examples/s" in result.stdout and "\x1b[" not in result.stdout
+    result = run_cli("data", "bench", str(path), "--set", "data.train=missing/*.tfrecord")
+    assert result.returncode == 2 and "no file matches this glob" in result.stderr
