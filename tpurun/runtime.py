@@ -242,16 +242,10 @@ def choose(cfg: RuntimeConfig, steps_per_execution: int | str, machine: Machine)
         why += "; runtime.cpu_devices applies only on the CPU"
 
     multi = replicas is None or replicas > 1
-    explicit_spe = steps_per_execution if isinstance(steps_per_execution, int) else None
+    explicit_spe = steps_per_execution if isinstance(steps_per_execution, int) else 1
 
-    def tf_blocked(backend: str) -> bool:
-        return (
-            backend == "tensorflow"
-            and accelerator != "tpu"
-            and multi
-            and explicit_spe is not None
-            and explicit_spe > 1
-        )
+    def hits_19246(backend: str) -> bool:
+        return backend == "tensorflow" and accelerator != "tpu" and multi
 
     candidates = [cfg.backend] if cfg.backend != "auto" else drivers
     if machine.keras_loaded_backend:
@@ -266,7 +260,7 @@ def choose(cfg: RuntimeConfig, steps_per_execution: int | str, machine: Machine)
                 " keras, or run `!tpurun train CONFIG` in a cell."
             )
         candidates = [loaded]
-    runnable = [b for b in candidates if not tf_blocked(b)]
+    runnable = [b for b in candidates if not (hits_19246(b) and explicit_spe > 1)]
     if not runnable:
         raise EnvironmentSetupError(
             f"train.steps_per_execution: {explicit_spe} with the TensorFlow backend on "
@@ -293,6 +287,29 @@ def choose(cfg: RuntimeConfig, steps_per_execution: int | str, machine: Machine)
     else:
         distribution = "mirrored" if multi else "default"
 
+    precision, warnings = _precision(cfg, accelerator, backend, machine)
+    tpu_address = None
+    if accelerator == "tpu" and backend == "tensorflow":
+        tpu_address = resolve_tpu_address(cfg.tpu, machine)
+    return Choice(
+        backend=backend,
+        accelerator=accelerator,
+        distribution=distribution,
+        replicas=replicas,
+        precision=precision,
+        reason=f"{why}; backend {backend}: {backend_why}",
+        tpu_address=tpu_address,
+        cpu_devices=cfg.cpu_devices if accelerator == "cpu" else 1,
+        # Where keras#19246 applies, an `auto` steps_per_execution must resolve to 1.
+        max_steps_per_execution=1 if hits_19246(backend) else None,
+        warnings=tuple(warnings),
+    )
+
+
+def _precision(
+    cfg: RuntimeConfig, accelerator: str, backend: str, machine: Machine
+) -> tuple[str, list[str]]:
+    """``auto``: bfloat16 where the hardware computes in it (TPUs); float32, always sound, elsewhere."""
     warnings = []
     precision = cfg.precision
     if precision == "auto":
@@ -307,26 +324,7 @@ def choose(cfg: RuntimeConfig, steps_per_execution: int | str, machine: Machine)
             "tensorflow-tpu is installed beside JAX: it may hold the TPU and stop JAX from using "
             "it. tf.data needs only tensorflow-cpu."
         )
-    tpu_address = None
-    if accelerator == "tpu" and backend == "tensorflow":
-        tpu_address = resolve_tpu_address(cfg.tpu, machine)
-    return Choice(
-        backend=backend,
-        accelerator=accelerator,
-        distribution=distribution,
-        replicas=replicas,
-        precision=precision,
-        reason=f"{why}; backend {backend}: {backend_why}",
-        tpu_address=tpu_address,
-        cpu_devices=cfg.cpu_devices if accelerator == "cpu" else 1,
-        max_steps_per_execution=1 if tf_blocked_auto(backend, accelerator, multi) else None,
-        warnings=tuple(warnings),
-    )
-
-
-def tf_blocked_auto(backend: str, accelerator: str, multi: bool) -> bool:
-    """Where keras#19246 applies, an ``auto`` steps_per_execution must resolve to 1."""
-    return backend == "tensorflow" and accelerator != "tpu" and multi
+    return precision, warnings
 
 
 # -------------------------------------------------------------------------------------- activate

@@ -9,15 +9,18 @@ matches), renamed once every shard is complete, and the schema file comes last.
 from __future__ import annotations
 
 import math
+import os
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tpurun.data import schema
-from tpurun.data.sources import Source
 from tpurun.errors import DataError, TpurunError
+
+if TYPE_CHECKING:
+    from tpurun.data.sources import Source
 
 
 def example_bytes(record: Mapping[str, Any]) -> bytes:
@@ -121,7 +124,7 @@ class WriteReport:
 
 
 def write_dataset(
-    source: str | Source,
+    source: str | os.PathLike | Source,
     out_prefix: str,
     *,
     shard_mb: float = 150.0,
@@ -168,8 +171,8 @@ def write_dataset(
     _check_options(
         out_prefix, shard_mb, shard_multiple, compression, validation_fraction, chunk_records
     )
-    if not isinstance(source, Source):
-        source = open_source(source, image_size=image_size, seed=seed)
+    if isinstance(source, (str, os.PathLike)):
+        source = open_source(os.fspath(source), image_size=image_size, seed=seed)
     total = source.records
     is_validation = split_mask(total, validation_fraction, seed)
     if is_validation is None:
@@ -317,7 +320,9 @@ class _ShardSet:
         if self.writer is None:
             if self.index == len(self.paths):
                 raise DataError("the source yielded more records than it counted.")
-            self.writer = tf.io.TFRecordWriter(self.partials[self.index], _options(self.compression))
+            self.writer = tf.io.TFRecordWriter(
+                self.partials[self.index], _options(self.compression)
+            )
         self.writer.write(record)
         self.count += 1
         if self.count == self.sizes[self.index]:
@@ -349,8 +354,8 @@ def _commit(out_prefix: str, folder: str, base: str, shard_sets: list[_ShardSet]
     """Replace the dataset of this prefix: old schema out, new shards in, old shards out."""
     import tensorflow as tf
 
-    new = {path for s in shard_sets for path in s.paths}
-    old = [path for path in _files_of(folder, base, partial=False) if path not in new]
+    new = {_basename(path) for s in shard_sets for path in s.paths}
+    old = [path for path in _files_of(folder, base, partial=False) if _basename(path) not in new]
     # The old schema may name shards that the new set reuses with other counts: without a schema,
     # readers count records instead of trusting a wrong number.
     _remove(schema.schema_path(out_prefix))
@@ -392,7 +397,7 @@ def _files_of(folder: str, base: str, *, partial: bool) -> list[str]:
     name = rf"{re.escape(base)}(-train|-validation)?-\d{{5,}}-of-\d{{5,}}\.tfrecord"
     pattern = re.compile(rf"\.{name}\.partial" if partial else name)
     return [
-        f"{folder}/{entry}" if folder != "." else entry
+        f"{folder}/{entry}"
         for entry in sorted(tf.io.gfile.listdir(folder))
         if pattern.fullmatch(entry.rstrip("/"))
     ]
