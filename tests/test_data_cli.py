@@ -15,7 +15,9 @@ def write_config(tmp_path, config):
 
 
 def test_bench_json_reports_examples_per_sec(tmp_path, toy_data):
-    path = write_config(tmp_path, toy_config(toy_data, tmp_path / "runs", runtime={"cpu_devices": 2}))
+    path = write_config(
+        tmp_path, toy_config(toy_data, tmp_path / "runs", runtime={"cpu_devices": 2})
+    )
     result = run_cli("data", "bench", str(path), "--steps", "20", "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
@@ -32,3 +34,29 @@ def test_bench_plain_listing_and_bad_config(tmp_path, toy_data):
     assert "examples/s" in result.stdout and "\x1b[" not in result.stdout
     result = run_cli("data", "bench", str(path), "--set", "data.train=missing/*.tfrecord")
     assert result.returncode == 2 and "no file matches this glob" in result.stderr
+
+
+def test_inspect_prints_a_features_block_that_trains(tmp_path, toy_data):
+    result = run_cli("data", "inspect", str(toy_data / "train-*.tfrecord"))
+    assert result.returncode == 0, result.stderr
+    assert "512 records (counted)" in result.stdout
+    block = result.stdout.split("paste into data: in the config\n", 1)[1].split("\n\n", 1)[0]
+    features = yaml.safe_load(block)["features"]
+    assert features["x"] == {"type": "raw", "dtype": "float32", "shape": [8]}
+    assert features["y"] == {"type": "int64", "shape": []}
+    assert "oneDNN" not in result.stderr  # TensorFlow's start-up notices stay out
+
+    config = toy_config(toy_data, tmp_path / "runs", train={"epochs": 1})
+    config["data"]["features"] = {**features, "y": {**features["y"], "cast": "float32"}}
+    train = run_cli("train", str(write_config(tmp_path, config)))
+    assert train.returncode == 0, train.stderr
+
+
+def test_inspect_json_and_missing_glob(tmp_path, toy_data):
+    result = run_cli("data", "inspect", str(toy_data / "val-*.tfrecord"), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["version"] == 1 and report["total_records"] == 128 and len(report["files"]) == 2
+    result = run_cli("data", "inspect", str(tmp_path / "none-*.tfrecord"))
+    assert result.returncode == 2 and "no file matches this glob" in result.stderr
+    assert "Traceback" not in result.stderr

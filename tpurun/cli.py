@@ -231,6 +231,68 @@ def data_bench(
     )
 
 
+@data_app.command("inspect")
+def data_inspect(
+    globs: Annotated[
+        list[str],
+        typer.Argument(help="TFRecord file glob(s): local, gs:// or ram://.", show_default=False),
+    ],
+    as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object.")] = False,
+    sample: Annotated[
+        int, typer.Option("--sample", min=1, help="Records read to infer features.")
+    ] = 16,
+    plain: Annotated[
+        bool, typer.Option("--plain", help="Plain lines instead of a live view.")
+    ] = False,
+) -> None:
+    """List files, bytes and records, infer the features, and print a ready-to-paste features: block."""
+    from tpurun.console import TaskProgress, want_plain
+    from tpurun.data.inspect import format_bytes, inspect
+    from tpurun.runtime import import_tensorflow
+
+    import_tensorflow()  # before anything else imports it: without its start-up notices
+    try:
+        with TaskProgress(
+            "counting records", "files", plain=want_plain(plain) or as_json
+        ) as progress:
+            report = inspect(globs, sample=sample, progress=progress)
+    except TpurunError as exc:
+        raise _fail(exc) from None
+    except Exception:
+        raise _unexpected(None) from None
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    source = f"from {report.schema_path}" if report.counts_from == "schema" else "counted"
+    rows = [
+        ("files", f"{len(report.files)} · {format_bytes(report.total_bytes)} · "
+                  f"{report.total_records:,} records ({source})"),
+        ("compression", report.compression),
+    ]  # fmt: skip
+    if report.class_names:
+        rows.append(("classes", ", ".join(report.class_names)))
+    for info in report.files[:10]:
+        rows.append(("", f"{info.path}  {format_bytes(info.bytes)}  {info.records:,} records"))
+    if len(report.files) > 10:
+        rows.append(("", f"... {len(report.files) - 10} more"))
+    _print_rows(rows, title=f"dataset: {' '.join(globs)}")
+    typer.echo(
+        f"\nfeatures (from {report.sampled_records} sampled records; largest "
+        f"{format_bytes(report.largest_sampled_record)}):"
+    )
+    for feature in report.features:
+        spec = feature.spec or {}
+        described = " ".join(str(v) for k, v in spec.items() if k not in ("key",)) or feature.stored
+        notes = "".join(f"  · {note}" for note in feature.notes)
+        typer.echo(f"  {feature.name:<16} {described}{notes}")
+    typer.echo("\npaste into data: in the config")
+    typer.echo(report.features_yaml.rstrip())
+    if report.advice:
+        typer.echo("\nadvice:")
+        for line in report.advice:
+            typer.echo(f"  - {line}")
+
+
 def main() -> None:
     """Console-script entry point."""
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
@@ -223,3 +224,64 @@ class LiveReporter(PlainReporter):
 
 def make_reporter(plain: bool = False) -> Reporter:
     return PlainReporter() if want_plain(plain) else LiveReporter()
+
+
+class TaskProgress:
+    """A progress bar for a long step (counting, writing): Rich on a terminal, plain lines elsewhere.
+
+    Use as a context manager and call it with ``(done, total)``. Plain mode writes a line at most
+    every ``PLAIN_PROGRESS_SECONDS`` and one at the end.
+    """
+
+    def __init__(self, label: str, unit: str, plain: bool, stream: TextIO | None = None):
+        self.label, self.unit, self.plain = label, unit, plain
+        self.stream = stream or sys.stderr
+        self._bar = None
+        self._task = None
+        self._start = self._last = time.monotonic()
+        self._done = self._total = 0
+
+    def __enter__(self) -> TaskProgress:
+        if not self.plain:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+            )
+
+            self._bar = Progress(
+                TextColumn(self.label),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]}"),
+                TimeRemainingColumn(),
+                console=Console(file=self.stream),
+                transient=True,
+            )
+            self._bar.start()
+            self._task = self._bar.add_task(self.label, total=None, rate="")
+        return self
+
+    def __call__(self, done: int, total: int) -> None:
+        self._done, self._total = done, total
+        elapsed = time.monotonic() - self._start
+        rate = f"{done / elapsed:,.0f} {self.unit}/s" if elapsed > 0 else ""
+        if self._bar is not None:
+            self._bar.update(self._task, completed=done, total=total, rate=rate)
+        elif time.monotonic() - self._last >= PLAIN_PROGRESS_SECONDS:
+            self._last = time.monotonic()
+            self.stream.write(f"[tpurun] {self.label}: {done:,}/{total:,} {self.unit}  {rate}\n")
+            self.stream.flush()
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+        elif self._done and exc[0] is None:
+            elapsed = time.monotonic() - self._start
+            self.stream.write(
+                f"[tpurun] {self.label}: {self._done:,} {self.unit} in {format_duration(elapsed)}\n"
+            )
+            self.stream.flush()

@@ -28,11 +28,7 @@ _MAX_RECORD_BYTES = 2**31 - 1  # protobuf cannot parse a message larger than thi
 _COUNT_BATCH = 8  # files per count_records call, which reads them in parallel
 _IMAGE_MAGIC = (b"\xff\xd8", b"\x89PNG")
 _ITEMSIZE = {"float32": 4, "float64": 8, "uint8": 1}
-# Schema types and the list kind that stores them, to catch a schema that does not fit the records.
-_STORED_AS = {
-    "raw": "bytes_list", "image": "bytes_list", "bytes": "bytes_list",
-    "int64": "int64_list", "float": "float_list",
-}  # fmt: skip
+_NUMBER_LISTS = {"int64": "int64_list", "float": "float_list"}  # other types are one bytes_list
 
 
 @dataclass
@@ -100,14 +96,17 @@ def inspect(
     paths = pipeline.expand(patterns)
     sizes = [int(tf.io.gfile.stat(p).length) for p in paths]
     # An empty first shard says nothing about the compression of the others.
-    compression = _detect_compression(
-        next((p for p, s in zip(paths, sizes, strict=True) if s), paths[0])
-    )
+    first = next((p for p, s in zip(paths, sizes, strict=True) if s), paths[0])
+    compression = pipeline.detect_compression(first)
     # Sampling first: a glob that matched the wrong files fails in a second, not after a count.
     samples = _read_samples(paths, compression, sample)
     schemas = schema_file.find_for(paths)
     counts, counts_from = _count(paths, schemas, compression, progress)
     files = [FileInfo(p, s, n) for p, s, n in zip(paths, sizes, counts, strict=True)]
+    for f in files:
+        # TensorFlow reads a file shorter than one record header as empty, without an error.
+        if f.bytes and not f.records and compression == "none":
+            raise DataError(f"{f.path}: not a TFRecord file: {f.bytes} bytes but no record")
 
     features = _infer([example for example, _ in samples])
     schema_path, schema = schemas.get(paths[0]) or next(iter(schemas.values()), (None, None))
@@ -131,16 +130,6 @@ def inspect(
 
 
 # ------------------------------------------------------------------------------------ reading
-def _detect_compression(path: str) -> str:
-    import tensorflow as tf
-
-    with tf.io.gfile.GFile(path, "rb") as f:
-        head = f.read(3)
-    # The gzip magic plus its deflate method byte: a plain TFRecord starts with a record length,
-    # which would need to be exactly 559903 (mod 2**24) bytes to look the same.
-    return "gzip" if head == b"\x1f\x8b\x08" else "none"
-
-
 def _read_samples(paths: Sequence[str], compression: str, sample: int) -> list[tuple[Any, int]]:
     """The first ``sample`` records, as (parsed tf.train.Example, serialized bytes) pairs."""
     import tensorflow as tf
@@ -154,7 +143,9 @@ def _read_samples(paths: Sequence[str], compression: str, sample: int) -> list[t
             records = [r.numpy() for r in dataset.take(sample - len(samples))]
         except tf.errors.OpError as exc:
             reason = exc.message.split("}} ")[-1].split(" [Op:")[0]  # without TF's op names
-            raise DataError(f"{path}: not a TFRecord file ({compression=}): {reason}") from None
+            raise DataError(
+                f"{path}: not a TFRecord file (compression: {compression}): {reason}"
+            ) from None
         for record in records:
             try:
                 example = tf.train.Example.FromString(record)
@@ -290,11 +281,11 @@ def _guess_dtype(blobs: list[bytes]) -> str:
     data = b"".join(blobs)  # every blob has the same length, so one view reads them all
     size = len(blobs[0])
     if size % 4 == 0:
-        as32 = np.frombuffer(data, "<f4")
+        words = np.frombuffer(data, "<u4")
         # float64 values that are round numbers leave their low 32-bit word zero, and the high
         # words read as sane float32 values: without this check they would pass as float32.
-        halves_zero = size % 8 == 0 and not as32[0::2].any() and as32[1::2].any()
-        if not halves_zero and _plausible_floats(as32):
+        halves_zero = size % 8 == 0 and not words[0::2].any() and words[1::2].any()
+        if not halves_zero and _plausible_floats(words.view("<f4")):
             return "float32"
     if size % 8 == 0 and _plausible_floats(np.frombuffer(data, "<f8")):
         return "float64"
@@ -323,7 +314,7 @@ def _apply_schema(features: list[FeatureInfo], declared: dict[str, dict[str, Any
         if info.spec is None or info.key not in by_key:
             continue  # tpurun cannot read what the records hold, whatever the schema says
         name, spec = by_key[info.key]
-        if _STORED_AS.get(spec.get("type")) != info.stored:
+        if _NUMBER_LISTS.get(spec.get("type"), "bytes_list") != info.stored:  # a stale schema
             info.notes.append(f"the schema declares {spec}, but the records hold {info.stored}")
             continue
         if info.spec["type"] != "image":  # image size notes still hold; raw guesses do not
@@ -396,8 +387,9 @@ def advise(
         advice.append("the files hold no records: check the glob, or rewrite the data")
     if compression == "gzip":
         advice.append(
-            "the files are GZIP-compressed: set `compression: gzip` in the data section "
-            "(decompressing costs host CPU; uncompressed shards read faster if storage allows)"
+            "the files are GZIP-compressed (data.compression: auto detects it): decompressing "
+            "costs host CPU; if `tpurun data bench` shows the input is the bottleneck, write "
+            "uncompressed shards"
         )
     if n < TPU_CORES:
         advice.append(
@@ -433,7 +425,7 @@ def advise(
                     "fine to store (4x smaller than float32); add `cast: float32`, or cast and "
                     "scale in the model"
                 )
-    # Compressed sizes understate the records, so this estimate errs on the safe side.
+    # File size / records is a floor for the largest record (compressed sizes even more so).
     largest = max([largest_record, *(f.bytes / f.records for f in files if f.records)])
     if largest > _MAX_RECORD_BYTES:
         advice.append(

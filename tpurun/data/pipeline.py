@@ -30,7 +30,7 @@ def detect_compression(path: str) -> str:
     import tensorflow as tf
 
     with tf.io.gfile.GFile(path, "rb") as f:
-        return "gzip" if f.read(2) == b"\x1f\x8b" else "none"
+        return "gzip" if f.read(3) == b"\x1f\x8b\x08" else "none"  # magic + deflate
 
 
 def _compression_type(compression: str, files: Sequence[str]) -> str:
