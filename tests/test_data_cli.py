@@ -60,3 +60,33 @@ def test_inspect_json_and_missing_glob(tmp_path, toy_data):
     result = run_cli("data", "inspect", str(tmp_path / "none-*.tfrecord"))
     assert result.returncode == 2 and "no file matches this glob" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_write_then_train_from_the_schema_alone(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1200, 8)).astype(np.float32)
+    np.savez(tmp_path / "arrays.npz", x=x, y=(x.sum(axis=1) > 0).astype(np.float32))
+    result = run_cli("data", "write", str(tmp_path / "arrays.npz"), str(tmp_path / "ds" / "toy"),
+                     "--validation-fraction", "0.2", "--shard-mb", "0.01", "--json")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["records"] == 1200 and len(report["splits"]["train"]) % 8 == 0
+    assert sum(s["records"] for s in report["splits"]["validation"]) == 240
+
+    config = toy_config(tmp_path / "ds", tmp_path / "runs", train={"epochs": 2})
+    config["data"] = {"train": str(tmp_path / "ds" / "toy-train-*.tfrecord"),
+                      "validation": str(tmp_path / "ds" / "toy-validation-*.tfrecord"),
+                      "inputs": "x", "targets": "y"}  # fmt: skip
+    train = run_cli("train", str(write_config(tmp_path, config)))
+    assert train.returncode == 0, train.stderr
+    derived = yaml.safe_load((tmp_path / "runs" / "toy" / "config.yaml").read_text())["derived"]
+    assert derived["record_counts_from"] == "schema" and derived["train_records"] == 960
+
+
+def test_write_bad_source_is_a_clear_error(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    result = run_cli("data", "write", str(tmp_path / "notes.txt"), str(tmp_path / "out" / "x"))
+    assert result.returncode == 2 and str(tmp_path / "notes.txt") in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()

@@ -231,6 +231,106 @@ def data_bench(
     )
 
 
+@data_app.command("write")
+def data_write(
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="A .npz or .npy file, a folder of .npy files, CSV files (a path or a quoted "
+            "glob; header row required), or an image folder with one subfolder per class.",
+            show_default=False,
+        ),
+    ],
+    out_prefix: Annotated[
+        str,
+        typer.Argument(
+            help="Shards are OUT_PREFIX[-train|-validation]-00000-of-00008.tfrecord, plus "
+            "OUT_PREFIX.schema.json. Local, gs:// or ram://.",
+            show_default=False,
+        ),
+    ],
+    shard_mb: Annotated[
+        float, typer.Option("--shard-mb", min=0.001, help="Target shard size in MB.")
+    ] = 150.0,
+    shard_multiple: Annotated[
+        int,
+        typer.Option(
+            "--shard-multiple",
+            min=1,
+            help="Shard count is a multiple of this (cores x hosts reading it).",
+        ),
+    ] = 8,
+    compression: Annotated[str, typer.Option("--compression", help="none | gzip")] = "none",
+    validation_fraction: Annotated[
+        float,
+        typer.Option(
+            "--validation-fraction",
+            min=0.0,
+            max=0.99,
+            help="Fraction written as a validation split.",
+        ),
+    ] = 0.0,
+    seed: Annotated[
+        int, typer.Option("--seed", help="Seed of the validation draw and image order.")
+    ] = 0,
+    image_size: Annotated[
+        tuple[int, int] | None,
+        typer.Option(
+            "--image-size", help="Re-encode images to H W (JPEG q95; PNG stays PNG).", metavar="H W"
+        ),
+    ] = None,
+    chunk_records: Annotated[
+        int, typer.Option("--chunk-records", min=1, help="Records held in memory at a time.")
+    ] = 4096,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    plain: Annotated[
+        bool, typer.Option("--plain", help="Plain lines instead of a live view.")
+    ] = False,
+) -> None:
+    """Write sharded TFRecords (and a schema file) from arrays, CSV files or an image folder."""
+    from tpurun.console import TaskProgress, want_plain
+    from tpurun.runtime import import_tensorflow
+
+    import_tensorflow()
+    from tpurun.data.write import write_dataset
+
+    if compression not in ("none", "gzip"):
+        raise _fail(TpurunError(f"--compression: expected none or gzip, got {compression!r}."))
+    try:
+        with TaskProgress("writing", "records", plain=want_plain(plain) or as_json) as progress:
+            report = write_dataset(
+                source, out_prefix, shard_mb=shard_mb, shard_multiple=shard_multiple,
+                compression=compression, validation_fraction=validation_fraction, seed=seed,
+                image_size=image_size, chunk_records=chunk_records, progress=progress,
+            )  # fmt: skip
+    except TpurunError as exc:
+        raise _fail(exc) from None
+    except KeyboardInterrupt:
+        typer.echo("interrupted: nothing was left half-written", err=True)
+        raise typer.Exit(code=130) from None
+    except Exception:
+        raise _unexpected(None) from None
+    if as_json:
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+        return
+    rows = []
+    for split, shards in report.splits.items():
+        records = sum(n for _, n, _ in shards)
+        size = sum(b for _, _, b in shards)
+        rows.append((split, f"{len(shards)} shards · {records:,} records · {size / 1e6:,.1f} MB"))
+    rows.append(("features", ", ".join(f"{k} ({v['type']})" for k, v in report.features.items())))
+    if report.class_names:
+        rows.append(("classes", ", ".join(report.class_names)))
+    rows.append(("schema", report.schema_path))
+    rows.append(
+        (
+            "time",
+            f"{report.seconds:.1f}s ({report.records / max(report.seconds, 1e-9):,.0f} records/s)",
+        )
+    )
+    _print_rows(rows, title=f"wrote {report.records:,} records from {source}")
+
+
 @data_app.command("inspect")
 def data_inspect(
     globs: Annotated[

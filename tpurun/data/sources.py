@@ -42,7 +42,7 @@ class Source:
     Attributes:
         path: the source as the user named it (recorded in the schema file).
         records: how many records ``chunks`` yields in total.
-        features: ``{name: feature spec}`` in the config's form, e.g. ``{"type": "int64"}``.
+        features: ``{name: feature spec}`` in the config's form, e.g. ``{"type": "float"}``.
         nbytes: the estimated size of all records once serialized, to size the shards.
         class_names: the class of each label value, for image folders.
     """
@@ -69,13 +69,22 @@ def open_source(path: str, *, image_size: tuple[int, int] | None = None, seed: i
     Raises:
         DataError: the path is missing, empty, or none of the accepted kinds.
     """
-    path = str(path)
+    source = _open(str(path), image_size, seed)
+    if image_size is not None and not isinstance(source, ImageFolderSource):
+        raise DataError(
+            f"{path}: image_size={tuple(image_size)} resizes images, but this source holds "
+            "arrays or CSV rows; leave it out."
+        )
+    return source
+
+
+def _open(path: str, image_size: tuple[int, int] | None, seed: int) -> Source:
     if "://" in path:
         raise DataError(
             f"{path}: sources are read from local files; copy it to this machine first "
             "(e.g. gsutil -m cp -r), then write from the local copy."
         )
-    if glob.has_magic(path) or path.lower().endswith(".csv"):
+    if any(c in path for c in "*?[") or path.lower().endswith(".csv"):
         files = sorted(f for f in glob.glob(path) if os.path.isfile(f))
         if not files:
             raise DataError(f"{path}: no file matches this path; expected {ACCEPTED}.")
@@ -142,16 +151,12 @@ def _npz_arrays(path: str) -> list[_Array]:
         raise DataError(f"{path}: cannot read it as a .npz file: {exc}") from None
     if not members:
         raise DataError(f"{path}: the .npz file holds no array; expected {ACCEPTED}.")
-    return [
-        _Array(
-            member[: -len(".npy")],
-            f"{path}:{member}",
-            headers[member][0],
-            headers[member][2],
-            partial(_npz_blocks, path, member),
-        )
-        for member in members
-    ]
+    arrays = []
+    for member in members:
+        shape, _, dtype = headers[member]
+        blocks = partial(_npz_blocks, path, member)
+        arrays.append(_Array(member[: -len(".npy")], f"{path}:{member}", shape, dtype, blocks))
+    return arrays
 
 
 def _npy_header(f: Any, where: str) -> tuple[tuple[int, ...], bool, np.dtype]:
@@ -185,19 +190,15 @@ def _npz_blocks(path: str, member: str, size: int) -> Iterator[np.ndarray]:
 
 
 def _array_feature(array: _Array) -> dict[str, Any]:
-    """Per-record arrays are stored raw (dtype kept); scalars as int64 or float; strings as bytes."""
+    """Per-record arrays go raw (dtype kept); scalars as int64 or float; strings as bytes."""
     shape, kind = list(array.shape[1:]), array.dtype.kind
     if 0 in shape:
         raise DataError(f"{array.where}: each record is empty (shape {shape}); drop this array.")
     if kind in "SU":
         return {"type": "bytes", "shape": shape}
-    if kind == "b":  # bools are stored as their bytes, 0 or 1
-        return (
-            {"type": "raw", "dtype": "uint8", "shape": shape}
-            if shape
-            else {"type": "int64", "shape": []}
-        )
-    if not shape and kind in "iu":
+    if kind == "b" and shape:  # bools are stored as their bytes, 0 or 1
+        return {"type": "raw", "dtype": "uint8", "shape": shape}
+    if not shape and kind in "biu":
         return {"type": "int64", "shape": []}
     if not shape and kind == "f":
         return {"type": "float", "shape": []}
@@ -258,6 +259,10 @@ _INT = re.compile(r"[+-]?\d+")
 _INT64_MAX = 2**63 - 1
 
 
+def _is_int64(text: str) -> bool:
+    return bool(_INT.fullmatch(text)) and abs(int(text)) <= _INT64_MAX
+
+
 def _is_float(text: str) -> bool:
     try:
         float(text)
@@ -277,14 +282,13 @@ class CsvSource(Source):
     def __init__(self, path: str, files: list[str]):
         self.path, self._files = path, files
         self.nbytes = sum(os.path.getsize(f) for f in files)
-        self.records, kinds = self._scan()
-        self._kinds = kinds
-        names = {"int": "int64", "float": "float", "bytes": "bytes"}
-        self.features = {name: {"type": names[kind], "shape": []} for name, kind in kinds.items()}
+        self._header: list[str] = []
+        self.records, self._kinds = self._scan()
+        types = {"int": "int64", "float": "float", "bytes": "bytes"}
+        self.features = {name: {"type": types[k], "shape": []} for name, k in self._kinds.items()}
 
-    def _rows(self) -> Iterator[tuple[str, int, list[str]]]:
-        """Every data row of every file as ``(file, line, cells)``, checking each header."""
-        header = None
+    def _rows(self) -> Iterator[list[str]]:
+        """Every data row of every file, checking the headers and the number of values."""
         for file in self._files:
             with open(file, newline="", encoding="utf-8-sig") as f:
                 reader = csv.reader(f)
@@ -294,49 +298,40 @@ class CsvSource(Source):
                         f"{file}: the first row must be a header of distinct, non-empty column "
                         f"names; found {names or 'an empty file'}."
                     )
-                if header is None:
-                    header = names
-                elif names != header:
+                self._header = self._header or names
+                if names != self._header:
                     raise DataError(
-                        f"{file}: its header {names} differs from {self._files[0]}'s {header}; "
-                        "every file of a CSV glob needs the same columns."
+                        f"{file}: its header {names} differs from {self._files[0]}'s "
+                        f"{self._header}; every file of a CSV glob needs the same columns."
                     )
-                self._header = header
                 for cells in reader:
-                    if not cells:
-                        continue  # a blank line
-                    if len(cells) != len(header):
+                    if cells and len(cells) != len(names):  # [] is a blank line: skipped
                         raise DataError(
                             f"{file}:{reader.line_num}: {len(cells)} values, but the header has "
-                            f"{len(header)} columns; quote values that contain commas."
+                            f"{len(names)} columns; quote values that contain commas."
                         )
-                    yield file, reader.line_num, cells
+                    if cells:
+                        yield cells
 
     def _scan(self) -> tuple[int, dict[str, str]]:
-        kinds: list[str] | None = None
+        kinds: list[str] = []  # per column: "int", then "float", then "bytes" as values demand
         seen: list[bool] = []
         empty: list[bool] = []
         records = 0
-        for _, _, cells in self._rows():
-            if kinds is None:
-                kinds, seen, empty = (
-                    ["int"] * len(cells),
-                    [False] * len(cells),
-                    [False] * len(cells),
-                )
+        for cells in self._rows():
+            if not records:
+                n = len(cells)
+                kinds, seen, empty = ["int"] * n, [False] * n, [False] * n
             records += 1
             for j, cell in enumerate(cells):
-                if kinds[j] == "bytes":
-                    continue
                 text = cell.strip()
                 if not text:
                     empty[j] = True
-                    continue
-                seen[j] = True
-                if kinds[j] == "int" and _INT.fullmatch(text) and abs(int(text)) <= _INT64_MAX:
-                    continue
-                kinds[j] = "float" if _is_float(text) else "bytes"
-        if not records or kinds is None:
+                elif kinds[j] != "bytes":
+                    seen[j] = True
+                    if kinds[j] == "float" or not _is_int64(text):
+                        kinds[j] = "float" if _is_float(text) else "bytes"
+        if not records:
             raise DataError(f"{self.path}: the CSV holds a header but no row.")
         for j in range(len(kinds)):
             if not seen[j]:
@@ -347,7 +342,7 @@ class CsvSource(Source):
 
     def chunks(self, size: int) -> Iterator[dict[str, Any]]:
         columns: list[list[str]] = [[] for _ in self._kinds]
-        for _, _, cells in self._rows():
+        for cells in self._rows():
             for column, cell in zip(columns, cells, strict=True):
                 column.append(cell)
             if len(columns[0]) == size:
@@ -407,8 +402,8 @@ class ImageFolderSource(Source):
                 f"({', '.join(self.class_names)}); expected one subfolder of images per class."
             )
         first_height, first_width, channels = _image_shape(_read_image(files[0][0]), files[0][0])
-        # JPEGs cannot be decoded to 4 channels nor PNGs read with 2, so RGBA is read as RGB and
-        # gray+alpha as gray: a folder mixing JPEG and PNG then decodes everywhere.
+        # Gray+alpha is read as gray (configs allow 1, 3 or 4 channels) and RGBA as RGB: JPEGs
+        # cannot be decoded to 4 channels, and a class folder often mixes JPEGs and PNGs.
         channels = 1 if channels <= 2 else 3
         self._size = tuple(image_size) if image_size else None
         height, width = self._size or (first_height, first_width)

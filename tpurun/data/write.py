@@ -8,6 +8,7 @@ matches), renamed once every shard is complete, and the schema file comes last.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -165,11 +166,19 @@ def write_dataset(
         DataError: the source cannot be read, holds no record, or changed while being read.
         TpurunError: an option is out of range.
     """
+    import tensorflow as tf
+
     from tpurun.data.sources import open_source
 
     started = time.monotonic()
     _check_options(
-        out_prefix, shard_mb, shard_multiple, compression, validation_fraction, chunk_records
+        out_prefix,
+        shard_mb,
+        shard_multiple,
+        compression,
+        validation_fraction,
+        chunk_records,
+        image_size,
     )
     if isinstance(source, (str, os.PathLike)):
         source = open_source(os.fspath(source), image_size=image_size, seed=seed)
@@ -187,33 +196,16 @@ def write_dataset(
         shard_sets[split] = _ShardSet(paths, balanced_sizes(records, count), compression)
 
     folder, base = _split_prefix(out_prefix)
-    _prepare_folder(folder, base)
     chunk_size = max(1, min(chunk_records, CHUNK_BYTES * total // max(1, source.nbytes)))
     committed = False
     try:
-        done = 0
-        for chunk in source.chunks(chunk_size):
-            columns = list(chunk.items())
-            rows = len(columns[0][1])
-            for i in range(rows):
-                record = example_bytes({name: column[i] for name, column in columns})
-                if is_validation is None:
-                    shard_sets["all"].write(record)
-                elif is_validation[done + i]:
-                    shard_sets["validation"].write(record)
-                else:
-                    shard_sets["train"].write(record)
-            done += rows
-            if progress is not None:
-                progress(done, total)
-        if done != total:
-            raise DataError(
-                f"{source.path}: {done} records were read, but {total} were counted first; "
-                "did the source change during the write? Write it again."
-            )
+        _prepare_folder(folder, base)
+        _write_records(source, shard_sets, is_validation, chunk_size, progress)
         splits = {split: shard_set.finish() for split, shard_set in shard_sets.items()}
         _commit(out_prefix, folder, base, list(shard_sets.values()))
         committed = True
+    except tf.errors.OpError as exc:
+        raise DataError(f"{out_prefix}: cannot write the shards there: {exc.message}") from None
     finally:
         if not committed:
             for shard_set in shard_sets.values():
@@ -221,8 +213,9 @@ def write_dataset(
     shard_counts = {
         split: {_basename(path): n for path, n, _ in shards} for split, shards in splits.items()
     }
+    schema_file = schema.schema_path(out_prefix)
     schema.write(
-        schema.schema_path(out_prefix),
+        schema_file,
         schema.make(
             source.features,
             shard_counts,
@@ -232,7 +225,7 @@ def write_dataset(
         ),
     )
     return WriteReport(
-        schema_path=schema.schema_path(out_prefix),
+        schema_path=schema_file,
         source=source.path,
         features=source.features,
         class_names=source.class_names,
@@ -243,7 +236,37 @@ def write_dataset(
     )
 
 
-def _check_options(out_prefix, shard_mb, shard_multiple, compression, fraction, chunk_records):
+def _write_records(source, shard_sets, is_validation, chunk_size, progress) -> None:
+    """Serialize every record of ``source`` into the shard set of its split."""
+    done = 0
+    changed = "did the source change during the write? Write it again."
+    for chunk in source.chunks(chunk_size):
+        columns = list(chunk.items())
+        rows = len(columns[0][1])
+        if done + rows > source.records:
+            raise DataError(
+                f"{source.path}: more than the {source.records} records counted; {changed}"
+            )
+        for i in range(rows):
+            record = example_bytes({name: column[i] for name, column in columns})
+            if is_validation is None:
+                shard_sets["all"].write(record)
+            elif is_validation[done + i]:
+                shard_sets["validation"].write(record)
+            else:
+                shard_sets["train"].write(record)
+        done += rows
+        if progress is not None:
+            progress(done, source.records)
+    if done != source.records:
+        raise DataError(
+            f"{source.path}: {done} records, not the {source.records} counted; {changed}"
+        )
+
+
+def _check_options(
+    out_prefix, shard_mb, shard_multiple, compression, fraction, chunk_records, image_size
+):
     problems = [
         (not out_prefix or out_prefix.endswith("/"), f"out_prefix={out_prefix!r}",
          "a path prefix such as data/flowers (shards are named <prefix>-00000-of-00008.tfrecord)"),
@@ -252,6 +275,8 @@ def _check_options(out_prefix, shard_mb, shard_multiple, compression, fraction, 
         (compression not in ("none", "gzip"), f"compression={compression!r}", "'none' or 'gzip'"),
         (not 0 <= fraction < 1, f"validation_fraction={fraction}", "a fraction in [0, 1)"),
         (chunk_records < 1, f"chunk_records={chunk_records}", "an integer >= 1"),
+        (image_size is not None and (len(image_size) != 2 or min(image_size) < 1),
+         f"image_size={image_size}", "(height, width), both >= 1"),
     ]  # fmt: skip
     for bad, received, expected in problems:
         if bad:
@@ -340,18 +365,24 @@ class _ShardSet:
 
     def abandon(self) -> None:
         """Close and remove whatever this set wrote; used when the write fails."""
+        import tensorflow as tf
+
+        # Best effort: the error that brought us here is the one to report, not a cleanup one.
         if self.writer is not None:
-            try:
+            with contextlib.suppress(Exception):
                 self.writer.close()
-            except Exception:  # the write already failed; removing the file matters more
-                pass
             self.writer = None
         for partial in self.partials:
-            _remove(partial)
+            with contextlib.suppress(tf.errors.OpError):
+                _remove(partial)
 
 
 def _commit(out_prefix: str, folder: str, base: str, shard_sets: list[_ShardSet]) -> None:
-    """Replace the dataset of this prefix: old schema out, new shards in, old shards out."""
+    """Replace the dataset of this prefix: old schema out, new shards in, old shards out.
+
+    Renames are atomic one file at a time only: a kill between them leaves shards without a schema
+    file, which readers handle by counting records.
+    """
     import tensorflow as tf
 
     new = {_basename(path) for s in shard_sets for path in s.paths}
