@@ -7,6 +7,7 @@ a file whose path is printed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -81,6 +82,23 @@ def _unexpected(run_dir: Path | None) -> typer.Exit:
     return typer.Exit(code=EXIT_UNEXPECTED)
 
 
+@contextlib.contextmanager
+def _exit_codes(run_dir: list[Path] | None = None, interrupted: str = "interrupted"):
+    """The one place library errors become exit codes: 2 with a message, 1 with a traceback file.
+
+    ``run_dir`` is a list the body may fill once it knows where a traceback belongs.
+    """
+    try:
+        yield
+    except TpurunError as exc:
+        raise _fail(exc) from None
+    except KeyboardInterrupt:
+        typer.echo(interrupted, err=True)
+        raise typer.Exit(code=130) from None
+    except Exception:
+        raise _unexpected(run_dir[0] if run_dir else None) from None
+
+
 @app.command()
 def train(
     config: ConfigArg,
@@ -102,21 +120,14 @@ def train(
     from tpurun.config import load_config
     from tpurun.console import make_reporter
 
-    run_dir = None
+    run_dir: list[Path] = []
     reporter = make_reporter(plain)
-    try:
+    with _exit_codes(run_dir):
         cfg = load_config(config, set_ or [])
-        run_dir = Path(output or cfg.output.dir) / cfg.name
+        run_dir.append(Path(output or cfg.output.dir) / cfg.name)
         from tpurun.runner import run
 
         run(cfg, output=output, reporter=reporter, restart=restart)
-    except TpurunError as exc:
-        raise _fail(exc) from None
-    except KeyboardInterrupt:
-        typer.echo("interrupted", err=True)
-        raise typer.Exit(code=130) from None
-    except Exception:
-        raise _unexpected(run_dir) from None
 
 
 @app.command("config")
@@ -131,7 +142,7 @@ def config_command(
     """Print the resolved config with its derived values (replicas, batch, LR, steps), without training."""
     from tpurun.config import load_config
 
-    try:
+    with _exit_codes():
         cfg = load_config(config, set_ or [])
         if check:
             data = cfg.to_dict()
@@ -139,10 +150,6 @@ def config_command(
             from tpurun.runner import prepare, resolved_config
 
             data = resolved_config(prepare(cfg))
-    except TpurunError as exc:
-        raise _fail(exc) from None
-    except Exception:
-        raise _unexpected(None) from None
     if as_json:
         typer.echo(json.dumps(data, indent=2))
     else:
@@ -197,15 +204,11 @@ def data_bench(
     """Measure the configured training input pipeline alone: is the input the bottleneck?"""
     from tpurun.config import load_config
 
-    try:
+    with _exit_codes():
         cfg = load_config(config, set_ or [])
         from tpurun.data.bench import bench
 
         result = bench(cfg, steps=steps, warmup=warmup)
-    except TpurunError as exc:
-        raise _fail(exc) from None
-    except Exception:
-        raise _unexpected(None) from None
     if as_json:
         typer.echo(json.dumps(result, indent=2))
         return
@@ -296,20 +299,13 @@ def data_write(
 
     if compression not in ("none", "gzip"):
         raise _fail(TpurunError(f"--compression: expected none or gzip, got {compression!r}."))
-    try:
-        with TaskProgress("writing", "records", plain=want_plain(plain) or as_json) as progress:
-            report = write_dataset(
-                source, out_prefix, shard_mb=shard_mb, shard_multiple=shard_multiple,
-                compression=compression, validation_fraction=validation_fraction, seed=seed,
-                image_size=image_size, chunk_records=chunk_records, progress=progress,
-            )  # fmt: skip
-    except TpurunError as exc:
-        raise _fail(exc) from None
-    except KeyboardInterrupt:
-        typer.echo("interrupted: nothing was left half-written", err=True)
-        raise typer.Exit(code=130) from None
-    except Exception:
-        raise _unexpected(None) from None
+    progress = TaskProgress("writing", "records", plain=want_plain(plain) or as_json)
+    with _exit_codes(interrupted="interrupted: nothing was left half-written"), progress:
+        report = write_dataset(
+            source, out_prefix, shard_mb=shard_mb, shard_multiple=shard_multiple,
+            compression=compression, validation_fraction=validation_fraction, seed=seed,
+            image_size=image_size, chunk_records=chunk_records, progress=progress,
+        )  # fmt: skip
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
         return
@@ -351,15 +347,9 @@ def data_inspect(
     from tpurun.runtime import import_tensorflow
 
     import_tensorflow()  # before anything else imports it: without its start-up notices
-    try:
-        with TaskProgress(
-            "counting records", "files", plain=want_plain(plain) or as_json
-        ) as progress:
-            report = inspect(globs, sample=sample, progress=progress)
-    except TpurunError as exc:
-        raise _fail(exc) from None
-    except Exception:
-        raise _unexpected(None) from None
+    progress = TaskProgress("counting records", "files", plain=want_plain(plain) or as_json)
+    with _exit_codes(), progress:
+        report = inspect(globs, sample=sample, progress=progress)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
         return
