@@ -158,6 +158,54 @@ def config_command(
         typer.echo(yaml.safe_dump(data, sort_keys=False), nl=False)
 
 
+@app.command()
+def doctor(
+    config: Annotated[
+        Path | None,
+        typer.Argument(
+            help="An experiment's YAML file: also check its data, model and output.", dir_okay=False
+        ),
+    ] = None,
+    set_: SetOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the checks as JSON.")] = False,
+    plain: Annotated[bool, typer.Option("--plain", help="Plain text instead of a table.")] = False,
+) -> None:
+    """Say whether this machine can train CONFIG, and what to fix. Exit 1 if a check fails."""
+    from tpurun.console import want_plain
+    from tpurun.doctor import exit_code, report, run_checks
+
+    plain = want_plain(plain)
+    if not as_json:
+        typer.echo("running checks (about 10 s; none can hang)...", err=True)
+    with _exit_codes():
+        checks = run_checks(str(config) if config else None, overrides=set_ or [])
+    code = exit_code(checks)
+    if as_json:
+        typer.echo(json.dumps(report(checks), indent=2))
+        raise typer.Exit(code=code)
+    if plain:
+        width = max(len(c.name) for c in checks)
+        for c in checks:
+            typer.echo(f"{c.status:<5} {c.name:<{width}}  {c.finding}  ({c.seconds:.1f}s)")
+            if c.fix and c.status != "ok":
+                typer.echo(f"{'':<5} {'':<{width}}  fix: {c.fix}")
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        styles = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+        table = Table(show_header=True, header_style="bold", box=None)
+        for column in ("status", "check", "finding", "s"):
+            table.add_column(column)
+        for c in checks:
+            finding = (
+                c.finding if not (c.fix and c.status != "ok") else f"{c.finding}\nfix: {c.fix}"
+            )
+            table.add_row(f"[{styles[c.status]}]{c.status}[/]", c.name, finding, f"{c.seconds:.1f}")
+        Console().print(table)
+    raise typer.Exit(code=code)
+
+
 data_app = typer.Typer(
     name="data",
     help="Write, inspect and benchmark TFRecord datasets.",

@@ -1,0 +1,305 @@
+"""tpurun doctor: each check on fake machines, the libtpu lock held by a child, and a real run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import toy_config
+
+from tpurun.config import RuntimeConfig, load_config
+from tpurun.doctor import Check, exit_code, probes, report, run_checks
+from tpurun.doctor import config_checks as cc
+from tpurun.doctor import machine as mc
+from tpurun.errors import ConfigError
+from tpurun.runtime import Choice, Machine, probe
+
+
+def fake_dev(tmp_path, *names):
+    root = tmp_path / "dev"
+    (root / "vfio").mkdir(parents=True)
+    for name in names:
+        (root / name).write_text("")
+    return str(root)
+
+
+# ---------------------------------------------------------------------------------- platform
+@pytest.mark.parametrize(
+    ("env", "files", "platform", "status"),
+    [
+        ({}, (), "CPU machine", "ok"),
+        ({}, ("nvidia0", "nvidiactl"), "GPU machine", "ok"),
+        ({}, ("accel0",), "Cloud TPU VM", "ok"),
+        ({}, ("vfio/0",), "Cloud TPU VM", "ok"),
+        ({"KAGGLE_KERNEL_RUN_TYPE": "Interactive", "ISTPUVM": "1"}, (), "Kaggle TPU VM", "ok"),
+        ({"COLAB_TPU_1VM": "1", "COLAB_RELEASE_TAG": "x"}, (), "Colab TPU VM", "ok"),
+        ({"KAGGLE_KERNEL_RUN_TYPE": "Batch"}, (), "Kaggle CPU machine", "ok"),
+        ({"TPU_NAME": "grpc://10.0.0.2:8470"}, (), "legacy TPU node", "warn"),
+    ],
+)
+def test_platform(tmp_path, env, files, platform, status):
+    machine = probe(env, fake_dev(tmp_path, *files))
+    check = mc.check_platform(machine, env)
+    assert (check.data["platform"], check.status) == (platform, status)
+    assert (check.fix is None) == (status == "ok")
+
+
+# ---------------------------------------------------------------------------------- versions
+def test_versions_ok_here():
+    check = mc.check_versions(probe({}, "/nonexistent"))
+    assert check.status == "ok"
+    assert check.data["versions"]["keras"].startswith("3.")
+    assert "tensorflow-cpu" in check.finding
+
+
+def test_versions_tpu_without_libtpu_fails_with_pip_command():
+    m = Machine(env={"ISTPUVM": "1"}, tensorflow="2.20.0", tensorflow_build="tensorflow-cpu",
+                jax="0.10.2", keras="3.15.1")  # fmt: skip
+    check = mc.check_versions(m)
+    assert check.status == "fail"
+    assert check.fix == "pip install -U 'jax[tpu]'"
+
+
+def test_versions_keras2_and_no_tensorflow_fail():
+    check = mc.check_versions(Machine(jax="0.10.2", keras="2.15.0"))
+    assert check.status == "fail"
+    assert "Keras 2" in check.finding and "TensorFlow is missing" in check.finding
+
+
+# --------------------------------------------------------------------------------------- tpu
+def test_tpu_paths():
+    assert mc.check_tpu(Machine(), {}).status == "skip"
+    tpu_vm = Machine(env={"ISTPUVM": "1"}, jax="0.10.2", jax_tpu=True, keras="3.15.1")
+    ok = mc.check_tpu(tpu_vm, {"jax": {"platforms": {"tpu": 8}}})
+    assert ok.status == "ok" and "8 TPU core" in ok.finding
+    busy = mc.check_tpu(tpu_vm, {"jax": {"error": "TPU is already in use by process with pid 7"}})
+    assert busy.status == "fail" and "libtpu_lock" in busy.fix
+    nobody = mc.check_tpu(Machine(env={"ISTPUVM": "1"}, jax="0.10.2", tensorflow="2.21.0",
+                                  tensorflow_build="tensorflow-cpu"), {})  # fmt: skip
+    assert nobody.status == "fail" and "jax[tpu]" in nobody.fix
+
+
+# -------------------------------------------------------------------------------------- lock
+def test_lock_absent_and_stale(tmp_path):
+    lock = tmp_path / "libtpu_lockfile"
+    absent = mc.check_lock(str(lock))
+    assert absent.status == "ok" and absent.data["exists"] is False
+    lock.write_text("")
+    stale = mc.check_lock(str(lock))
+    assert stale.status == "ok" and "stale" in stale.finding and stale.data["held"] is False
+
+
+HOLD = """
+import fcntl, sys, time
+f = open(sys.argv[1], "a+")
+if sys.argv[2] == "flock":
+    fcntl.flock(f, fcntl.LOCK_EX)
+else:
+    fcntl.lockf(f, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("kind", ["flock", "lockf"])
+def test_lock_held_by_a_child_names_it(tmp_path, kind):
+    lock = tmp_path / "libtpu_lockfile"
+    lock.write_text("")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(lock), kind],
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        check = mc.check_lock(str(lock))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert check.status == "fail"
+    assert holder.pid in [h["pid"] for h in check.data["holders"]]
+    assert f"pid {holder.pid}" in check.finding and "-c" in check.finding
+    assert "restart" in check.fix and "kernel" in check.fix
+    # doctor released whatever it tried: the file is free again once the holder is gone
+    assert mc.check_lock(str(lock)).status == "ok"
+
+
+# ----------------------------------------------------------------------------------- devices
+def test_devices_paths():
+    ok = mc.check_devices({"jax": {"platforms": {"cpu": 8}}, "tensorflow": {"platforms": {"cpu": 1}},
+                           "gpus": [{"name": "NVIDIA T4", "memory": "15360 MiB"}]})  # fmt: skip
+    assert ok.status == "ok" and "8 CPU" in ok.finding and "T4 (15360 MiB)" in ok.finding
+    part = mc.check_devices({"jax": {"error": "timed out after 60 s", "timed_out": True},
+                             "tensorflow": {"platforms": {"cpu": 1}}})  # fmt: skip
+    assert part.status == "warn" and "timed out" in part.finding
+    assert mc.check_devices({"jax": {"error": "boom"}}).status == "fail"
+    assert mc.check_devices({}).status == "skip"
+
+
+# ------------------------------------------------------------------------------ choice, health
+def test_choice_calls_runtime_choose():
+    holder: list = []
+    check = probes.check_choice(None, probe({}, "/nonexistent"), holder)
+    assert check.status == "ok" and holder and holder[0].accelerator == "cpu"
+    assert check.data["reason"] in check.finding
+
+    class Cfg:  # only the two fields choose() reads
+        runtime = RuntimeConfig(accelerator="tpu")
+        train = type("T", (), {"steps_per_execution": "auto"})
+
+    failed = probes.check_choice(Cfg, probe({}, "/nonexistent"), [])
+    assert failed.status == "fail" and "no TPU" in failed.finding
+
+
+def test_health_all_reduce_agrees_over_replicas():
+    choice = Choice("jax", "cpu", "data_parallel", 4, "float32", "test", cpu_devices=4)
+    check = probes.check_health([choice], timeout=60)
+    assert check.status == "ok", check.finding
+    assert check.data["replicas"] == 4 and check.data["agree"]
+    assert probes.check_health([], 60).status == "skip"
+
+
+def test_a_child_that_hangs_is_reported_as_timed_out():
+    result = probes.Child("import time; time.sleep(30)", timeout=1).result()
+    assert result["timed_out"] and "timed out after 1 s" in result["error"]
+
+
+# --------------------------------------------------------------------------------------- gcs
+def test_gcs_credentials(tmp_path):
+    key = tmp_path / "key.json"
+    key.write_text('{"private_key": "SECRET"}')
+    m = Machine()
+    found = mc.check_gcs_credentials(m, {"GOOGLE_APPLICATION_CREDENTIALS": str(key)}, True)
+    assert found.status == "ok" and str(key) in found.finding
+    assert "SECRET" not in json.dumps(found.data)
+    home = tmp_path / "home"
+    (home / ".config" / "gcloud").mkdir(parents=True)
+    (home / ".config" / "gcloud" / "application_default_credentials.json").write_text("{}")
+    assert "gcloud" in mc.check_gcs_credentials(m, {"HOME": str(home)}, True).finding
+    none = mc.check_gcs_credentials(m, {"HOME": str(tmp_path)}, uses_gcs=True)
+    assert none.status == "warn" and "GOOGLE_APPLICATION_CREDENTIALS" in none.fix
+    kaggle = mc.check_gcs_credentials(m, {"HOME": str(tmp_path), "KAGGLE_KERNEL_RUN_TYPE": "x"},
+                                      False)  # fmt: skip
+    assert kaggle.status == "ok" and "Kaggle" in kaggle.finding
+
+
+def test_gcs_probe_is_bounded_without_network():
+    started = time.monotonic()
+    check = probes.start_gcs_probe(5.0).check(uses_gcs=True)
+    assert time.monotonic() - started < 15
+    # No network here: a DNS failure, a refused connection, or the timeout; never a hang.
+    assert check.status in ("fail", "ok")
+    if check.status == "fail":
+        assert "not reachable" in check.finding or "timed out" in check.finding
+    assert check.data["url"].startswith("gs://")
+    # Not used by the config: unreachable (or timed out) is a warning, not a failure.
+    quick = probes.GcsProbe(0.05).check(uses_gcs=False)
+    assert quick.status == "warn"
+    assert "timed out after 0.05 s" in quick.finding or "not reachable" in quick.finding
+
+
+# --------------------------------------------------------------------------- config checks
+def test_data_mismatch_and_tpu_node_local_paths(toy_data, tmp_path):
+    cfg = load_config(toy_config(toy_data, tmp_path / "out"),
+                      ["data.features.x.shape=[9]"])  # fmt: skip
+    checks = cc.data_checks(cfg, probe({}, "/nonexistent"), 1)
+    assert checks[0].status == "fail" and "x" in checks[0].finding
+    good = load_config(toy_config(toy_data, tmp_path / "out"))
+    node = Machine(env={"TPU_NAME": "grpc://10.0.0.2:8470"})
+    check = cc.check_split(good, "train", node, 8)
+    assert check.status == "fail" and "gs://" in check.fix
+    few = cc.check_split(good, "train", Machine(), 8)
+    assert few.status == "warn" and "shards" in few.fix
+    missing = load_config(toy_config(toy_data, tmp_path / "out"), ["data.train=nowhere-*.rec"])
+    assert cc.data_checks(missing, Machine(), 1)[0].status == "fail"
+
+
+def test_advice_and_output(toy_data, tmp_path):
+    cfg = load_config(toy_config(toy_data, tmp_path / "out", train={"per_core_batch_size": 4}))
+    choice = Choice("jax", "tpu", "data_parallel", None, "mixed_float16", "t")
+    advice = cc.check_advice(cfg, choice, None)
+    assert advice.status == "warn" and "below 8" in advice.finding
+    assert "mixed_float16" in advice.finding and "128" in advice.fix
+    tf_cpu = Choice("tensorflow", "cpu", "mirrored", 4, "float32", "t", cpu_devices=4)
+    assert "keras#19246" in cc.check_advice(cfg, tf_cpu, None).finding
+    assert cc.check_output(cfg, 1000).status == "ok"
+    # An output dir under a regular file cannot be created (a mode-based test fails as root).
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    blocked = load_config(toy_config(toy_data, blocker / "runs"))
+    assert cc.check_output(blocked, 1000).status == "fail"
+
+
+def test_config_error_propagates(tmp_path):
+    with pytest.raises(ConfigError, match="tran"):
+        run_checks({"tran": {}, "model": {"factory": "x:y"}, "data": {}}, gcs_timeout=1)
+
+
+# ------------------------------------------------------------------------------- a real run
+def test_run_with_config_on_toy_data(toy_data, tmp_path):
+    config = toy_config(toy_data, tmp_path / "out")
+    started = time.monotonic()
+    checks = run_checks(config, env={}, dev_root=fake_dev(tmp_path),
+                        lock_path=str(tmp_path / "lock"), gcs_timeout=5)  # fmt: skip
+    elapsed = time.monotonic() - started
+    status = {c.name: c.status for c in checks}
+    for name in ("platform", "versions", "libtpu_lock", "devices", "choice", "health", "config",
+                 "data.train", "data.validation", "plan", "output", "model", "advice"):  # fmt: skip
+        assert status[name] == "ok", [c for c in checks if c.name == name]
+    assert status["tpu"] == "skip"
+    assert status["gcs.reachable"] in ("warn", "ok")
+    assert elapsed < 60
+    model = next(c for c in checks if c.name == "model")
+    assert model.data["params"] == 161
+    plan = next(c for c in checks if c.name == "plan")
+    assert plan.data["global_batch_size"] == 32
+    data = json.loads(json.dumps(report(checks)))
+    assert data["version"] == 1 and data["exit_code"] == exit_code(checks) == 0
+    assert [c["name"] for c in data["checks"]] == [c.name for c in checks]
+    assert all(set(c) >= {"name", "status", "finding", "fix", "data", "seconds"}
+               for c in data["checks"])  # fmt: skip
+
+
+def test_exit_code_and_report():
+    checks = [Check("a", "ok", "fine"), Check("b", "warn", "hmm", "do x")]
+    assert exit_code(checks) == 0 and report(checks)["status"] == "warn"
+    checks.append(Check("c", "fail", "bad", "do y"))
+    assert exit_code(checks) == 1
+    out = report(checks)
+    assert out["counts"] == {"ok": 1, "warn": 1, "fail": 1, "skip": 0} and out["status"] == "fail"
+    with pytest.raises(ValueError, match="status"):
+        Check("d", "bad", "x")
+
+
+# ------------------------------------------------------------------- the command, in real processes
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_doctor_command_on_the_quickstart(backend):
+    from conftest import run_cli
+
+    result = run_cli(
+        "doctor", "configs/quickstart.yaml", "--json", "--set", f"runtime.backend={backend}"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    by_name = {c["name"]: c for c in report["checks"]}
+    assert report["version"] == 1
+    # a fresh process, as `!tpurun doctor` is: the plan and the model step run as train would
+    assert by_name["plan"]["status"] == "ok", by_name["plan"]
+    assert by_name["model"]["status"] == "ok", by_name["model"]
+    assert by_name["choice"]["data"]["backend"] == backend
+
+
+@pytest.mark.slow
+def test_doctor_command_exit_codes_and_plain_text(tmp_path):
+    from conftest import run_cli
+
+    result = run_cli("doctor")
+    assert result.returncode == 0, result.stderr
+    assert "platform" in result.stdout and "\x1b[" not in result.stdout
+    result = run_cli("doctor", "configs/quickstart.yaml", "--set", "train.epoch=3")
+    assert result.returncode == 2 and "did you mean 'epochs'" in result.stderr
+    result = run_cli(
+        "doctor", "configs/quickstart.yaml", "--set", f"data.train={tmp_path}/none-*.tfrecord"
+    )
+    assert result.returncode == 1 and "no file matches this glob" in result.stdout

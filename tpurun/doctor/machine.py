@@ -1,0 +1,350 @@
+"""Checks of the machine itself: platform, versions, TPU, the libtpu lock, devices, GCS credentials.
+
+These read files, environment variables and installed distributions; nothing here imports a
+framework or touches an accelerator (device discovery runs in children, see ``probes``).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import glob
+import importlib.metadata
+import os
+import platform as platform_lib
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+from tpurun import __version__
+from tpurun.doctor import Check
+from tpurun.runtime import Machine
+
+JAX_TPU_INSTALL = "pip install -U 'jax[tpu]'"
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+# ------------------------------------------------------------------------------------- platform
+def detect_platform(m: Machine, env: Mapping[str, str]) -> tuple[str, str]:
+    """The hosting platform and the signal it was recognised by."""
+    kaggle = "KAGGLE_KERNEL_RUN_TYPE" in env or "KAGGLE_URL_BASE" in env
+    colab = any(k.startswith("COLAB_") for k in env)
+    host = "Kaggle" if kaggle else "Colab" if colab else None
+    if m.tpu_vm:
+        signal = (
+            f"device files {', '.join(m.tpu_device_files[:3])}"
+            if m.tpu_device_files
+            else "ISTPUVM / COLAB_TPU_1VM / TPU_PROCESS_ADDRESSES=local"
+        )
+        return (f"{host} TPU VM" if host else "Cloud TPU VM"), signal
+    if m.tpu_node:
+        return (f"{host} " if host else "") + "legacy TPU node", f"TPU address {m.tpu_node}"
+    kind = "GPU machine" if m.gpu_count else "CPU machine"
+    signal = (
+        f"{m.gpu_count} /dev/nvidia* device(s)" if m.gpu_count else "no TPU or GPU device files"
+    )
+    if host:
+        return f"{host} {kind}", signal + f"; {'KAGGLE_*' if kaggle else 'COLAB_*'} variables"
+    return kind, signal
+
+
+def check_platform(m: Machine, env: Mapping[str, str]) -> Check:
+    name, signal = detect_platform(m, env)
+    data = {
+        "platform": name,
+        "signal": signal,
+        "tpu_vm": m.tpu_vm,
+        "tpu_node": m.tpu_node,
+        "tpu_device_files": list(m.tpu_device_files),
+        "gpu_count": m.gpu_count,
+        "os": platform_lib.platform(),
+    }
+    if m.tpu_node and not m.tpu_vm:
+        return Check(
+            "platform", "warn", f"{name} ({signal}): the TPU is on the network",
+            "TPU nodes are retired on Kaggle and Colab; they read data only from gs://. "
+            "Prefer a TPU VM runtime.",
+            data,
+        )  # fmt: skip
+    return Check("platform", "ok", f"{name} ({signal})", None, data)
+
+
+# ------------------------------------------------------------------------------------- versions
+def check_versions(m: Machine) -> Check:
+    versions = {
+        "python": platform_lib.python_version(),
+        "tensorflow": m.tensorflow,
+        "tensorflow_build": m.tensorflow_build,
+        "keras": m.keras,
+        "jax": m.jax,
+        "jaxlib": _version("jaxlib"),
+        "libtpu": _version("libtpu") or _version("libtpu-nightly"),
+        "tpurun": __version__,
+    }
+    shown = ", ".join(
+        f"{k} {v}" for k, v in versions.items() if v and k not in ("tensorflow_build",)
+    ).replace("tensorflow ", f"{m.tensorflow_build or 'tensorflow'} ", 1)
+    problems: list[tuple[str, str, str]] = []  # (status, problem, fix)
+    if m.keras is None:
+        problems.append(("fail", "Keras is not installed", "pip install 'keras>=3'"))
+    elif int(m.keras.split(".")[0]) < 3:
+        problems.append(("fail", f"Keras {m.keras} is Keras 2", "pip install -U 'keras>=3'"))
+    if m.tensorflow is None:
+        problems.append(
+            (
+                "fail",
+                "TensorFlow is missing: tf.data feeds every backend",
+                "pip install tensorflow-cpu",
+            )
+        )
+    if m.jax is None and m.tensorflow is None:
+        problems.append(("fail", "no Keras backend (JAX or TensorFlow)", "pip install jax"))
+    if m.jax and versions["jaxlib"] and versions["jaxlib"] != m.jax:
+        problems.append(
+            ("warn", f"jax {m.jax} and jaxlib {versions['jaxlib']} differ",
+             f"pip install -U 'jax=={m.jax}' 'jaxlib=={m.jax}'")
+        )  # fmt: skip
+    if m.tpu_present and not m.jax_tpu and not m.tf_can_drive_tpu:
+        problems.append(
+            ("fail", "a TPU is attached but neither libtpu (for JAX) nor tensorflow-tpu is installed",
+             JAX_TPU_INSTALL)
+        )  # fmt: skip
+    if m.tpu_present and m.jax_tpu and m.tensorflow_build == "tensorflow-tpu":
+        problems.append(
+            ("warn", "tensorflow-tpu beside JAX with libtpu: TF may hold the TPU JAX needs",
+             "pip uninstall -y tensorflow-tpu && pip install tensorflow-cpu")
+        )  # fmt: skip
+    data = {"versions": versions, "problems": [p for _, p, _ in problems]}
+    if not problems:
+        return Check("versions", "ok", shown, None, data)
+    worst = "fail" if any(s == "fail" for s, _, _ in problems) else "warn"
+    first = next(p for p in problems if p[0] == worst)
+    finding = "; ".join(p for _, p, _ in problems) + f" ({shown})"
+    return Check("versions", worst, finding, first[2], data)
+
+
+# ------------------------------------------------------------------------------------------- tpu
+def check_tpu(m: Machine, devices: dict[str, Any]) -> Check:
+    data: dict[str, Any] = {
+        "present": m.tpu_present,
+        "device_files": list(m.tpu_device_files),
+        "tpu_node": m.tpu_node,
+        "jax_can_drive": m.jax is not None and m.jax_tpu,
+        "tf_can_drive": m.tf_can_drive_tpu,
+    }
+    if not m.tpu_present:
+        return Check("tpu", "skip", "no TPU: no /dev/accel* or /dev/vfio/* device, no TPU_NAME",
+                     None, data)  # fmt: skip
+    jax_result = devices.get("jax", {})
+    data["jax_probe"] = jax_result
+    drivers = [n for n, ok in (("JAX", data["jax_can_drive"]), ("TensorFlow", m.tf_can_drive_tpu))
+               if ok]  # fmt: skip
+    if not drivers:
+        return Check(
+            "tpu", "fail",
+            "a TPU is attached, but JAX has no libtpu and TensorFlow "
+            f"({m.tensorflow_build or 'not installed'}) has no TPU support",
+            f"{JAX_TPU_INSTALL} (TensorFlow: tensorflow-tpu <= 2.20 is the newest TPU build)",
+            data,
+        )  # fmt: skip
+    if data["jax_can_drive"]:
+        tpu_count = jax_result.get("platforms", {}).get("tpu")
+        if tpu_count:
+            return Check(
+                "tpu",
+                "ok",
+                f"JAX drives {tpu_count} TPU core(s)"
+                + (" (TensorFlow can too)" if m.tf_can_drive_tpu else ""),
+                None,
+                data,
+            )
+        error = jax_result.get("error") or "JAX found no TPU device"
+        if "in use" in error or "lockfile" in error:
+            fix = "another process holds the TPU: see the libtpu_lock check"
+        else:
+            fix = f"{JAX_TPU_INSTALL}, then restart the runtime"
+        return Check("tpu", "fail", f"JAX cannot use the TPU: {error}", fix, data)
+    return Check(
+        "tpu", "ok", "TensorFlow can drive the TPU (not probed; JAX has no libtpu)",
+        None, data,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------ lock
+NOTEBOOK_TRAP = (
+    "if it is a notebook kernel: restart it, and do not import JAX/TensorFlow on the TPU in the "
+    "kernel before `!tpurun train`; otherwise stop that process"
+)
+
+
+def open_holders(path: str, proc_root: str = "/proc") -> list[int]:
+    """Pids with ``path`` open, from ``/proc/*/fd`` (only processes we may inspect)."""
+    target = os.path.realpath(path)
+    pids = []
+    for fd_dir in glob.glob(f"{proc_root}/[0-9]*/fd"):
+        try:
+            links = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in links:
+            try:
+                if os.readlink(f"{fd_dir}/{fd}") == target:
+                    pids.append(int(fd_dir.split("/")[-2]))
+                    break
+            except OSError:
+                continue
+    return sorted(set(pids))
+
+
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+def _posix_lock_holder(fd: int) -> int | None:
+    """The pid of a process holding a POSIX (fcntl/lockf) lock on fd, asked with F_GETLK.
+
+    F_GETLK only asks: nothing is acquired, so nothing needs releasing.
+    """
+    # struct flock on Linux LP64: short type, short whence, off_t start, off_t len, pid_t pid.
+    request = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+    answer = fcntl.fcntl(fd, fcntl.F_GETLK, request)
+    l_type, _, _, _, pid = struct.unpack("hhqqi4x", answer)
+    return pid if l_type != fcntl.F_UNLCK else None
+
+
+def _flock_held(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+            return True
+        raise
+    fcntl.flock(fd, fcntl.LOCK_UN)  # release at once
+    return False
+
+
+def find_lock_holder(path: str) -> tuple[bool, list[int]]:
+    """Whether a process holds a lock on ``path``, and its pid(s) when they can be found."""
+    holders = open_holders(path)
+    if os.getpid() in holders:
+        # This very process has it open (a kernel that touched the TPU): opening and closing the
+        # file here would drop its POSIX lock, so leave it alone.
+        return True, [os.getpid()]
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        posix_pid = _posix_lock_holder(fd)
+        held = posix_pid is not None or _flock_held(fd)
+    finally:
+        os.close(fd)
+    if not held:
+        return False, []
+    pids = [posix_pid] if posix_pid else []
+    return True, pids + [p for p in holders if p not in pids]
+
+
+def check_lock(lock_path: str) -> Check:
+    if not os.path.exists(lock_path):
+        return Check("libtpu_lock", "ok", f"no {lock_path}: no process holds the TPU", None,
+                     {"path": lock_path, "exists": False, "held": False})  # fmt: skip
+    try:
+        held, pids = find_lock_holder(lock_path)
+    except OSError as exc:
+        return Check("libtpu_lock", "warn", f"{lock_path}: cannot inspect it: {exc.strerror}",
+                     "check who owns the file (ls -l); another user's process may hold the TPU",
+                     {"path": lock_path, "exists": True})  # fmt: skip
+    data: dict[str, Any] = {
+        "path": lock_path, "exists": True, "held": held,
+        "holders": [{"pid": p, "cmdline": cmdline(p)} for p in pids],
+    }  # fmt: skip
+    if not held:
+        return Check("libtpu_lock", "ok", f"{lock_path} exists but nobody holds it: a stale lock "
+                     "file, harmless", None, data)  # fmt: skip
+    if not pids:
+        who = "a process this user cannot inspect"
+    else:
+        who = "; ".join(f"pid {h['pid']} ({h['cmdline'][:120]})" for h in data["holders"])
+    if os.getpid() in pids:
+        return Check("libtpu_lock", "fail", f"this Python process holds the TPU ({lock_path})",
+                     "restart the kernel, and run `!tpurun train` before touching the TPU in it",
+                     data)  # fmt: skip
+    return Check("libtpu_lock", "fail", f"the TPU is in use: {lock_path} is held by {who}",
+                 NOTEBOOK_TRAP, data)  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------- devices
+def check_devices(devices: dict[str, Any]) -> Check:
+    parts, problems = [], []
+    for backend in ("jax", "tensorflow"):
+        result = devices.get(backend)
+        if result is None:
+            continue
+        if result.get("error"):
+            problems.append(f"{backend}: {result['error']}")
+            continue
+        counts = result.get("platforms", {})
+        parts.append(f"{backend}: " + ", ".join(f"{n} {p.upper()}" for p, n in counts.items()))
+    gpus = devices.get("gpus") or []
+    if gpus:
+        parts.append("GPUs: " + ", ".join(f"{g['name']} ({g['memory']})" for g in gpus))
+    data = dict(devices)
+    spent = [r.get("seconds", 0.0) for r in devices.values() if isinstance(r, dict)]
+    if problems:
+        status = "fail" if not parts else "warn"
+        return Check("devices", status, "; ".join(parts + problems),
+                     "see the versions and tpu checks", data)  # fmt: skip
+    if not parts:
+        return Check("devices", "skip", "no backend installed to count devices with", None, data)
+    return Check("devices", "ok", "; ".join(parts), None, data, max(spent, default=0.0))
+
+
+# ----------------------------------------------------------------------------------- credentials
+def gcs_credentials(m: Machine, env: Mapping[str, str]) -> tuple[str | None, str]:
+    """Where Google credentials would come from (a path or a source; never the contents)."""
+    path = env.get("GOOGLE_APPLICATION_CREDENTIALS")
+    if path:
+        if os.path.isfile(path):
+            return "GOOGLE_APPLICATION_CREDENTIALS", path
+        return None, f"GOOGLE_APPLICATION_CREDENTIALS={path} names no file"
+    home = env.get("HOME") or os.path.expanduser("~")
+    adc = os.path.join(
+        env.get("CLOUDSDK_CONFIG") or os.path.join(home, ".config", "gcloud"),
+        "application_default_credentials.json",
+    )
+    if os.path.isfile(adc):
+        return "gcloud application-default login", adc
+    if (
+        m.tpu_vm
+        and "KAGGLE_KERNEL_RUN_TYPE" not in env
+        and not any(k.startswith("COLAB_") for k in env)
+    ):
+        return "the TPU VM's service account (metadata server)", "metadata.google.internal"
+    if "KAGGLE_KERNEL_RUN_TYPE" in env:
+        return None, (
+            "Kaggle: public data works as is; private buckets need the Google Cloud SDK add-on or "
+            "UserSecretsClient credentials"
+        )
+    if any(k.startswith("COLAB_") for k in env):
+        return None, "Colab: run google.colab.auth.authenticate_user() for private buckets"
+    return None, "no GOOGLE_APPLICATION_CREDENTIALS, no gcloud application-default credentials"
+
+
+def check_gcs_credentials(m: Machine, env: Mapping[str, str], uses_gcs: bool) -> Check:
+    source, where = gcs_credentials(m, env)
+    data = {"source": source, "where": where, "config_uses_gcs": uses_gcs}
+    if source:
+        return Check("gcs.credentials", "ok", f"found: {source} ({where})", None, data)
+    if uses_gcs:
+        return Check("gcs.credentials", "warn", f"none found: {where}; only public buckets can be read",
+                     "gcloud auth application-default login, or set GOOGLE_APPLICATION_CREDENTIALS",
+                     data)  # fmt: skip
+    return Check("gcs.credentials", "ok", f"none found ({where}); public buckets only", None, data)
