@@ -6,18 +6,10 @@ second than training consumes, the accelerator waits (Kaggle's TPU monitor calls
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 from tpurun.config import Config
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def _file_bytes(files: list[str]) -> int:
@@ -61,7 +53,7 @@ def bench(
         "steps": steps,
         "warmup_steps": warmup,
         "seconds": seconds,
-        "cpu_cores": _cores(),
+        "cpu_cores": pipeline.cpu_cores(),
         "train_files": len(plan.train_files),
         "train_records": plan.train_records,
         "bytes_per_record": bytes_per_record,
