@@ -6,7 +6,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 import yaml
@@ -32,7 +31,7 @@ def test_help_and_version():
     assert result.exit_code == 0 and result.output.strip() == "tpurun 0.1.0"
 
 
-def test_help_is_fast_and_imports_no_framework():
+def test_help_imports_no_framework():
     code = (
         "import sys; sys.argv = ['tpurun', '--help'];\n"
         "from tpurun.cli import main\n"
@@ -40,10 +39,8 @@ def test_help_is_fast_and_imports_no_framework():
         "heavy = [m for m in ('tensorflow', 'jax', 'keras') if m in sys.modules]\n"
         "sys.stderr.write(repr(heavy)); sys.exit(3 if heavy else 0)"
     )
-    start = time.monotonic()
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert time.monotonic() - start < 30  # a generous bound: the point is no TF/JAX import
+    assert result.returncode == 0, result.stderr  # exit 3 lists the framework that was imported
 
 
 def test_config_errors_exit_2_with_every_problem_and_no_traceback(tmp_path, toy_data):
