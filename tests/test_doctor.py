@@ -303,3 +303,21 @@ def test_doctor_command_exit_codes_and_plain_text(tmp_path):
         "doctor", "configs/quickstart.yaml", "--set", f"data.train={tmp_path}/none-*.tfrecord"
     )
     assert result.returncode == 1 and "no file matches this glob" in result.stdout
+
+
+def test_model_check_for_an_accelerator_runs_in_a_cpu_child(tmp_path):
+    """Where train would use a TPU or GPU, doctor checks the model in a CPU-only child process."""
+    from conftest import toy_config, write_toy_data
+
+    from tpurun.config import load_config
+    from tpurun.doctor.config_checks import check_model_on_cpu
+
+    cfg = load_config(toy_config(write_toy_data(tmp_path / "data"), tmp_path / "runs"))
+    check, params = check_model_on_cpu(cfg, timeout=120)
+    assert check.status == "ok", check
+    assert params == 8 * 16 + 16 + 16 + 1 and "(checked on the CPU)" in check.finding
+    bad = load_config(
+        toy_config(tmp_path / "data", tmp_path / "runs", model={"factory": "nope.py:build"})
+    )
+    check, params = check_model_on_cpu(bad, timeout=120)
+    assert check.status == "fail" and params is None and "nope.py" in check.finding

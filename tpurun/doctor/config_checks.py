@@ -16,6 +16,7 @@ from tpurun.runtime import KERAS_19246, Machine
 
 BYTES_PER_PARAM = 4  # float32 weights in a checkpoint
 SLOTS = 3  # weights + two Adam moments
+MODEL_TIMEOUT = 45.0  # seconds for the CPU child that builds the model and runs one step
 
 
 def _globs(value: str | list[str] | None) -> list[str]:
@@ -175,6 +176,38 @@ def check_model(prepared: Any) -> tuple[Check, int | None]:
     return Check("model", "ok", finding, None, data), params
 
 
+_MODEL_ON_CPU = """
+import json, os
+from dataclasses import asdict
+from pathlib import Path
+from tpurun.config import load_config
+from tpurun.doctor.config_checks import check_model
+from tpurun.runner import prepare
+cfg = load_config(__CONFIG__, ["runtime.accelerator=cpu", "runtime.cpu_devices=1"])
+cfg._base_dir = Path(__BASE_DIR__)
+check, params = check_model(prepare(cfg))
+print(__MARK__ + json.dumps({"check": asdict(check), "params": params}))
+"""
+
+
+def check_model_on_cpu(cfg: Any, timeout: float) -> tuple[Check, int | None]:
+    """The model step for a config that trains on an accelerator: in a CPU-only child process, so
+    doctor never initialises (or locks) the TPU or GPU itself."""
+    from tpurun.doctor.probes import Child, _child_env, _code
+
+    code = _code(_MODEL_ON_CPU, config=cfg.to_dict(), base_dir=str(cfg.base_dir))
+    answer = Child(
+        code, timeout, env=_child_env({"JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": ""})
+    ).result()
+    if "check" not in answer:
+        status = "warn" if answer.get("timed_out") else "fail"
+        return Check("model", status, f"the CPU model check failed: {answer.get('error')}",
+                     "run `tpurun train` with --set runtime.accelerator=cpu to see the whole error"), None  # fmt: skip
+    check = Check(**answer["check"])
+    check.finding += " (checked on the CPU)"
+    return check, answer["params"]
+
+
 def check_output(cfg: Any, params: int | None) -> Check:
     out = cfg.output.dir
     data: dict[str, Any] = {"dir": out}
@@ -291,13 +324,16 @@ def run(cfg: Any, m: Machine, holder: list, devices: dict, with_model: bool) -> 
     if not with_model:
         checks.append(Check("model", "skip", "skipped (with_model=False)"))
     elif prepared is None:
-        reason = (
-            "train would not run on this CPU; the CPU model check is not implemented for "
-            "accelerators yet"
-            if plan is not None
-            else "no plan (see the plan check)"
-        )
-        checks.append(Check("model", "skip", reason))
+        if plan is None:
+            checks.append(Check("model", "skip", "no plan (see the plan check)"))
+        else:
+
+            def model_on_cpu():
+                nonlocal params
+                check, params = check_model_on_cpu(cfg, MODEL_TIMEOUT)
+                return check
+
+            checks += timed("model", model_on_cpu)
     else:
 
         def model_check():
