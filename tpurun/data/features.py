@@ -36,6 +36,15 @@ _ITEMSIZE = {
 }  # fmt: skip
 
 
+def image_format(data: bytes) -> str | None:
+    """``jpeg`` or ``png`` by their magic bytes (what ``data write`` stores and ``inspect`` finds)."""
+    if data[:2] == b"\xff\xd8":
+        return "jpeg"
+    if data[:4] == b"\x89PNG":
+        return "png"
+    return None
+
+
 def record_key(name: str, feature: Any) -> str:
     return feature.key or name
 
@@ -159,9 +168,8 @@ def _mismatch(f: Any, kind: str | None, values: Any) -> str | None:
                     f"which is {size} bytes, but the record holds {len(values[0])} bytes "
                     f"({len(values[0]) / _ITEMSIZE[f.dtype]:g} {f.dtype} values)"
                 )
-        elif values[0][:4] not in (b"\x89PNG",) and values[0][:2] != b"\xff\xd8":
-            if values[0][:3] not in (b"GIF",) and values[0][:2] != b"BM":
-                return "but the bytes are not a JPEG, PNG, GIF or BMP image"
+        elif image_format(values[0]) is None and values[0][:3] != b"GIF" and values[0][:2] != b"BM":
+            return "but the bytes are not a JPEG, PNG, GIF or BMP image"
         return None
     if found != f.type:
         return f"but the record holds {found} values"

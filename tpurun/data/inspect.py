@@ -18,6 +18,7 @@ import yaml
 
 from tpurun.data import pipeline
 from tpurun.data import schema as schema_file
+from tpurun.data.features import image_format
 from tpurun.errors import DataError
 
 VERSION = 1
@@ -26,7 +27,6 @@ TPU_CORES = 8
 _TARGET_SHARD_BYTES = 150 * 10**6
 _MAX_RECORD_BYTES = 2**31 - 1  # protobuf cannot parse a message larger than this
 _COUNT_BATCH = 8  # files per count_records call, which reads them in parallel
-_IMAGE_MAGIC = (b"\xff\xd8", b"\x89PNG")
 _ITEMSIZE = {"float32": 4, "float64": 8, "uint8": 1}
 _NUMBER_LISTS = {"int64": "int64_list", "float": "float_list"}  # other types are one bytes_list
 
@@ -224,7 +224,7 @@ def _infer_key(kind: str, values: list[list[Any]]) -> tuple[dict | None, list[st
         return {"type": "bytes", "shape": shape}, []
     blobs = [v[0] for v in values]
     notes: list[str] = []
-    if blobs[0].startswith(_IMAGE_MAGIC):
+    if image_format(blobs[0]):
         shape, notes = _image_shape(blobs)
         if shape:
             return {"type": "image", "shape": shape}, notes
@@ -247,7 +247,7 @@ def _image_shape(blobs: list[bytes]) -> tuple[list[int] | None, list[str]]:
 
     shapes = []
     for blob in blobs:
-        if not blob.startswith(_IMAGE_MAGIC):
+        if not image_format(blob):
             return None, ["some values are JPEG/PNG images, others are not"]
         try:
             shapes.append(tf.io.decode_image(blob, expand_animations=False).shape.as_list())

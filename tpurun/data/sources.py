@@ -24,6 +24,7 @@ from typing import Any, get_args
 import numpy as np
 
 from tpurun.config import RawDType
+from tpurun.data.features import image_format
 from tpurun.errors import DataError
 
 ACCEPTED = (
@@ -368,14 +369,6 @@ def _visible_subfolders(path: str) -> list[str]:
     return sorted(e.name for e in os.scandir(path) if e.is_dir() and not e.name.startswith("."))
 
 
-def _image_format(data: bytes) -> str | None:
-    if data[:2] == b"\xff\xd8":
-        return "jpeg"
-    if data[:4] == b"\x89PNG":
-        return "png"
-    return None
-
-
 class ImageFolderSource(Source):
     """``<folder>/<class>/**/*.jpg|jpeg|png``: features ``image`` (encoded bytes) and ``label``.
 
@@ -438,7 +431,7 @@ class ImageFolderSource(Source):
             raise DataError(f"{file}: cannot decode the image: {exc.message}") from None
         image = tf.image.resize(image, self._size, antialias=True)
         image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
-        if _image_format(data) == "png":
+        if image_format(data) == "png":
             return tf.io.encode_png(image).numpy()
         return tf.io.encode_jpeg(image, quality=95).numpy()
 
@@ -446,7 +439,7 @@ class ImageFolderSource(Source):
 def _read_image(file: str) -> bytes:
     with open(file, "rb") as f:
         data = f.read()
-    if _image_format(data) is None:
+    if image_format(data) is None:
         raise DataError(
             f"{file}: not a JPEG or PNG image (by its first bytes); remove or convert it."
         )
