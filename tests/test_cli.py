@@ -194,3 +194,44 @@ def test_naic_like_example_runs_several_epochs_on_8_devices(tmp_path):
     summary = json.loads((tmp_path / "runs" / "naic-like" / "summary.json").read_text())
     assert summary["epochs_completed"] == 4 and summary["replicas"] == 8
     assert summary["steps_per_execution"] == 32 and summary["final_metrics"]["val_accuracy"] > 0.8
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_exits_3_and_a_rerun_continues(tmp_path, toy_data):
+    import os
+    import signal
+    import subprocess
+
+    config = toy_config(
+        toy_data, tmp_path / "runs", train={"epochs": 400, "per_core_batch_size": 8}
+    )
+    path = write_config(tmp_path, config)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("KERAS_BACKEND", "XLA_FLAGS", "JAX_PLATFORMS")
+    }
+    env["TPURUN_PLAIN"] = "1"
+    exe = str(ROOT / ".venv" / "bin" / "tpurun") if (ROOT / ".venv").exists() else "tpurun"
+    proc = subprocess.Popen([exe, "train", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=ROOT)  # fmt: skip
+    for line in proc.stdout:  # wait until training is under way
+        if line.startswith("[tpurun] epoch 3/400"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err
+    assert "stopped: SIGTERM: stopped at" in err and "Run the same command again to continue" in err
+    run_dir = tmp_path / "runs" / "toy"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    state = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
+    assert summary["status"] == "interrupted" and summary["epochs_completed"] == state["epoch"] >= 3
+
+    config["train"]["epochs"] = state["epoch"] + 2
+    path = write_config(tmp_path, config)
+    result = run_cli("train", str(path))
+    assert result.returncode == 0, result.stderr
+    assert f"resuming at epoch {state['epoch'] + 1}" in result.stdout
+    with open(run_dir / "log.csv") as f:
+        epochs = [line.split(",")[0] for line in f.read().splitlines()[1:]]
+    assert epochs == [str(i) for i in range(state["epoch"] + 2)]  # each epoch once, no gap

@@ -204,8 +204,16 @@ def test_nan_loss_stops_with_a_clear_message(toy_data, tmp_path):
                         model={"loss": "mse"})  # fmt: skip
     with pytest.raises(TpurunError, match="the loss became NaN or Inf.*learning rate too high"):
         tpurun.train(config, verbose=False)
-    summary = json.loads((tmp_path / "runs" / "toy" / "summary.json").read_text())
+    run_dir = tmp_path / "runs" / "toy"
+    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "nan" and summary["epochs_completed"] < 3
+    assert not (run_dir / "model.keras").exists()  # a NaN model is not saved as the result
+    state = (
+        json.loads((run_dir / "checkpoints" / "latest.json").read_text())
+        if (run_dir / "checkpoints" / "latest.json").exists()
+        else None
+    )
+    assert state is None or state["epoch"] == summary["epochs_completed"]  # the last good one
 
 
 def test_truncated_shard_is_named(toy_data, tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import keras  # imported only after runtime.activate() has chosen the backend
@@ -27,6 +28,18 @@ LATEST_STATE = "latest.json"
 BEST_MODEL = "best.keras"
 
 
+@dataclass
+class Stop:
+    """Why training stopped early, shared by the callbacks and the runner."""
+
+    signal: str | None = None  # SIGTERM or SIGINT, set by the runner's signal handler
+    nan_at: tuple[int, int] | None = None  # (epoch, step) of a NaN or Inf loss
+    cut_at: tuple[int, int] | None = None  # (epoch, step) where an epoch was cut short
+
+    def cut_short(self, epoch: int) -> bool:
+        return self.cut_at is not None and self.cut_at[0] == epoch
+
+
 class Progress(keras.callbacks.Callback):
     """Feeds the reporter at a bounded rate, and stops training on a NaN or Inf loss.
 
@@ -38,8 +51,9 @@ class Progress(keras.callbacks.Callback):
     ``steps_per_execution`` amortises, and which Keras' own progress bar costs as well.
     """
 
-    def __init__(self, reporter: Reporter, plan: Plan, epochs: int, stop_on_nan: bool):
+    def __init__(self, reporter: Reporter, plan: Plan, epochs: int, stop_on_nan: bool, stop: Stop):
         super().__init__()
+        self.stop = stop
         self.reporter = reporter
         self.plan = plan
         self.epochs = epochs
@@ -48,7 +62,6 @@ class Progress(keras.callbacks.Callback):
         self.epoch_seconds: list[float] = []
         self.epoch_rates: list[float] = []
         self.first_step_seconds: float | None = None
-        self.nan_at: tuple[int, int] | None = None
         self._train_start = time.monotonic()
 
     def on_train_begin(self, logs=None):
@@ -66,9 +79,13 @@ class Progress(keras.callbacks.Callback):
         if self.first_step_seconds is None:
             self.first_step_seconds = now - self._train_start
         loss = (logs or {}).get("loss")
-        if self.stop_on_nan and loss is not None and not math.isfinite(loss):
-            self.nan_at = self.nan_at or (self._epoch, step)
+        nan = self.stop_on_nan and loss is not None and not math.isfinite(loss)
+        if nan and self.stop.nan_at is None:
+            self.stop.nan_at = (self._epoch, step)
+        if (nan or self.stop.signal) and not self._model.stop_training:
             self._model.stop_training = True
+            if step < self.plan.steps_per_epoch:
+                self.stop.cut_at = (self._epoch, step)
         if now - self._last_report < self.interval or step >= self.plan.steps_per_epoch:
             return
         self._last_report = now
@@ -84,8 +101,11 @@ class Progress(keras.callbacks.Callback):
         self.epoch_rates.append(rate)
         logs = dict(logs or {})
         if self.stop_on_nan and not math.isfinite(logs.get("loss", 0.0)):
-            self.nan_at = self.nan_at or (epoch + 1, self.plan.steps_per_epoch)
+            self.stop.nan_at = self.stop.nan_at or (epoch + 1, self.plan.steps_per_epoch)
+            self.stop.cut_at = self.stop.cut_at or (epoch + 1, self.plan.steps_per_epoch)
             self._model.stop_training = True
+        elif self.stop.signal:
+            self._model.stop_training = True  # asked to stop during validation: stop here
         self.reporter.epoch_end(epoch + 1, logs, seconds, rate)
 
 
@@ -97,9 +117,11 @@ class RunCheckpoint(keras.callbacks.Callback):
     """
 
     def __init__(
-        self, folder: str, monitor: str, mode: str, save_best_only: bool, filename: str | None
-    ):
+        self, folder: str, monitor: str, mode: str, save_best_only: bool, filename: str | None,
+        stop: Stop,
+    ):  # fmt: skip
         super().__init__()
+        self.stop = stop
         self.folder = folder
         self.monitor = monitor
         self.mode = mode
@@ -116,6 +138,8 @@ class RunCheckpoint(keras.callbacks.Callback):
         return value < self.best if self.mode == "min" else value > self.best
 
     def on_epoch_end(self, epoch, logs=None):
+        if self.stop.cut_short(epoch + 1):
+            return  # a partial (or NaN) epoch is not a checkpoint: the last good one stays
         logs = logs or {}
         value = logs.get(self.monitor)
         if value is None:
@@ -155,11 +179,11 @@ class RunCheckpoint(keras.callbacks.Callback):
 
 
 def build_callbacks(
-    config: Config, plan: Plan, run_dir: str, reporter: Reporter
+    config: Config, plan: Plan, run_dir: str, reporter: Reporter, stop: Stop
 ) -> tuple[list[Any], Progress, RunCheckpoint | None]:
     """The callback list for ``fit``, plus the two tpurun reads results from."""
     cb = config.callbacks
-    progress = Progress(reporter, plan, config.train.epochs, cb.terminate_on_nan)
+    progress = Progress(reporter, plan, config.train.epochs, cb.terminate_on_nan, stop)
     out: list[Any] = [progress]
     if cb.reduce_lr_on_plateau is not None:
         r = cb.reduce_lr_on_plateau
@@ -209,6 +233,7 @@ def build_callbacks(
             mode=resolve_monitor_mode(plan.monitor, cb.checkpoint.mode),
             save_best_only=cb.checkpoint.save_best_only,
             filename=cb.checkpoint.filename,
+            stop=stop,
         )
         out.append(checkpoint)
     return out, progress, checkpoint

@@ -19,7 +19,7 @@ from typing import Annotated
 import typer
 
 from tpurun import __version__
-from tpurun.errors import EXIT_UNEXPECTED, EXIT_USER_ERROR, TpurunError
+from tpurun.errors import EXIT_UNEXPECTED, EXIT_USER_ERROR, Interrupted, TpurunError
 
 app = typer.Typer(
     name="tpurun",
@@ -60,7 +60,8 @@ def _root(
 
 
 def _fail(exc: TpurunError) -> typer.Exit:
-    typer.echo(f"error: {exc}", err=True)
+    label = "stopped" if isinstance(exc, Interrupted) else "error"
+    typer.echo(f"{label}: {exc}", err=True)
     return typer.Exit(code=exc.exit_code)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_UNEXPECTED = 1
 EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 3
 
 
 class TpurunError(Exception):
@@ -50,3 +51,9 @@ class EnvironmentSetupError(TpurunError):
 
 class ModelError(TpurunError):
     """The model factory, optimizer, loss or metrics named by the config cannot be used."""
+
+
+class Interrupted(TpurunError):
+    """Training stopped on SIGTERM or SIGINT, after saving a checkpoint; rerunning continues."""
+
+    exit_code = EXIT_INTERRUPTED

@@ -9,8 +9,11 @@ name would replace it on the package once imported.)
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
+import signal
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -22,7 +25,7 @@ import yaml
 from tpurun import __version__
 from tpurun.config import Config, DataConfig
 from tpurun.console import Reporter
-from tpurun.errors import DataError, ModelError, TpurunError
+from tpurun.errors import DataError, Interrupted, ModelError, TpurunError
 from tpurun.fileio import read_json, save_atomically, write_json
 from tpurun.plan import Plan, make_plan
 from tpurun.runtime import Machine, Runtime, activate, choose, probe
@@ -211,8 +214,10 @@ def run(
         return summary
 
     write_json(run_dir / SUMMARY, summary)
+    stop = cbs.Stop()
     try:
-        model, history, progress, checkpoint = _train(prepared, run_dir, state, reporter)
+        with _stop_on_signals(stop):
+            model, history, progress, checkpoint = _train(prepared, run_dir, state, reporter, stop)
     except TpurunError:
         finish("failed")
         raise
@@ -226,7 +231,8 @@ def run(
     finally:
         prepared.runtime.release()
 
-    done = summary["epochs_completed"] + len(history.epoch)
+    # An epoch cut short (by a signal or a NaN) ran its callbacks but is not finished.
+    done = summary["epochs_completed"] + len(history.epoch) - (1 if stop.cut_at else 0)
     summary["epochs_completed"] = done
     summary["epoch_seconds"] = [round(s, 3) for s in progress.epoch_seconds]
     summary["examples_per_sec"] = round(_examples_per_sec(progress.epoch_rates), 1)
@@ -239,9 +245,8 @@ def run(
             "value": checkpoint.best,
             "epoch": checkpoint.best_epoch,
         }
-    save_atomically(str(run_dir / "model.keras"), model.save)
-    if progress.nan_at is not None:
-        epoch, step = progress.nan_at
+    if stop.nan_at is not None:
+        epoch, step = stop.nan_at
         finish("nan")
         raise TpurunError(
             f"training stopped at epoch {epoch}, step {step}: the loss became NaN or Inf. Likely "
@@ -249,6 +254,28 @@ def run(
             " float16 overflow (use mixed_bfloat16 or float32), or bad input values. The last good "
             f"checkpoint is in {ckpt_dir}."
         )
+    if stop.signal is not None:
+        where = (
+            f"epoch {done + 1}, step {stop.cut_at[1]}"
+            if stop.cut_at
+            else f"the end of epoch {done}"
+        )
+        if stop.cut_at:
+            # Keep the partial epoch's progress; a resume reruns that epoch from these weights.
+            save_atomically(str(ckpt_dir / cbs.LATEST_WEIGHTS), model.save_weights)
+            latest = read_json(ckpt_dir / cbs.LATEST_STATE) or {"epoch": done}
+            latest["interrupted"] = {
+                "signal": stop.signal,
+                "epoch": done + 1,
+                "step": stop.cut_at[1],
+            }
+            write_json(ckpt_dir / cbs.LATEST_STATE, {**latest, "epoch": done})
+        finish("interrupted")
+        raise Interrupted(
+            f"{stop.signal}: stopped at {where}; the checkpoint is saved in {ckpt_dir}. Run the same "
+            "command again to continue."
+        )
+    save_atomically(str(run_dir / "model.keras"), model.save)
     result = finish("completed" if done >= epochs else "stopped_early")
     reporter.finish(result)
     return result
@@ -265,7 +292,28 @@ def _cache(config: Config, run_dir: Path, split: str) -> str | None:
     return f"{cache}-{split}"
 
 
-def _train(prepared: Prepared, run_dir: Path, state: dict | None, reporter: Reporter):
+@contextlib.contextmanager
+def _stop_on_signals(stop):
+    """SIGTERM or SIGINT (a notebook's stop button, Kaggle ending the session) stops training at
+    the next step, with a checkpoint; a second signal stops at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be installed from the main thread
+        return
+
+    def handler(signum, frame):
+        if stop.signal is not None:
+            raise KeyboardInterrupt
+        stop.signal = signal.Signals(signum).name
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _train(prepared: Prepared, run_dir: Path, state: dict | None, reporter: Reporter, stop):
     """Build datasets, model and callbacks; restore the latest checkpoint if any; fit."""
     from tpurun import callbacks as cbs
     from tpurun.data import pipeline
@@ -286,7 +334,9 @@ def _train(prepared: Prepared, run_dir: Path, state: dict | None, reporter: Repo
     with runtime.scope():
         model = build_model(config, plan.backend)
         compile_model(model, config, plan)
-    callbacks, progress, checkpoint = cbs.build_callbacks(config, plan, str(run_dir), reporter)
+    callbacks, progress, checkpoint = cbs.build_callbacks(
+        config, plan, str(run_dir), reporter, stop
+    )
     initial_epoch = int(state["epoch"]) if state else 0
     if state:
         weights = run_dir / CHECKPOINTS / cbs.LATEST_WEIGHTS
