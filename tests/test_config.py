@@ -292,3 +292,12 @@ def test_readme_reference_covers_every_key():
     readme = (ROOT / "README.md").read_text()
     missing = [key for key in _schema_keys(Config) if f"| `{key}` |" not in readme]
     assert not missing, f"keys missing from the README's reference table: {missing}"
+
+
+def test_time_limit_durations(tmp_path):
+    path = write(tmp_path, GOOD)
+    assert load_config(path, ["train.time_limit=8h45m"]).train.time_limit == 31500
+    assert load_config(path, ["train.time_limit=90"]).train.time_limit == 90
+    for bad in ("soon", "0s", "5d"):
+        with pytest.raises(ConfigError, match="train.time_limit: expected a"):
+            load_config(path, [f"train.time_limit={bad}"])

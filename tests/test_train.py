@@ -242,3 +242,29 @@ def test_plain_progress_lines_from_the_python_api(toy_data, tmp_path, capsys):
         and "[tpurun] epoch 1/1" in out
         and "[tpurun] completed" in out
     )
+
+
+def test_time_limit_stops_cleanly_and_a_rerun_continues(toy_data, tmp_path):
+    from tpurun.errors import Interrupted
+
+    config = toy_config(
+        toy_data,
+        tmp_path / "runs",
+        train={"epochs": 500, "per_core_batch_size": 8, "time_limit": "4s"},
+    )
+    with pytest.raises(
+        Interrupted, match=r"train.time_limit: stopped at .*Run the same command again"
+    ):
+        tpurun.train(config, verbose=False)
+    run_dir = tmp_path / "runs" / "toy"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    state = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
+    assert (
+        summary["status"] == "interrupted"
+        and 0 < summary["epochs_completed"] == state["epoch"] < 500
+    )
+    config["train"].update(epochs=state["epoch"] + 1, time_limit=None)
+    assert tpurun.train(config, verbose=False)["epochs_completed"] == state["epoch"] + 1
+    assert [r["epoch"] for r in read_csv(run_dir / "log.csv")] == [
+        str(i) for i in range(state["epoch"] + 1)
+    ]

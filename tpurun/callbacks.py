@@ -32,7 +32,8 @@ BEST_MODEL = "best.keras"
 class Stop:
     """Why training stopped early, shared by the callbacks and the runner."""
 
-    signal: str | None = None  # SIGTERM or SIGINT, set by the runner's signal handler
+    reason: str | None = None  # SIGTERM, SIGINT or train.time_limit: stop at the next step
+    deadline: float | None = None  # time.monotonic() at which train.time_limit runs out
     nan_at: tuple[int, int] | None = None  # (epoch, step) of a NaN or Inf loss
     cut_at: tuple[int, int] | None = None  # (epoch, step) where an epoch was cut short
 
@@ -82,7 +83,9 @@ class Progress(keras.callbacks.Callback):
         nan = self.stop_on_nan and loss is not None and not math.isfinite(loss)
         if nan and self.stop.nan_at is None:
             self.stop.nan_at = (self._epoch, step)
-        if (nan or self.stop.signal) and not self._model.stop_training:
+        if self.stop.deadline is not None and now >= self.stop.deadline:
+            self.stop.reason = self.stop.reason or "train.time_limit"
+        if (nan or self.stop.reason) and not self._model.stop_training:
             self._model.stop_training = True
             if step < self.plan.steps_per_epoch:
                 self.stop.cut_at = (self._epoch, step)
@@ -104,8 +107,9 @@ class Progress(keras.callbacks.Callback):
             self.stop.nan_at = self.stop.nan_at or (epoch + 1, self.plan.steps_per_epoch)
             self.stop.cut_at = self.stop.cut_at or (epoch + 1, self.plan.steps_per_epoch)
             self._model.stop_training = True
-        elif self.stop.signal:
-            self._model.stop_training = True  # asked to stop during validation: stop here
+        elif self.stop.reason or (self.stop.deadline and time.monotonic() >= self.stop.deadline):
+            self.stop.reason = self.stop.reason or "train.time_limit"
+            self._model.stop_training = True  # asked (or out of time) during validation
         self.reporter.epoch_end(epoch + 1, logs, seconds, rate)
 
 

@@ -116,6 +116,14 @@ def train(
         bool,
         typer.Option("--restart", help="Start over; the existing run directory is moved aside."),
     ] = False,
+    time_limit: Annotated[
+        str | None,
+        typer.Option(
+            "--time-limit",
+            metavar="DURATION",
+            help="Stop cleanly, with a checkpoint, after this long (e.g. 8h45m).",
+        ),
+    ] = None,
 ) -> None:
     """Train a model as CONFIG describes; rerunning continues an unfinished run."""
     from tpurun.config import load_config
@@ -124,7 +132,8 @@ def train(
     run_dir: list[Path] = []
     reporter = make_reporter(plain)
     with _exit_codes(run_dir):
-        cfg = load_config(config, set_ or [])
+        overrides = [*(set_ or []), *([f"train.time_limit={time_limit}"] if time_limit else [])]
+        cfg = load_config(config, overrides)
         run_dir.append(Path(output or cfg.output.dir) / cfg.name)
         from tpurun.runner import run
 

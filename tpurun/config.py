@@ -8,6 +8,7 @@ derived later, in :mod:`tpurun.plan`.
 from __future__ import annotations
 
 import difflib
+import re
 import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -212,6 +213,27 @@ class LearningRateConfig(Section):
     schedule: Literal["constant", "cosine"] = Field("constant", description="After warmup.")
 
 
+_DURATION = re.compile(
+    r"^\s*(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s)?\s*$"
+)
+
+
+def parse_duration(value: Any) -> float | None:
+    """``8h45m``, ``90m``, ``30s`` or a number of seconds -> seconds."""
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        if value is not None and value <= 0:
+            raise ValueError("expected a positive duration")
+        return value
+    match = _DURATION.match(str(value))
+    if not isinstance(value, str) or not value.strip() or not match:
+        raise ValueError("expected a duration such as 8h45m, 90m, 30s, or a number of seconds")
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+    total = hours * 3600 + minutes * 60 + seconds
+    if total <= 0:
+        raise ValueError("expected a positive duration")
+    return total
+
+
 class TrainConfig(Section):
     per_core_batch_size: int | None = Field(
         None, ge=1, description="Batch per replica; global batch = this x replicas (default 16)."
@@ -228,6 +250,15 @@ class TrainConfig(Section):
         "auto", description="Batches per device call; auto picks an integer for this backend."
     )
     learning_rate: LearningRateConfig = Field(default_factory=LearningRateConfig)
+    time_limit: float | None = Field(
+        None,
+        description="Stop cleanly, with a checkpoint, after this long: '8h45m', '90m', or seconds.",
+    )
+
+    @field_validator("time_limit", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        return parse_duration(value)
 
     @field_validator("steps_per_epoch", "validation_steps", "steps_per_execution", mode="before")
     @classmethod

@@ -214,7 +214,8 @@ def run(
         return summary
 
     write_json(run_dir / SUMMARY, summary)
-    stop = cbs.Stop()
+    limit = config.train.time_limit
+    stop = cbs.Stop(deadline=started + limit if limit else None)
     try:
         with _stop_on_signals(stop):
             model, history, progress, checkpoint = _train(prepared, run_dir, state, reporter, stop)
@@ -254,7 +255,7 @@ def run(
             " float16 overflow (use mixed_bfloat16 or float32), or bad input values. The last good "
             f"checkpoint is in {ckpt_dir}."
         )
-    if stop.signal is not None:
+    if stop.reason is not None:
         where = (
             f"epoch {done + 1}, step {stop.cut_at[1]}"
             if stop.cut_at
@@ -265,14 +266,14 @@ def run(
             save_atomically(str(ckpt_dir / cbs.LATEST_WEIGHTS), model.save_weights)
             latest = read_json(ckpt_dir / cbs.LATEST_STATE) or {"epoch": done}
             latest["interrupted"] = {
-                "signal": stop.signal,
+                "reason": stop.reason,
                 "epoch": done + 1,
                 "step": stop.cut_at[1],
             }
             write_json(ckpt_dir / cbs.LATEST_STATE, {**latest, "epoch": done})
         finish("interrupted")
         raise Interrupted(
-            f"{stop.signal}: stopped at {where}; the checkpoint is saved in {ckpt_dir}. Run the same "
+            f"{stop.reason}: stopped at {where}; the checkpoint is saved in {ckpt_dir}. Run the same "
             "command again to continue."
         )
     save_atomically(str(run_dir / "model.keras"), model.save)
@@ -301,9 +302,9 @@ def _stop_on_signals(stop):
         return
 
     def handler(signum, frame):
-        if stop.signal is not None:
+        if stop.reason is not None:
             raise KeyboardInterrupt
-        stop.signal = signal.Signals(signum).name
+        stop.reason = signal.Signals(signum).name
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
