@@ -37,6 +37,12 @@ class Stop:
     nan_at: tuple[int, int] | None = None  # (epoch, step) of a NaN or Inf loss
     cut_at: tuple[int, int] | None = None  # (epoch, step) where an epoch was cut short
 
+    def requested(self, now: float) -> bool:
+        """Whether training should stop: a signal came, or the time limit has run out."""
+        if self.reason is None and self.deadline is not None and now >= self.deadline:
+            self.reason = "train.time_limit"
+        return self.reason is not None
+
     def cut_short(self, epoch: int) -> bool:
         return self.cut_at is not None and self.cut_at[0] == epoch
 
@@ -83,9 +89,7 @@ class Progress(keras.callbacks.Callback):
         nan = self.stop_on_nan and loss is not None and not math.isfinite(loss)
         if nan and self.stop.nan_at is None:
             self.stop.nan_at = (self._epoch, step)
-        if self.stop.deadline is not None and now >= self.stop.deadline:
-            self.stop.reason = self.stop.reason or "train.time_limit"
-        if (nan or self.stop.reason) and not self._model.stop_training:
+        if (nan or self.stop.requested(now)) and not self._model.stop_training:
             self._model.stop_training = True
             if step < self.plan.steps_per_epoch:
                 self.stop.cut_at = (self._epoch, step)
@@ -107,8 +111,7 @@ class Progress(keras.callbacks.Callback):
             self.stop.nan_at = self.stop.nan_at or (epoch + 1, self.plan.steps_per_epoch)
             self.stop.cut_at = self.stop.cut_at or (epoch + 1, self.plan.steps_per_epoch)
             self._model.stop_training = True
-        elif self.stop.reason or (self.stop.deadline and time.monotonic() >= self.stop.deadline):
-            self.stop.reason = self.stop.reason or "train.time_limit"
+        elif self.stop.requested(time.monotonic()):
             self._model.stop_training = True  # asked (or out of time) during validation
         self.reporter.epoch_end(epoch + 1, logs, seconds, rate)
 
