@@ -255,7 +255,7 @@ def run(
             " float16 overflow (use mixed_bfloat16 or float32), or bad input values. The last good "
             f"checkpoint is in {ckpt_dir}."
         )
-    if stop.reason is not None:
+    if stop.reason is not None and done < epochs:  # a stop after the last step is just the end
         where = (
             f"epoch {done + 1}, step {stop.cut_at[1]}"
             if stop.cut_at
