@@ -268,3 +268,13 @@ def test_time_limit_stops_cleanly_and_a_rerun_continues(toy_data, tmp_path):
     assert [r["epoch"] for r in read_csv(run_dir / "log.csv")] == [
         str(i) for i in range(state["epoch"] + 1)
     ]
+
+
+def test_checkpoint_keep_prunes_the_oldest_pattern_files(toy_data, tmp_path):
+    config = toy_config(toy_data, tmp_path / "runs", train={"epochs": 4}, callbacks={
+        "checkpoint": {"monitor": "loss", "save_best_only": False, "keep": 2,
+                       "filename": "ep{epoch:03d}.weights.h5"}})  # fmt: skip
+    tpurun.train(config, verbose=False)
+    folder = tmp_path / "runs" / "toy" / "checkpoints"
+    assert sorted(p.name for p in folder.glob("ep*")) == ["ep003.weights.h5", "ep004.weights.h5"]
+    assert (folder / "best.keras").exists() and (folder / "latest.weights.h5").exists()

@@ -8,8 +8,10 @@ checkpoint readable.
 
 from __future__ import annotations
 
+import glob as globlib
 import math
 import os
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -126,9 +128,11 @@ class RunCheckpoint(keras.callbacks.Callback):
     def __init__(
         self, folder: str, monitor: str, mode: str, save_best_only: bool, filename: str | None,
         stop: Stop,
+        keep: int | None = None,
     ):  # fmt: skip
         super().__init__()
         self.stop = stop
+        self.keep = keep
         self.folder = folder
         self.monitor = monitor
         self.mode = mode
@@ -136,6 +140,14 @@ class RunCheckpoint(keras.callbacks.Callback):
         self.filename = filename
         self.best: float | None = None
         self.best_epoch: int | None = None
+
+    def _prune(self) -> None:
+        """Keep the newest ``keep`` files of the filename pattern (found by a glob, so files of
+        earlier, resumed sessions count too)."""
+        pattern = re.sub(r"\{[^}]*\}", "*", self.filename)
+        files = sorted(globlib.glob(os.path.join(self.folder, pattern)), key=os.path.getmtime)
+        for old in files[: -self.keep]:
+            os.remove(old)
 
     def improved(self, value: float) -> bool:
         if not math.isfinite(value):
@@ -171,6 +183,8 @@ class RunCheckpoint(keras.callbacks.Callback):
             path = os.path.join(self.folder, name)
             writer = self.model.save_weights if name.endswith(".weights.h5") else self.model.save
             save_atomically(path, writer)
+            if self.keep:
+                self._prune()
         save_atomically(os.path.join(self.folder, LATEST_WEIGHTS), self.model.save_weights)
         write_json(
             os.path.join(self.folder, LATEST_STATE),
@@ -241,6 +255,7 @@ def build_callbacks(
             save_best_only=cb.checkpoint.save_best_only,
             filename=cb.checkpoint.filename,
             stop=stop,
+            keep=cb.checkpoint.keep,
         )
         out.append(checkpoint)
     return out, progress, checkpoint

@@ -289,6 +289,9 @@ class CheckpointConfig(Section):
     filename: str | None = Field(
         None, description="Pattern for kept models, e.g. 'ep{epoch:03d}-{val_loss:.4f}.keras'."
     )
+    keep: int | None = Field(
+        None, ge=1, description="Keep only the newest N files of `filename` (unset: all)."
+    )
 
     @field_validator("filename")
     @classmethod
