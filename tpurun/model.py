@@ -78,14 +78,18 @@ def build_model(config: Config, backend: str) -> Any:
     if not callable(factory):
         raise ModelError(f"model.factory '{config.model.factory}' is not callable.")
     try:
-        model = factory(**config.model.kwargs)
-    except TypeError as exc:
-        if "argument" in str(exc) and _is_signature_error(exc, factory):
-            sig = inspect.signature(factory)
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin or C function: nothing to check against
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(**config.model.kwargs)
+        except TypeError as exc:
             raise ModelError(
-                f"model.kwargs do not fit {config.model.factory}{sig}: {exc}"
+                f"model.kwargs do not fit {config.model.factory}{signature}: {exc}"
             ) from None
-        raise _factory_failed(config, backend, exc) from None
+    try:
+        model = factory(**config.model.kwargs)
     except Exception as exc:
         raise _factory_failed(config, backend, exc) from None
     if not isinstance(model, keras.Model):
@@ -94,11 +98,6 @@ def build_model(config: Config, backend: str) -> Any:
             "model (keras.Model, Sequential or a functional model)."
         )
     return model
-
-
-def _is_signature_error(exc: TypeError, factory: Any) -> bool:
-    tb = traceback.extract_tb(exc.__traceback__)
-    return len(tb) <= 1  # raised by the call itself, not inside the factory
 
 
 def _factory_failed(config: Config, backend: str, exc: BaseException) -> ModelError:

@@ -336,7 +336,6 @@ class Runtime:
     replicas: int
     strategy: Any = None  # tf.distribute strategy (TF backend, several devices or a TPU)
     distribution: Any = None  # keras.distribution (JAX backend)
-    devices: tuple[str, ...] = ()
 
     def scope(self):
         return self.strategy.scope() if self.strategy is not None else contextlib.nullcontext()
@@ -482,20 +481,16 @@ def activate(choice: Choice, seed: int) -> Runtime:
             distribution = keras.distribution.DataParallel(devices=devices)
         # Set (or clear) it every time: a notebook kernel keeps the previous run's distribution.
         keras.distribution.set_distribution(distribution)
-        runtime = Runtime(choice, len(devices), distribution=distribution,
-                          devices=tuple(str(d) for d in devices))  # fmt: skip
+        runtime = Runtime(choice, len(devices), distribution=distribution)
     else:
         strategy = _tf_strategy(choice)
         import keras
 
         _check_keras_backend(keras, choice)
         if strategy is None:  # one device: TF's default strategy, nothing to distribute
-            runtime = Runtime(
-                choice, 1, devices=("/cpu:0" if choice.accelerator == "cpu" else "/gpu:0",)
-            )
+            runtime = Runtime(choice, 1)
         else:
-            runtime = Runtime(choice, strategy.num_replicas_in_sync, strategy=strategy,
-                              devices=tuple(strategy.extended.worker_devices))  # fmt: skip
+            runtime = Runtime(choice, strategy.num_replicas_in_sync, strategy=strategy)
     keras.mixed_precision.set_global_policy(choice.precision)
     keras.utils.set_random_seed(seed)
     return runtime

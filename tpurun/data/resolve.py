@@ -25,7 +25,6 @@ class ResolvedData:
     train_records: int
     validation_records: int | None
     counts_from: str  # "schema" | "counted"
-    class_names: list[str] | None = None
     schema_files: list[str] = field(default_factory=list)
 
 
@@ -118,6 +117,5 @@ def resolve(config: Config) -> ResolvedData:
         train_records=train_records,
         validation_records=val_records,
         counts_from="schema" if train_listed and val_listed else "counted",
-        class_names=(first_schema or {}).get("class_names"),
         schema_files=sorted({path for path, _ in schemas.values()}),
     )
