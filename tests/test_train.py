@@ -261,7 +261,8 @@ def test_time_limit_stops_cleanly_and_a_rerun_continues(toy_data, tmp_path):
     state = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
     assert (
         summary["status"] == "interrupted"
-        and 0 < summary["epochs_completed"] == state["epoch"] < 500
+        # how many epochs fit in 4 s depends on the load; on a busy machine none does
+        and 0 <= summary["epochs_completed"] == state["epoch"] < 500
     )
     config["train"].update(epochs=state["epoch"] + 1, time_limit=None)
     assert tpurun.train(config, verbose=False)["epochs_completed"] == state["epoch"] + 1
