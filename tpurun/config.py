@@ -224,6 +224,11 @@ def parse_duration(value: Any) -> float | None:
         if value is not None and value <= 0:
             raise ValueError("expected a positive duration")
         return value
+    if isinstance(value, str):
+        try:
+            return parse_duration(float(value))  # "90" or "0.5": seconds
+        except ValueError:
+            pass
     match = _DURATION.match(str(value))
     if not isinstance(value, str) or not value.strip() or not match:
         raise ValueError("expected a duration such as 8h45m, 90m, 30s, or a number of seconds")
