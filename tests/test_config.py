@@ -54,7 +54,7 @@ callbacks:
   csv_log: {append: true}
   reduce_lr_on_plateau: {monitor: loss, factor: 0.666, patience: 5, min_lr: 1.0e-5}
   early_stopping: null
-  terminate_on_nan: true
+  on_nan: stop
   extra: []
 output:
   dir: runs

@@ -189,6 +189,10 @@ class DataConfig(Section):
         min_length=1,
         description="Cache the records read: 'memory', or a file path prefix (for datasets that fit).",
     )
+    skip_corrupt: bool = Field(
+        False,
+        description="Skip a corrupt or truncated shard (counted and reported) instead of stopping.",
+    )
 
     @staticmethod
     def names(ref: FeatureRef) -> list[str]:
@@ -297,6 +301,12 @@ class CheckpointConfig(Section):
     keep: int | None = Field(
         None, ge=1, description="Keep only the newest N files of `filename` (unset: all)."
     )
+    every_steps: int | None = Field(
+        None, ge=1, description="Also save the latest checkpoint every N steps, mid-epoch."
+    )
+    every_minutes: float | None = Field(
+        None, gt=0, description="Also save the latest checkpoint every N minutes, mid-epoch."
+    )
 
     @field_validator("filename")
     @classmethod
@@ -336,7 +346,14 @@ class CallbacksConfig(Section):
     csv_log: CsvLogConfig | None = Field(default_factory=CsvLogConfig)
     reduce_lr_on_plateau: ReduceLROnPlateauConfig | None = None
     early_stopping: EarlyStoppingConfig | None = None
-    terminate_on_nan: bool = True
+    on_nan: Literal["stop", "restore", "ignore"] = Field(
+        "stop",
+        description="On a NaN/Inf loss: stop; restore the last checkpoint with a lower LR; or ignore.",
+    )
+    max_nan_restores: int = Field(3, ge=1, description="on_nan: restore at most this many times.")
+    nan_lr_factor: float = Field(
+        0.5, gt=0, lt=1, description="on_nan: restore multiplies the learning rate by this."
+    )
     extra: list[NamedObject] = Field(
         default_factory=list, description="User callbacks: 'module:Class' or {name: ..., kwargs}."
     )
