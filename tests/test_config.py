@@ -51,7 +51,7 @@ train:
     schedule: constant
 callbacks:
   checkpoint: {monitor: loss, save_best_only: true}
-  csv_log: {append: true}
+  csv_log: {filename: log.csv}
   reduce_lr_on_plateau: {monitor: loss, factor: 0.666, patience: 5, min_lr: 1.0e-5}
   early_stopping: null
   on_nan: stop

@@ -111,6 +111,29 @@ def test_training_stream_shuffles_repeats_and_drops_remainder(tmp_path):
     assert set(flat.tolist()) == set(range(100))  # the stream repeats: every record comes back
 
 
+@pytest.mark.parametrize("cache", [None, ""], ids=["files", "memory-cache"])
+def test_training_stream_is_a_function_of_the_seed_and_resumes_at_any_record(tmp_path, cache):
+    records = [{"i": i} for i in range(100)]
+    files = write_shards(str(tmp_path / "d"), records, 4)
+    data = data_config({"i": {"type": "int64"}}, "i", "i", shuffle_buffer=50)
+
+    def stream(batches, start=0, seed=3):
+        ds = pipeline.make_dataset(
+            files, data, 8, training=True, seed=seed, start_record=start, records_per_pass=100,
+            cache=cache,
+        )  # fmt: skip
+        return np.concatenate([x.numpy() for x, _ in ds.take(batches)])
+
+    whole = stream(40)  # 320 records: three passes and a part
+    for n in range(3):  # each pass is a permutation of the records, with its own order
+        assert sorted(whole[n * 100 : (n + 1) * 100].tolist()) == list(range(100))
+    assert whole[:100].tolist() != whole[100:200].tolist()
+    assert stream(40).tolist() == whole.tolist()  # same seed, same stream
+    assert stream(5, seed=4).tolist() != whole[:40].tolist()
+    # A resume at batch 27 (record 216, in the third pass) continues the same stream exactly.
+    assert stream(13, start=27 * 8).tolist() == whole[27 * 8 :].tolist()
+
+
 def test_validation_is_ordered_and_repeats_the_same_batches(tmp_path):
     files = write_shards(str(tmp_path / "d"), [{"i": i} for i in range(10)], 1)
     data = data_config({"i": {"type": "int64"}}, "i", "i", shuffle_buffer=50)

@@ -47,7 +47,7 @@ def test_fit_on_8_simulated_devices_writes_the_run_directory(toy_data, tmp_path)
     assert derived["train_records"] == 512 and derived["steps_per_epoch"] == 8
 
     ckpts = {p.name for p in (run_dir / "checkpoints").iterdir()}
-    assert {"best.keras", "latest.weights.h5", "latest.json"} <= ckpts
+    assert {"best.keras", "best.json", "latest-e0003-s0000000.weights.h5", "latest.json"} <= ckpts
     model = keras.saving.load_model(run_dir / "model.keras")
     assert model.predict(np.zeros((2, 8), np.float32), verbose=0).shape == (2, 1)
 
@@ -63,14 +63,14 @@ def test_rerun_resumes_and_keeps_one_csv_row_per_epoch(toy_data, tmp_path):
 
     config["train"]["epochs"] = 4
     resumed = tpurun.train(config, verbose=False)
-    assert resumed["epochs_completed"] == 4 and resumed["resumed_from_epoch"] == [2]
+    assert resumed["epochs_completed"] == 4 and resumed["resumes"][0]["epoch"] == 2
     rows = read_csv(tmp_path / "runs" / "toy" / "log.csv")
     assert [r["epoch"] for r in rows] == ["0", "1", "2", "3"]
     state = json.loads((tmp_path / "runs" / "toy" / "checkpoints" / "latest.json").read_text())
     assert state["epoch"] == 4
 
     restarted = tpurun.train(config, restart=True, verbose=False)
-    assert restarted["resumed_from_epoch"] == [] and restarted["epochs_completed"] == 4
+    assert restarted["resumes"] == [] and restarted["epochs_completed"] == 4
     assert len(list((tmp_path / "runs").glob("toy-*"))) == 1  # the old run, moved aside
 
 
@@ -101,10 +101,12 @@ def test_checkpoint_filename_pattern_and_every_epoch(toy_data, tmp_path):
         "checkpoint": {"monitor": "loss", "save_best_only": False,
                        "filename": "ep{epoch:03d}_loss{loss:.4f}.weights.h5"}})  # fmt: skip
     tpurun.train(config, verbose=False)
-    names = sorted(p.name for p in (tmp_path / "runs" / "toy" / "checkpoints").glob("ep*"))
-    assert [n[:6] for n in names] == ["ep001_", "ep002_"] and all(
-        n.endswith(".weights.h5") for n in names
-    )
+    folder = tmp_path / "runs" / "toy" / "checkpoints"
+    names = sorted(p.name for p in folder.glob("ep*.weights.h5"))
+    assert [n[:6] for n in names] == ["ep001_", "ep002_"]
+    # Each has its resume state beside it, naming it: --resume can start from any of them.
+    states = [json.loads((folder / n.replace(".weights.h5", ".json")).read_text()) for n in names]
+    assert [(s["epoch"], s["step"], s["weights"]) for s in states] == [(1, 0, names[0]), (2, 0, names[1])]
 
 
 def test_plateau_early_stopping_and_user_callbacks(toy_data, tmp_path):
@@ -277,5 +279,7 @@ def test_checkpoint_keep_prunes_the_oldest_pattern_files(toy_data, tmp_path):
                        "filename": "ep{epoch:03d}.weights.h5"}})  # fmt: skip
     tpurun.train(config, verbose=False)
     folder = tmp_path / "runs" / "toy" / "checkpoints"
-    assert sorted(p.name for p in folder.glob("ep*")) == ["ep003.weights.h5", "ep004.weights.h5"]
-    assert (folder / "best.keras").exists() and (folder / "latest.weights.h5").exists()
+    assert sorted(p.name for p in folder.glob("ep*")) == [
+        "ep003.json", "ep003.weights.h5", "ep004.json", "ep004.weights.h5"
+    ]  # fmt: skip
+    assert (folder / "best.keras").exists() and (folder / "latest.json").exists()

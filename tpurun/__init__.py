@@ -25,6 +25,7 @@ def train(
     *,
     output: str | None = None,
     restart: bool = False,
+    resume: str | None = None,
     verbose: bool = True,
 ) -> dict[str, Any]:
     """Train from a notebook cell and return the run's summary.
@@ -34,6 +35,7 @@ def train(
         overrides: ``"dotted.key=value"`` strings, as ``--set`` takes them.
         output: overrides ``output.dir``.
         restart: start over instead of resuming the run directory.
+        resume: continue from this checkpoint instead (as ``--resume``).
         verbose: print plain progress lines (they read well in a notebook cell).
 
     Raises:
@@ -46,4 +48,4 @@ def train(
 
     cfg = config if isinstance(config, Config) else load_config(config, overrides)
     reporter = PlainReporter() if verbose else Reporter()
-    return runner.run(cfg, output=output, reporter=reporter, restart=restart)
+    return runner.run(cfg, output=output, reporter=reporter, restart=restart, resume=resume)

@@ -13,10 +13,11 @@ import math
 import os
 import re
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 import keras  # imported only after runtime.activate() has chosen the backend
+import numpy as np
 
 from tpurun.config import Config
 from tpurun.console import Reporter
@@ -24,29 +25,10 @@ from tpurun.errors import ConfigError, TpurunError
 from tpurun.fileio import save_atomically, write_json
 from tpurun.model import import_object
 from tpurun.plan import Plan, resolve_monitor, resolve_monitor_mode
+from tpurun.resume import LATEST_STATE, state_file
+from tpurun.stopping import Stop
 
-LATEST_WEIGHTS = "latest.weights.h5"
-LATEST_STATE = "latest.json"
 BEST_MODEL = "best.keras"
-
-
-@dataclass
-class Stop:
-    """Why training stopped early, shared by the callbacks and the runner."""
-
-    reason: str | None = None  # SIGTERM, SIGINT or train.time_limit: stop at the next step
-    deadline: float | None = None  # time.monotonic() at which train.time_limit runs out
-    nan_at: tuple[int, int] | None = None  # (epoch, step) of a NaN or Inf loss
-    cut_at: tuple[int, int] | None = None  # (epoch, step) where an epoch was cut short
-
-    def requested(self, now: float) -> bool:
-        """Whether training should stop: a signal came, or the time limit has run out."""
-        if self.reason is None and self.deadline is not None and now >= self.deadline:
-            self.reason = "train.time_limit"
-        return self.reason is not None
-
-    def cut_short(self, epoch: int) -> bool:
-        return self.cut_at is not None and self.cut_at[0] == epoch
 
 
 class Progress(keras.callbacks.Callback):
@@ -68,6 +50,7 @@ class Progress(keras.callbacks.Callback):
         self.epochs = epochs
         self.stop_on_nan = stop_on_nan
         self.interval = reporter.progress_interval
+        self.resume_at = (0, 0)  # (epochs done, steps into the next) where this fit starts
         self.epoch_seconds: list[float] = []
         self.epoch_rates: list[float] = []
         self.first_step_seconds: float | None = None
@@ -78,13 +61,15 @@ class Progress(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch + 1
+        self._offset = step_offset(self.resume_at, epoch)
         self._epoch_start = time.monotonic()
         self._last_report = self._epoch_start
         self.reporter.epoch_begin(self._epoch, self.plan.steps_per_epoch)
 
     def on_train_batch_end(self, batch, logs=None):
         now = time.monotonic()
-        step = batch + 1
+        step = self._offset + batch + 1
+        steps = self.plan.steps_per_epoch
         if self.first_step_seconds is None:
             self.first_step_seconds = now - self._train_start
         loss = (logs or {}).get("loss")
@@ -93,19 +78,21 @@ class Progress(keras.callbacks.Callback):
             self.stop.nan_at = (self._epoch, step)
         if (nan or self.stop.requested(now)) and not self._model.stop_training:
             self._model.stop_training = True
-            if step < self.plan.steps_per_epoch:
+            if step < steps:
                 self.stop.cut_at = (self._epoch, step)
-        if now - self._last_report < self.interval or step >= self.plan.steps_per_epoch:
+        if now - self._last_report < self.interval or step >= steps:
             return
         self._last_report = now
         elapsed = now - self._epoch_start
-        rate = step * self.plan.global_batch_size / elapsed if elapsed > 0 else 0.0
-        eta = (self.plan.steps_per_epoch - step) * elapsed / step
-        self.reporter.progress(self._epoch, step, self.plan.steps_per_epoch, rate, eta, logs)
+        done = step - self._offset
+        rate = done * self.plan.global_batch_size / elapsed if elapsed > 0 else 0.0
+        eta = (steps - step) * elapsed / done
+        self.reporter.progress(self._epoch, step, steps, rate, eta, logs)
 
     def on_epoch_end(self, epoch, logs=None):
         seconds = time.monotonic() - self._epoch_start
-        rate = self.plan.steps_per_epoch * self.plan.global_batch_size / seconds if seconds else 0.0
+        steps = self.plan.steps_per_epoch - self._offset
+        rate = steps * self.plan.global_batch_size / seconds if seconds else 0.0
         self.epoch_seconds.append(seconds)
         self.epoch_rates.append(rate)
         logs = dict(logs or {})
@@ -118,36 +105,250 @@ class Progress(keras.callbacks.Callback):
         self.reporter.epoch_end(epoch + 1, logs, seconds, rate)
 
 
-class RunCheckpoint(keras.callbacks.Callback):
-    """The latest weights (with optimizer state) every epoch, and the best model by ``monitor``.
+def step_offset(resume_at: tuple[int, int], epoch: int) -> int:
+    """Steps already done in (0-based) ``epoch`` before this ``fit`` began: a mid-epoch resume."""
+    return resume_at[1] if epoch == resume_at[0] else 0
 
-    ``latest.json`` beside the weights records the epoch and the best value so far: a resume reads
-    it rather than trusting file times.
+
+class EarlyStopping(keras.callbacks.EarlyStopping):
+    """Keras' EarlyStopping, resumable: its counters (and best weights) survive a restart.
+
+    Keras resets them in ``on_train_begin`` and restores the best weights in ``on_train_end``
+    whenever ``restore_best_weights`` is set; tpurun runs ``fit`` more than once per run (a resume
+    mid-epoch, a NaN restore) and stops for signals, so those weights are restored only when the
+    run really ends: an early stop, or the last epoch done.
+    """
+
+    STATE = ("wait", "stopped_epoch", "best", "best_epoch")
+
+    def __init__(self, *, total_epochs: int, **kwargs):
+        super().__init__(**kwargs)
+        self.total_epochs = total_epochs
+        self.pending: dict | None = None
+        self._epochs_seen = 0
+        self._saved_best_epoch: int | None = None
+
+    def on_train_begin(self, logs=None):
+        carry = self.pending if self.pending is not None else self.get_state()
+        super().on_train_begin(logs)
+        self.pending = None
+        self.set_state(carry)
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        self._epochs_seen = epoch + 1
+
+    def on_train_end(self, logs=None):
+        if self.stopped_epoch > 0 or self._epochs_seen >= self.total_epochs:
+            super().on_train_end(logs)
+
+    def get_state(self) -> dict:
+        return {k: _plain(getattr(self, k, None)) for k in self.STATE}
+
+    def set_state(self, state: dict | None) -> None:
+        for key in self.STATE:
+            if state and state.get(key) is not None:
+                setattr(self, key, state[key])
+
+    def save_best_weights(self, folder: str) -> str | None:
+        """Write the best weights (``restore_best_weights``) when they changed; return the file."""
+        if not self.restore_best_weights or self.best_weights is None:
+            return None
+        name = "early_stopping_best.npz"
+        if self._saved_best_epoch != self.best_epoch:
+            weights = self.best_weights
+
+            def write(tmp: str) -> None:
+                with open(tmp, "wb") as f:
+                    np.savez(f, *weights)
+
+            save_atomically(os.path.join(folder, name), write)
+            self._saved_best_epoch = self.best_epoch
+        return name
+
+    def load_best_weights(self, path: str) -> None:
+        with np.load(path) as npz:
+            self.best_weights = [npz[f"arr_{i}"] for i in range(len(npz.files))]
+        self._saved_best_epoch = self.best_epoch
+
+
+class ReduceLROnPlateau(keras.callbacks.ReduceLROnPlateau):
+    """Keras' ReduceLROnPlateau, resumable (the learning rate itself is an optimizer variable, saved
+    with the weights; this keeps its counters)."""
+
+    STATE = ("wait", "cooldown_counter", "best")
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.pending: dict | None = None
+
+    def on_train_begin(self, logs=None):
+        carry = self.pending if self.pending is not None else self.get_state()
+        super().on_train_begin(logs)
+        self.pending = None
+        self.set_state(carry)
+
+    get_state = EarlyStopping.get_state
+    set_state = EarlyStopping.set_state
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-ready copy of a callback attribute (numpy scalars become floats, inf stays)."""
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    return value
+
+
+class RunCheckpoint(keras.callbacks.Callback):
+    """The run's resume point, and the best (and pattern-named) models.
+
+    ``latest.json`` is the resume point: it names the weights file it goes with (weights and
+    optimizer state) and records the position (epochs done, steps into the next), the best value,
+    the state of the stateful callbacks, and, mid-epoch, the running metric sums. It is written
+    last, after its weights, and replaced atomically, so it always names a complete file: a kill
+    at any instant leaves the previous resume point intact. It is saved at each epoch end, every
+    ``every_steps`` / ``every_minutes`` (checked once per execution), and when a stop is asked.
     """
 
     def __init__(
-        self, folder: str, monitor: str, mode: str, save_best_only: bool, filename: str | None,
-        stop: Stop,
-        keep: int | None = None,
+        self, folder: str, *, stop: Stop, steps_per_epoch: int, monitor: str, mode: str,
+        save_best: bool = True, save_best_only: bool = True, filename: str | None = None,
+        keep: int | None = None, every_steps: int | None = None,
+        every_minutes: float | None = None, stateful: Sequence[Any] = (),
+        identity: dict | None = None,
     ):  # fmt: skip
         super().__init__()
-        self.stop = stop
-        self.keep = keep
         self.folder = folder
+        self.stop = stop
+        self.steps_per_epoch = steps_per_epoch
         self.monitor = monitor
         self.mode = mode
+        self.save_best = save_best
         self.save_best_only = save_best_only
         self.filename = filename
+        self.keep = keep
+        self.every_steps = every_steps
+        self.every_seconds = every_minutes * 60 if every_minutes else None
+        self.stateful = {type(c).__name__: c for c in stateful}
+        self.identity = identity or {}
         self.best: float | None = None
         self.best_epoch: int | None = None
+        self.resume_at = (0, 0)  # (epochs done, steps into the next) where this fit starts
+        self.position = (0, 0)  # the same, as of the last save
+        self.lr_scale = 1.0  # on_nan: restore cuts the learning rate; kept for later sessions
+        self.last_logs: dict[str, float] = {}  # the last finished epoch's metrics
+        self.metrics_state: list | None = None  # running metric sums to restore mid-epoch
+        self._epoch = 0
+        self._last_save = (0, time.monotonic())  # (global step, time)
 
+    # ------------------------------------------------------------------ resume
+    def restore(self, state: dict, folder: str) -> None:
+        """Take up a saved state: best value, callback counters, metric sums, position."""
+        self.best, self.best_epoch = state.get("best"), state.get("best_epoch")
+        for name, saved in (state.get("callbacks") or {}).items():
+            callback = self.stateful.get(name)
+            if callback is None:
+                continue  # that callback is no longer configured: a harmless change
+            callback.pending = saved
+            best_file = saved.get("best_weights_file")
+            if best_file and isinstance(callback, EarlyStopping):
+                callback.load_best_weights(os.path.join(folder, best_file))
+        self.resume_at = self.position = (int(state["epoch"]), int(state.get("step", 0)))
+        self.lr_scale = float(state.get("lr_scale", 1.0))
+        self.last_logs = dict(state.get("logs") or {})
+        self.metrics_state = state.get("metrics") if self.resume_at[1] else None
+        self._last_save = (self._global_step(*self.resume_at), time.monotonic())
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        if self.metrics_state is not None and epoch == self.resume_at[0]:
+            # Keras has just reset the metrics; a resumed epoch goes on from the saved sums, so
+            # its CSV row is the whole epoch's. (self._model: no JAX state sync needed here.)
+            variables = self._model.metrics_variables
+            if len(variables) == len(self.metrics_state):
+                for variable, value in zip(variables, self.metrics_state, strict=True):
+                    if tuple(variable.shape) == np.shape(value):
+                        variable.assign(np.asarray(value, dtype=variable.dtype))
+            self.metrics_state = None
+
+    def _global_step(self, epochs_done: int, step: int) -> int:
+        return epochs_done * self.steps_per_epoch + step
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = step_offset(self.resume_at, self._epoch) + batch + 1
+        if self.stop.cut_short(self._epoch + 1):
+            if self.stop.nan_at is None and self.stop.cut_at == (self._epoch + 1, step):
+                self.save_latest(self._epoch, step, self.stop.reason or "stop")
+            return
+        if step >= self.steps_per_epoch:
+            return  # the epoch end saves
+        now = time.monotonic()
+        last_step, last_time = self._last_save
+        if (
+            self.every_steps
+            and self._global_step(self._epoch, step) - last_step >= self.every_steps
+        ):
+            self.save_latest(self._epoch, step, "every_steps")
+        elif self.every_seconds and now - last_time >= self.every_seconds:
+            self.save_latest(self._epoch, step, "every_minutes")
+
+    def state(self, epochs_done: int, step: int, reason: str) -> dict:
+        callbacks = {}
+        for name, callback in self.stateful.items():
+            callbacks[name] = callback.get_state()
+            if isinstance(callback, EarlyStopping):
+                callbacks[name]["best_weights_file"] = callback.save_best_weights(self.folder)
+        state = {
+            "epoch": epochs_done,
+            "step": step,
+            "reason": reason,
+            "monitor": self.monitor,
+            "best": self.best,
+            "best_epoch": self.best_epoch,
+            "callbacks": callbacks,
+            "lr_scale": self.lr_scale,
+            "logs": self.last_logs,
+            "identity": self.identity,
+            "time": time.time(),
+        }
+        if step:
+            state["metrics"] = [np.asarray(v).tolist() for v in self.model.metrics_variables]
+        return state
+
+    def save_latest(self, epochs_done: int, step: int, reason: str) -> None:
+        """Weights first, under a new name; then ``latest.json`` naming them; then old weights go."""
+        name = f"latest-e{epochs_done:04d}-s{step:07d}.weights.h5"
+        state = {**self.state(epochs_done, step, reason), "weights": name}
+        save_atomically(os.path.join(self.folder, name), self.model.save_weights)
+        write_json(os.path.join(self.folder, LATEST_STATE), state)
+        for old in globlib.glob(os.path.join(self.folder, "latest*.weights.h5")):
+            if os.path.basename(old) != name:
+                os.remove(old)
+        self.position = (epochs_done, step)
+        self._last_save = (self._global_step(epochs_done, step), time.monotonic())
+
+    def _save_model(self, name: str, epochs_done: int) -> None:
+        """A best or pattern-named model, with its state beside it, so ``--resume`` can use it."""
+        writer = self.model.save_weights if name.endswith(".weights.h5") else self.model.save
+        save_atomically(os.path.join(self.folder, name), writer)
+        state = {**self.state(epochs_done, 0, "epoch"), "weights": name}
+        write_json(os.path.join(self.folder, state_file(name)), state)
+
+    # ------------------------------------------------------------------ best and named models
     def _prune(self) -> None:
         """Keep the newest ``keep`` files of the filename pattern (found by a glob, so files of
         earlier, resumed sessions count too)."""
         pattern = re.sub(r"\{[^}]*\}", "*", self.filename)
-        files = sorted(globlib.glob(os.path.join(self.folder, pattern)), key=os.path.getmtime)
+        files = [
+            f for f in globlib.glob(os.path.join(self.folder, pattern))
+            if not os.path.basename(f).startswith("latest-") and os.path.basename(f) != BEST_MODEL
+        ]  # fmt: skip
+        files.sort(key=os.path.getmtime)
         for old in files[: -self.keep]:
             os.remove(old)
+            sidecar = os.path.join(self.folder, state_file(os.path.basename(old)))
+            if os.path.exists(sidecar):
+                os.remove(sidecar)
 
     def improved(self, value: float) -> bool:
         if not math.isfinite(value):
@@ -160,18 +361,19 @@ class RunCheckpoint(keras.callbacks.Callback):
         if self.stop.cut_short(epoch + 1):
             return  # a partial (or NaN) epoch is not a checkpoint: the last good one stays
         logs = logs or {}
+        self.last_logs = {k: float(v) for k, v in logs.items()}
         value = logs.get(self.monitor)
-        if value is None:
+        if value is None and self.save_best:
             raise ConfigError(
                 [
                     f"callbacks.checkpoint.monitor: '{self.monitor}' is not among the epoch's "
                     f"metrics ({', '.join(sorted(logs))})"
                 ]
             )
-        better = self.improved(float(value))
+        better = self.save_best and self.improved(float(value))
         if better:
             self.best, self.best_epoch = float(value), epoch + 1
-            save_atomically(os.path.join(self.folder, BEST_MODEL), self.model.save)
+            self._save_model(BEST_MODEL, epoch + 1)
         if self.filename and (better or not self.save_best_only):
             try:
                 name = self.filename.format(epoch=epoch + 1, **logs)
@@ -180,37 +382,29 @@ class RunCheckpoint(keras.callbacks.Callback):
                     f"callbacks.checkpoint.filename '{self.filename}': cannot fill it in ({exc}); "
                     f"it may use {{epoch}} and the metrics {', '.join(sorted(logs))}."
                 ) from None
-            path = os.path.join(self.folder, name)
-            writer = self.model.save_weights if name.endswith(".weights.h5") else self.model.save
-            save_atomically(path, writer)
+            self._save_model(name, epoch + 1)
             if self.keep:
                 self._prune()
-        save_atomically(os.path.join(self.folder, LATEST_WEIGHTS), self.model.save_weights)
-        write_json(
-            os.path.join(self.folder, LATEST_STATE),
-            {
-                "epoch": epoch + 1,
-                "monitor": self.monitor,
-                "best": self.best,
-                "best_epoch": self.best_epoch,
-                "logs": {k: float(v) for k, v in logs.items()},
-                "time": time.time(),
-            },
-        )
+        self.save_latest(epoch + 1, 0, "epoch")
 
 
 def build_callbacks(
-    config: Config, plan: Plan, run_dir: str, reporter: Reporter, stop: Stop
-) -> tuple[list[Any], Progress, RunCheckpoint | None]:
-    """The callback list for ``fit``, plus the two tpurun reads results from."""
+    config: Config, plan: Plan, run_dir: str, reporter: Reporter, stop: Stop, identity: dict
+) -> tuple[list[Any], Progress, RunCheckpoint]:
+    """The callback list for ``fit``, plus the two tpurun reads results from.
+
+    The resume point is always kept (``callbacks.checkpoint: null`` only turns off the best and
+    pattern-named models): a run directory can always be resumed.
+    """
     cb = config.callbacks
-    progress = Progress(reporter, plan, config.train.epochs, cb.terminate_on_nan, stop)
+    progress = Progress(reporter, plan, config.train.epochs, cb.on_nan != "ignore", stop)
     out: list[Any] = [progress]
+    stateful: list[Any] = []
     if cb.reduce_lr_on_plateau is not None:
         r = cb.reduce_lr_on_plateau
         monitor = resolve_monitor(config, r.monitor)
-        out.append(
-            keras.callbacks.ReduceLROnPlateau(
+        stateful.append(
+            ReduceLROnPlateau(
                 monitor=monitor, factor=r.factor, patience=r.patience, min_lr=r.min_lr,
                 min_delta=r.min_delta, cooldown=r.cooldown, mode=resolve_monitor_mode(monitor, r.mode),
             )
@@ -218,12 +412,14 @@ def build_callbacks(
     if cb.early_stopping is not None:
         e = cb.early_stopping
         monitor = resolve_monitor(config, e.monitor)
-        out.append(
-            keras.callbacks.EarlyStopping(
+        stateful.append(
+            EarlyStopping(
                 monitor=monitor, patience=e.patience, min_delta=e.min_delta,
                 mode=resolve_monitor_mode(monitor, e.mode), restore_best_weights=e.restore_best_weights,
+                total_epochs=config.train.epochs,
             )
         )  # fmt: skip
+    out.extend(stateful)
     for spec in cb.extra:
         cls = import_object(spec.name, config.base_dir, "callbacks.extra")
         try:
@@ -239,23 +435,27 @@ def build_callbacks(
             )
         out.append(callback)
     # The CSV row of an epoch is written before its checkpoint; a resume drops rows past the
-    # checkpoint, so a kill between the two leaves neither a gap nor a duplicate.
+    # checkpoint, so a kill between the two leaves neither a gap nor a duplicate. It always
+    # appends: a resumed run's log goes on (a fresh run starts a new file, see runner).
     if cb.csv_log is not None:
         out.append(
-            keras.callbacks.CSVLogger(
-                os.path.join(run_dir, cb.csv_log.filename), append=cb.csv_log.append
-            )
+            keras.callbacks.CSVLogger(os.path.join(run_dir, cb.csv_log.filename), append=True)
         )
-    checkpoint = None
-    if cb.checkpoint is not None:
-        checkpoint = RunCheckpoint(
-            folder=os.path.join(run_dir, "checkpoints"),
-            monitor=plan.monitor,
-            mode=resolve_monitor_mode(plan.monitor, cb.checkpoint.mode),
-            save_best_only=cb.checkpoint.save_best_only,
-            filename=cb.checkpoint.filename,
-            stop=stop,
-            keep=cb.checkpoint.keep,
-        )
-        out.append(checkpoint)
+    ck = cb.checkpoint
+    checkpoint = RunCheckpoint(
+        os.path.join(run_dir, "checkpoints"),
+        stop=stop,
+        steps_per_epoch=plan.steps_per_epoch,
+        monitor=plan.monitor,
+        mode=resolve_monitor_mode(plan.monitor, ck.mode if ck else "auto"),
+        save_best=ck is not None,
+        save_best_only=ck.save_best_only if ck else True,
+        filename=ck.filename if ck else None,
+        keep=ck.keep if ck else None,
+        every_steps=ck.every_steps if ck else None,
+        every_minutes=ck.every_minutes if ck else None,
+        stateful=stateful,
+        identity=identity,
+    )
+    out.append(checkpoint)
     return out, progress, checkpoint

@@ -116,6 +116,15 @@ def train(
         bool,
         typer.Option("--restart", help="Start over; the existing run directory is moved aside."),
     ] = False,
+    resume: Annotated[
+        str | None,
+        typer.Option(
+            "--resume",
+            metavar="PATH",
+            help="Continue from this checkpoint: a run directory, a checkpoint's .json, or a "
+            ".keras / .weights.h5 file (default: this run's latest).",
+        ),
+    ] = None,
     time_limit: Annotated[
         str | None,
         typer.Option(
@@ -137,7 +146,7 @@ def train(
         run_dir.append(Path(output or cfg.output.dir) / cfg.name)
         from tpurun.runner import run
 
-        run(cfg, output=output, reporter=reporter, restart=restart)
+        run(cfg, output=output, reporter=reporter, restart=restart, resume=resume)
 
 
 @app.command("config")

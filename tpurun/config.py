@@ -319,7 +319,6 @@ class CheckpointConfig(Section):
 
 
 class CsvLogConfig(Section):
-    append: bool = Field(True, description="Append to an existing log.csv.")
     filename: str = "log.csv"
 
 

@@ -150,12 +150,15 @@ def _call(cls: Any, kwargs: dict, what: str, name: str) -> Any:
         raise ModelError(f"{what} '{name}': {exc}") from None
 
 
-def learning_rate_schedule(config: Config, plan: Plan) -> Any:
-    """A float, or a built-in Keras schedule (so ``model.keras`` loads without tpurun)."""
+def learning_rate_schedule(config: Config, plan: Plan, scale: float = 1.0) -> Any:
+    """A float, or a built-in Keras schedule (so ``model.keras`` loads without tpurun).
+
+    ``scale`` multiplies it throughout (``callbacks.on_nan: restore`` cuts the learning rate).
+    """
     import keras
 
     lr = config.train.learning_rate
-    peak = plan.learning_rate
+    peak = plan.learning_rate * scale
     if lr.schedule == "constant" and plan.warmup_steps == 0:
         return peak
     # CosineDecay covers all cases: linear warmup to `peak` over warmup_steps, then cosine decay

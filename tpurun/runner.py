@@ -9,26 +9,24 @@ name would replace it on the package once imported.)
 
 from __future__ import annotations
 
-import contextlib
-import csv
 import os
-import signal
-import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from tpurun import __version__
+from tpurun import resume as resume_lib
 from tpurun.config import Config, DataConfig
 from tpurun.console import Reporter
 from tpurun.errors import DataError, Interrupted, ModelError, TpurunError
 from tpurun.fileio import read_json, save_atomically, write_json
 from tpurun.plan import Plan, make_plan
 from tpurun.runtime import Machine, Runtime, activate, choose, probe
+from tpurun.stopping import Stop, stop_on_signals
 
 SUMMARY = "summary.json"
 CHECKPOINTS = "checkpoints"
@@ -43,6 +41,7 @@ class Prepared:
     runtime: Runtime
     plan: Plan
     data: DataConfig  # the effective data section: features filled in, compression known
+    skipped: list = field(default_factory=list)  # corrupt shards left out (data.skip_corrupt)
 
 
 def prepare(
@@ -57,9 +56,10 @@ def prepare(
     runtime = activate(choice, config.seed)
     resolved = resolve(config)
     plan = make_plan(config, choice, runtime.replicas, resolved)
-    for warning in plan.warnings:
+    skipped = list(getattr(resolved, "skipped", []))
+    for warning in plan.warnings + [s.describe() for s in skipped]:
         reporter.message(warning, "warn")
-    return Prepared(config, runtime, plan, resolved.data)
+    return Prepared(config, runtime, plan, resolved.data, skipped)
 
 
 def resolved_config(prepared: Prepared) -> dict[str, Any]:
@@ -71,24 +71,6 @@ def resolved_config(prepared: Prepared) -> dict[str, Any]:
     config = prepared.config.to_dict()
     config["data"] = prepared.data.model_dump(mode="json")
     return {**config, "derived": prepared.plan.to_dict()}
-
-
-def _trim_csv(path: Path, epochs_done: int) -> None:
-    """Keep the rows of the checkpointed epochs only, so a resume adds no duplicate row.
-
-    Keras' CSVLogger numbers epochs from 0; ``epochs_done`` counts from 1.
-    """
-    if not path.exists():
-        return
-    with path.open(newline="") as f:
-        rows = list(csv.reader(f))
-    if not rows:
-        return
-    kept = [rows[0]] + [r for r in rows[1:] if r and r[0].isdigit() and int(r[0]) < epochs_done]
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w", newline="") as f:
-        csv.writer(f).writerows(kept)
-    tmp.replace(path)
 
 
 def _examples_per_sec(rates: list[float]) -> float:
@@ -113,23 +95,18 @@ def _run_directory(path: Path, restart: bool, reporter: Reporter) -> Path:
     return path
 
 
-def _new_summary(
-    plan: Plan, run_dir: Path, epochs: int, state: dict | None, previous: dict
-) -> dict:
-    initial_epoch = int(state["epoch"]) if state else 0
+def _new_summary(plan: Plan, run_dir: Path, epochs: int, point, previous: dict) -> dict:
+    state = point.state if point else {}
     best = {"monitor": plan.monitor, "value": None, "epoch": None}
-    if state:
+    if state.get("best") is not None:
         best = {
             "monitor": state.get("monitor"),
-            "value": state.get("best"),
+            "value": state["best"],
             "epoch": state.get("best_epoch"),
         }
-    resumes = list(previous.get("resumed_from_epoch", []))
-    if initial_epoch and initial_epoch < epochs:
-        resumes.append(initial_epoch)
     return {
         "status": "running",
-        "epochs_completed": initial_epoch,
+        "epochs_completed": int(state.get("epoch", 0)),
         "epochs": epochs,
         "backend": plan.backend,
         "accelerator": plan.accelerator,
@@ -148,7 +125,10 @@ def _new_summary(
         "time_to_first_step": None,
         "epoch_seconds": [],
         "final_metrics": previous.get("final_metrics", {}),
-        "resumed_from_epoch": resumes,
+        "resumes": list(previous.get("resumes", [])),
+        "nan_restores": list(previous.get("nan_restores", [])),
+        "skipped_shards": [],
+        "skipped_records": 0,
         "run_dir": str(run_dir),
         "tpurun_version": __version__,
     }
@@ -160,17 +140,21 @@ def run(
     output: str | None = None,
     reporter: Reporter | None = None,
     restart: bool = False,
+    resume: str | None = None,
     machine: Machine | None = None,
 ) -> dict[str, Any]:
     """Train a config end to end and return its summary (also written to ``summary.json``).
 
-    Rerunning on the same run directory continues from its latest checkpoint.
+    Rerunning on the same run directory continues from its latest checkpoint, mid-epoch if that
+    is where it was saved.
 
     Args:
         config: a validated config.
         output: overrides ``output.dir``.
         reporter: receives progress events; silent by default.
         restart: start over, moving an existing run directory aside instead of resuming it.
+        resume: continue from this checkpoint (a run directory, a state file or a model file)
+            instead of the run directory's own.
         machine: facts about the machine (tests inject them); probed when None.
 
     Raises:
@@ -181,16 +165,22 @@ def run(
     # Environment and data are checked before anything is written.
     prepared = prepare(config, reporter, machine)
     plan, epochs = prepared.plan, config.train.epochs
+    effective = resolved_config(prepared)
+    identity = resume_lib.identity(effective, {"global_batch_size": plan.global_batch_size,
+                                               "precision": plan.precision})  # fmt: skip
+    point = resume_lib.from_path(resume) if resume else None
+    if point is not None:
+        resume_lib.check_unchanged(point, identity)
     run_dir = _run_directory(Path(output or config.output.dir) / config.name, restart, reporter)
     ckpt_dir = run_dir / CHECKPOINTS
-
-    from tpurun import callbacks as cbs  # imports keras: only after activate() chose the backend
-
-    state = read_json(ckpt_dir / cbs.LATEST_STATE)
-    if state and not (ckpt_dir / cbs.LATEST_WEIGHTS).exists():
-        state = None
+    if point is None:
+        point = resume_lib.latest(ckpt_dir)
+        if point is not None:
+            resume_lib.check_unchanged(point, identity)
     previous = read_json(run_dir / SUMMARY) or {}
-    summary = _new_summary(plan, run_dir, epochs, state, previous)
+    summary = _new_summary(plan, run_dir, epochs, point, previous)
+    summary["skipped_shards"] = [asdict(s) for s in prepared.skipped]
+    summary["skipped_records"] = sum(s.records for s in prepared.skipped)
     if summary["epochs_completed"] >= epochs:
         reporter.message(
             f"{run_dir} has already trained {summary['epochs_completed']} epoch(s) of {epochs}; "
@@ -201,10 +191,16 @@ def run(
         reporter.finish(summary)
         return summary
 
-    (run_dir / "config.yaml").write_text(
+    config_file = run_dir / "config.yaml"
+    if point is not None:
+        before = yaml.safe_load(config_file.read_text()) if config_file.exists() else None
+        changes = resume_lib.changed_settings(before, effective)
+        if changes:
+            reporter.message("changed since the last session: " + "; ".join(changes[:6]), "note")
+    config_file.write_text(
         "# Written by tpurun: the config as run, with defaults filled in, and the values derived\n"
         "# on this machine under `derived` (ignored when this file is loaded again).\n"
-        + yaml.safe_dump(resolved_config(prepared), sort_keys=False)
+        + yaml.safe_dump(effective, sort_keys=False)
     )
 
     def finish(status: str) -> dict[str, Any]:
@@ -213,12 +209,19 @@ def run(
         write_json(run_dir / SUMMARY, summary)
         return summary
 
+    if point is not None:
+        epoch, step = point.position
+        summary["resumes"].append(
+            {"epoch": epoch, "step": step, "from": point.source, "time": time.strftime("%FT%T%z")}
+        )
     write_json(run_dir / SUMMARY, summary)
     limit = config.train.time_limit
-    stop = cbs.Stop(deadline=started + limit if limit else None)
+    stop = Stop(deadline=started + limit if limit else None)
     try:
-        with _stop_on_signals(stop):
-            model, history, progress, checkpoint = _train(prepared, run_dir, state, reporter, stop)
+        with stop_on_signals(stop):
+            model, progress, checkpoint = _train(
+                prepared, run_dir, point, identity, reporter, stop, summary
+            )
     except TpurunError:
         finish("failed")
         raise
@@ -232,45 +235,36 @@ def run(
     finally:
         prepared.runtime.release()
 
-    # An epoch cut short (by a signal or a NaN) ran its callbacks but is not finished.
-    done = summary["epochs_completed"] + len(history.epoch) - (1 if stop.cut_at else 0)
+    done, step = checkpoint.position
     summary["epochs_completed"] = done
     summary["epoch_seconds"] = [round(s, 3) for s in progress.epoch_seconds]
     summary["examples_per_sec"] = round(_examples_per_sec(progress.epoch_rates), 1)
     if progress.first_step_seconds is not None:
         summary["time_to_first_step"] = round(progress.first_step_seconds, 3)
-    summary["final_metrics"] = {k: float(v[-1]) for k, v in history.history.items() if v}
-    if checkpoint is not None:
+    summary["final_metrics"] = checkpoint.last_logs
+    if checkpoint.save_best:
         summary["best"] = {
             "monitor": checkpoint.monitor,
             "value": checkpoint.best,
             "epoch": checkpoint.best_epoch,
         }
     if stop.nan_at is not None:
-        epoch, step = stop.nan_at
+        epoch, nan_step = stop.nan_at
         finish("nan")
+        tried = (
+            f" after {len(summary['nan_restores'])} restore(s) (callbacks.max_nan_restores)"
+            if config.callbacks.on_nan == "restore"
+            else ""
+        )
         raise TpurunError(
-            f"training stopped at epoch {epoch}, step {step}: the loss became NaN or Inf. Likely "
-            "causes: a learning rate too high for this global batch (lower train.learning_rate.base),"
-            " float16 overflow (use mixed_bfloat16 or float32), or bad input values. The last good "
-            f"checkpoint is in {ckpt_dir}."
+            f"training stopped at epoch {epoch}, step {nan_step}: the loss became NaN or Inf{tried}. "
+            "Likely causes: a learning rate too high for this global batch (lower "
+            "train.learning_rate.base), float16 overflow (use mixed_bfloat16 or float32), or bad "
+            f"input values. The last good checkpoint is in {ckpt_dir}; callbacks.on_nan: restore "
+            "reloads it with a lower learning rate and goes on."
         )
     if stop.reason is not None and done < epochs:  # a stop after the last step is just the end
-        where = (
-            f"epoch {done + 1}, step {stop.cut_at[1]}"
-            if stop.cut_at
-            else f"the end of epoch {done}"
-        )
-        if stop.cut_at:
-            # Keep the partial epoch's progress; a resume reruns that epoch from these weights.
-            save_atomically(str(ckpt_dir / cbs.LATEST_WEIGHTS), model.save_weights)
-            latest = read_json(ckpt_dir / cbs.LATEST_STATE) or {"epoch": done}
-            latest["interrupted"] = {
-                "reason": stop.reason,
-                "epoch": done + 1,
-                "step": stop.cut_at[1],
-            }
-            write_json(ckpt_dir / cbs.LATEST_STATE, {**latest, "epoch": done})
+        where = f"epoch {done + 1}, step {step}" if step else f"the end of epoch {done}"
         finish("interrupted")
         raise Interrupted(
             f"{stop.reason}: stopped at {where}; the checkpoint is saved in {ckpt_dir}. Run the same "
@@ -293,38 +287,29 @@ def _cache(config: Config, run_dir: Path, split: str) -> str | None:
     return f"{cache}-{split}"
 
 
-@contextlib.contextmanager
-def _stop_on_signals(stop):
-    """SIGTERM or SIGINT (a notebook's stop button, Kaggle ending the session) stops training at
-    the next step, with a checkpoint; a second signal stops at once."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be installed from the main thread
-        return
+def _train(
+    prepared: Prepared, run_dir: Path, point, identity: dict, reporter: Reporter, stop: Stop,
+    summary: dict,
+):  # fmt: skip
+    """Build datasets, model and callbacks; restore the resume point if any; fit to the end.
 
-    def handler(signum, frame):
-        if stop.reason is not None:
-            raise KeyboardInterrupt
-        stop.reason = signal.Signals(signum).name
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
-def _train(prepared: Prepared, run_dir: Path, state: dict | None, reporter: Reporter, stop):
-    """Build datasets, model and callbacks; restore the latest checkpoint if any; fit."""
+    With ``callbacks.on_nan: restore``, a NaN loss reloads the latest checkpoint with the learning
+    rate cut, and training goes on from there (as Model Garden's loss recovery does).
+    """
     from tpurun import callbacks as cbs
     from tpurun.data import pipeline
     from tpurun.model import build_model, compile_model
 
     config, plan, runtime = prepared.config, prepared.plan, prepared.runtime
-    train_ds = pipeline.make_dataset(
-        plan.train_files, prepared.data, plan.global_batch_size, training=True, seed=config.seed,
-        cache=_cache(config, run_dir, "train"),
-    )  # fmt: skip
+
+    def train_data(epoch: int, step: int):
+        """The training stream from a position: the same batches an unbroken run would see."""
+        return pipeline.make_dataset(
+            plan.train_files, prepared.data, plan.global_batch_size, training=True,
+            seed=config.seed, start_record=(epoch * plan.steps_per_epoch + step) * plan.global_batch_size,
+            records_per_pass=plan.train_records, cache=_cache(config, run_dir, "train"),
+        )  # fmt: skip
+
     val_ds = None
     if plan.validation_files:
         val_ds = pipeline.make_dataset(
@@ -336,30 +321,89 @@ def _train(prepared: Prepared, run_dir: Path, state: dict | None, reporter: Repo
         model = build_model(config, plan.backend)
         compile_model(model, config, plan)
     callbacks, progress, checkpoint = cbs.build_callbacks(
-        config, plan, str(run_dir), reporter, stop
+        config, plan, str(run_dir), reporter, stop, identity
     )
-    initial_epoch = int(state["epoch"]) if state else 0
-    if state:
-        weights = run_dir / CHECKPOINTS / cbs.LATEST_WEIGHTS
-        _restore(model, train_ds, weights, runtime)
-        if checkpoint is not None:
-            checkpoint.best, checkpoint.best_epoch = state.get("best"), state.get("best_epoch")
+
+    def sample():
+        return next(iter(train_data(0, 0).take(1)))[0]
+
+    if point is not None:
+        _restore(model, sample, point.weights, runtime, str(point.source))
+        checkpoint.restore(point.state, str(point.folder))
+        _apply_lr_scale(model, config, plan, checkpoint.lr_scale, reset_float=False)
         if config.callbacks.csv_log is not None:
-            _trim_csv(run_dir / config.callbacks.csv_log.filename, initial_epoch)
-        reporter.message(f"resuming at epoch {initial_epoch + 1} from {weights}", "note")
-    reporter.start(plan, str(run_dir), config.train.epochs, initial_epoch)
+            resume_lib.carry_log(point, run_dir, config.callbacks.csv_log.filename)
+            resume_lib.trim_csv(run_dir / config.callbacks.csv_log.filename, point.position[0])
+        if point.state.get("warm_start"):
+            reporter.message(f"starting from the weights in {point.source} (no resume state beside "
+                             "it: epoch 1, fresh optimizer position)", "note")  # fmt: skip
+        else:
+            reporter.message(point.describe(), "note")
+    elif config.callbacks.csv_log is not None:
+        resume_lib.trim_csv(run_dir / config.callbacks.csv_log.filename, 0)
+    if config.callbacks.on_nan == "restore" and checkpoint.position == (0, 0):
+        _restore(model, sample, None, runtime, "")
+        checkpoint.set_model(model)
+        checkpoint.save_latest(0, 0, "start")  # something to go back to before the first epoch
+    reporter.start(plan, str(run_dir), config.train.epochs, checkpoint.position[0])
     # Under a tf.distribute strategy the validation set repeats and needs its step count; elsewhere
     # it is finite and Keras reads it to the end (see pipeline.make_dataset).
     val_steps = plan.validation_steps if runtime.strategy is not None else None
-    history = _fit(
-        model, train_ds, val_ds, val_steps, plan, config.train.epochs, initial_epoch, callbacks
-    )
-    return model, history, progress, checkpoint
+    while True:
+        _fit_from(model, train_data, val_ds, val_steps, plan, config.train.epochs, checkpoint,
+                  progress, callbacks)  # fmt: skip
+        restores = summary["nan_restores"]
+        if stop.nan_at is None or config.callbacks.on_nan != "restore":
+            break
+        if len(restores) >= config.callbacks.max_nan_restores:
+            break
+        back = resume_lib.latest(run_dir / CHECKPOINTS)
+        if back is None:
+            break
+        epoch, step = stop.nan_at
+        _restore(model, sample, back.weights, runtime, back.source)
+        checkpoint.restore(back.state, str(back.folder))
+        checkpoint.lr_scale *= config.callbacks.nan_lr_factor
+        _apply_lr_scale(model, config, plan, checkpoint.lr_scale, reset_float=True)
+        restores.append({"epoch": epoch, "step": step, "restored_to": list(back.position),
+                         "lr_scale": checkpoint.lr_scale})  # fmt: skip
+        reporter.message(
+            f"NaN loss at epoch {epoch}, step {step}: {back.describe()} with the learning rate "
+            f"x{checkpoint.lr_scale:g} (restore {len(restores)} of "
+            f"{config.callbacks.max_nan_restores})",
+            "warn",
+        )
+        stop.nan_at = stop.cut_at = None
+    return model, progress, checkpoint
 
 
-def _fit(
-    model, train_ds, val_ds, val_steps, plan: Plan, epochs: int, initial_epoch: int, callbacks: list
-) -> Any:
+def _fit_from(model, train_data, val_ds, val_steps, plan: Plan, epochs: int, checkpoint, progress,
+              callbacks: list) -> None:  # fmt: skip
+    """Fit from the checkpoint's position to ``epochs``.
+
+    Keras can only start at an epoch's beginning, so a mid-epoch resume first fits the rest of that
+    epoch as a short epoch of its own (the callbacks count its steps from the resume point and
+    restore its running metrics), then the remaining epochs.
+    """
+    epoch, step = checkpoint.position
+    spe = plan.steps_per_execution
+    if step >= plan.steps_per_epoch:  # the epoch got shorter since (more replicas, less data)
+        epoch, step = epoch + 1, 0
+    step -= step % spe  # a changed steps_per_execution: redo the part of an execution
+    progress.resume_at = checkpoint.resume_at = (epoch, step)
+    if step:
+        _fit(model, train_data(epoch, step), val_ds, val_steps, plan.steps_per_epoch - step,
+             epoch + 1, epoch, callbacks)  # fmt: skip
+        if model.stop_training:
+            return
+        epoch += 1
+    if epoch < epochs:
+        _fit(model, train_data(epoch, 0), val_ds, val_steps, plan.steps_per_epoch, epochs, epoch,
+             callbacks)  # fmt: skip
+
+
+def _fit(model, train_ds, val_ds, val_steps, steps: int, epochs: int, initial_epoch: int,
+         callbacks: list) -> Any:  # fmt: skip
     """``model.fit``, with data and shape problems turned into clear errors."""
     import warnings
 
@@ -367,14 +411,13 @@ def _fit(
 
     try:
         with warnings.catch_warnings():
-            # The training stream repeats forever; only a finite validation set "runs out", on
-            # purpose, at the end of each validation pass.
+            # A finite validation set "runs out", on purpose, at the end of each validation pass.
             warnings.filterwarnings("ignore", message="Your input ran out of data")
             return model.fit(
                 train_ds,
                 epochs=epochs,
                 initial_epoch=initial_epoch,
-                steps_per_epoch=plan.steps_per_epoch,
+                steps_per_epoch=steps,
                 validation_data=val_ds,
                 validation_steps=val_steps,
                 callbacks=callbacks,
@@ -394,12 +437,41 @@ def _fit(
         ) from None
 
 
-def _restore(model, train_ds, weights: Path, runtime: Runtime) -> None:
-    """Load the latest weights and optimizer state into the compiled model."""
-    # Build the model and optimizer variables first so the optimizer state has somewhere to go.
-    x, _ = next(iter(train_ds.take(1)))
+def _restore(model, sample, weights: Path | None, runtime: Runtime, source: str) -> None:
+    """Build the model and optimizer variables, then load the weights and optimizer state."""
     with runtime.scope():
         if not model.built:
-            model(x)
-        model.optimizer.build(model.trainable_variables)
-        model.load_weights(str(weights))
+            model(sample())
+        if not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        if weights is None:
+            return
+        try:
+            model.load_weights(str(weights))
+        except Exception as exc:  # Keras raises ValueError, KeyError, OSError... for a misfit file
+            raise ModelError(
+                f"{source}: cannot load {weights.name} into this model: {type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            ) from None
+
+
+def _apply_lr_scale(model, config: Config, plan: Plan, scale: float, reset_float: bool) -> None:
+    """Cut the learning rate after a NaN restore (``scale`` = nan_lr_factor ** restores).
+
+    A schedule is rebuilt, scaled, and the step function retraced (the schedule is compiled into
+    it). A plain learning rate is an optimizer variable saved with the checkpoint: it already holds
+    the cut when resumed, and is cut once more, relative to the checkpoint's, after a restore.
+    """
+    from tpurun.model import learning_rate_schedule
+
+    if scale == 1.0:
+        return
+    schedule = learning_rate_schedule(config, plan, scale)
+    if isinstance(schedule, float):
+        if reset_float:
+            model.optimizer.learning_rate = float(model.optimizer.learning_rate) * (
+                config.callbacks.nan_lr_factor
+            )
+        return
+    model.optimizer.learning_rate = schedule
+    model.train_function = None

@@ -14,13 +14,15 @@ Layout (``version`` 1)::
                    "image": {"type": "image", "shape": [192, 192, 3]}},
       "compression": "none",
       "class_names": ["daisy", "rose"],          # or null
-      "splits": {"train": {"records": 9000, "shards": {"x-train-00000-of-00008.tfrecord": 1125, ...}},
+      "splits": {"train": {"records": 9000, "shards": {"x-train-00000-of-00008.tfrecord": 1125, ...},
+                           "shard_bytes": {"x-train-00000-of-00008.tfrecord": 1712330, ...}},
                  "validation": {...}},           # a dataset written without a split has one "all"
       "source": "flowers/", "created": "2026-11-22T05:50:00Z"
     }
 
 Shard names are relative to the schema file's folder. Feature entries use the config's own keys,
-so they can be pasted into ``data.features`` as they are.
+so they can be pasted into ``data.features`` as they are. ``shard_bytes`` (each shard's size, a
+cheap check for truncated copies) is absent from schema files written before it existed.
 """
 
 from __future__ import annotations
@@ -59,18 +61,27 @@ def make(
     compression: str = "none",
     class_names: list[str] | None = None,
     source: str | None = None,
+    shard_bytes: Mapping[str, Mapping[str, int]] | None = None,
 ) -> dict[str, Any]:
-    """Build a schema dict. ``splits`` maps a split name to ``{shard basename: record count}``."""
+    """Build a schema dict.
+
+    Args:
+        splits: maps a split name to ``{shard basename: record count}``.
+        shard_bytes: the same, with each shard's size in bytes, when known.
+    """
+    made = {
+        split: {"records": sum(shards.values()), "shards": dict(shards)}
+        for split, shards in splits.items()
+    }
+    for split, sizes in (shard_bytes or {}).items():
+        made[split]["shard_bytes"] = dict(sizes)
     return {
         "format": FORMAT,
         "version": VERSION,
         "features": {name: dict(spec) for name, spec in features.items()},
         "compression": compression,
         "class_names": class_names,
-        "splits": {
-            split: {"records": sum(shards.values()), "shards": dict(shards)}
-            for split, shards in splits.items()
-        },
+        "splits": made,
         "source": source,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
@@ -144,4 +155,13 @@ def record_count(schema: Mapping[str, Any], file: str) -> int | None:
     for split in schema["splits"].values():
         if name in split["shards"]:
             return int(split["shards"][name])
+    return None
+
+
+def shard_bytes(schema: Mapping[str, Any], file: str) -> int | None:
+    """The size the schema lists for a shard; None for schema files without sizes."""
+    name = PurePosixPath(file).name
+    for split in schema["splits"].values():
+        if name in split.get("shard_bytes", {}):
+            return int(split["shard_bytes"][name])
     return None

@@ -222,6 +222,10 @@ def write_dataset(
             compression=compression,
             class_names=source.class_names,
             source=source.path,
+            shard_bytes={
+                split: {_basename(path): size for path, _, size in shards}
+                for split, shards in splits.items()
+            },
         ),
     )
     return WriteReport(

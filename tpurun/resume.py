@@ -1,0 +1,184 @@
+"""Where a run continues from: finding a resume point, and refusing one that no longer fits.
+
+A resume point is a JSON state file written by :class:`tpurun.callbacks.RunCheckpoint` (the run's
+``checkpoints/latest.json``, or the ``.json`` beside a best or pattern-named model) and the weights
+file it names. This module reads them and compares what the checkpoint was trained with against
+the config now; it imports no framework.
+"""
+
+from __future__ import annotations
+
+import csv
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tpurun.errors import TpurunError
+from tpurun.fileio import read_json
+
+LATEST_STATE = "latest.json"
+LEGACY_WEIGHTS = "latest.weights.h5"  # written by tpurun 0.1, before latest.json named its file
+_WEIGHT_SUFFIXES = (".weights.h5", ".keras", ".h5")
+
+# What a checkpoint is bound to: change one and the saved weights, optimizer state or data position
+# no longer mean the same thing. Anything else (epochs, callbacks, learning rate, time limit, data
+# files) may change between sessions.
+_BINDING = ("model.", "data.features", "data.inputs", "data.targets", "global_batch_size",
+            "precision")  # fmt: skip
+
+
+@dataclass
+class ResumePoint:
+    state: dict  # epoch (done), step (into the next), best, callbacks, metrics, identity...
+    weights: Path
+    source: str  # what to call it in messages
+
+    @property
+    def folder(self) -> Path:
+        return self.weights.parent
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return int(self.state.get("epoch", 0)), int(self.state.get("step", 0))
+
+    def describe(self) -> str:
+        epoch, step = self.position
+        where = f"epoch {epoch + 1}, step {step}" if step else f"epoch {epoch + 1}"
+        return f"resuming at {where} from {self.source}"
+
+
+def state_file(weights_name: str) -> str:
+    """The state file beside a best or pattern-named model: ``best.keras`` -> ``best.json``."""
+    for suffix in _WEIGHT_SUFFIXES:
+        if weights_name.endswith(suffix):
+            return weights_name[: -len(suffix)] + ".json"
+    return weights_name + ".json"
+
+
+def _from_state(path: Path, source: str) -> ResumePoint | None:
+    state = read_json(path)
+    if not state or "epoch" not in state:
+        return None
+    weights = path.parent / state.get("weights", LEGACY_WEIGHTS)
+    if not weights.exists():
+        return None
+    return ResumePoint(state, weights, source)
+
+
+def latest(checkpoints: Path) -> ResumePoint | None:
+    """The run's own resume point, if it has a complete one."""
+    return _from_state(checkpoints / LATEST_STATE, str(checkpoints / LATEST_STATE))
+
+
+def from_path(path: str) -> ResumePoint:
+    """``--resume PATH``: a run directory, its checkpoints folder, a state file or a model file.
+
+    A model file without a state file beside it (say, one from another tool) gives a warm start:
+    its weights, from epoch 1.
+
+    Raises:
+        TpurunError: nothing to resume from at PATH.
+    """
+    p = Path(path)
+    candidates: list[Path] = []
+    if p.is_dir():
+        candidates = [p / "checkpoints" / LATEST_STATE, p / LATEST_STATE]
+    elif p.suffix == ".json":
+        candidates = [p]
+    elif p.is_file():
+        sidecar = p.with_name(state_file(p.name))
+        point = _from_state(sidecar, str(p)) if sidecar.exists() else None
+        if point is not None and point.weights == p:
+            return point
+        return ResumePoint({"epoch": 0, "step": 0, "warm_start": True}, p, str(p))
+    for candidate in candidates:
+        point = _from_state(candidate, str(candidate))
+        if point is not None:
+            return point
+    raise TpurunError(
+        f"--resume {path}: no checkpoint there. Give a run directory, its checkpoints folder, a "
+        "checkpoint's .json state file, or a .keras / .weights.h5 file."
+    )
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts -> ``{"a.b.c": value}``; lists stay values."""
+    if not isinstance(data, dict):
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def identity(config: dict, derived: dict) -> dict[str, Any]:
+    """What a checkpoint is bound to, as dotted keys (see ``_BINDING``)."""
+    flat = flatten({**config, **derived})
+    return {k: v for k, v in flat.items() if any(k.startswith(b) for b in _BINDING)}
+
+
+def _show(value: Any) -> str:
+    text = "unset" if value is None else str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_unchanged(point: ResumePoint, now: dict[str, Any]) -> None:
+    """Refuse a resume whose checkpoint was trained with another model, features or batch.
+
+    Raises:
+        TpurunError: naming each change, with what was and what is.
+    """
+    saved = point.state.get("identity")
+    if not saved:
+        return  # a warm start, or a checkpoint from before identities were kept
+    changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+    if not changed:
+        return
+    shown = "; ".join(f"{k}: {_show(saved.get(k))} -> {_show(now.get(k))}" for k in changed[:4])
+    more = f" (and {len(changed) - 4} more)" if len(changed) > 4 else ""
+    raise TpurunError(
+        f"cannot resume from {point.source}: the config changed in a way the checkpoint cannot "
+        f"follow ({shown}{more}). A checkpoint only fits the model, features, batch size and "
+        "precision it was trained with. Undo the change, pass --restart to start over (the old run "
+        "is moved aside), or give the changed config another name."
+    )
+
+
+def changed_settings(previous: dict | None, now: dict) -> list[str]:
+    """Harmless changes since the last session (``epochs: 10 -> 20``), for one line of output."""
+    if not previous:
+        return []
+    before, after = flatten(previous), flatten(now)
+    return [
+        f"{k}: {_show(before.get(k))} -> {_show(after.get(k))}"
+        for k in sorted(set(before) | set(after))
+        if before.get(k) != after.get(k) and not k.startswith("derived.")
+    ]
+
+
+def trim_csv(path: Path, epochs_done: int) -> None:
+    """Keep the rows of the checkpointed epochs only, so a resume adds no duplicate row.
+
+    Keras' CSVLogger numbers epochs from 0; ``epochs_done`` counts from 1.
+    """
+    if not path.exists():
+        return
+    with path.open(newline="") as f:
+        rows = list(csv.reader(f))
+    if not rows:
+        return
+    kept = [rows[0]] + [r for r in rows[1:] if r and r[0].isdigit() and int(r[0]) < epochs_done]
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", newline="") as f:
+        csv.writer(f).writerows(kept)
+    tmp.replace(path)
+
+
+def carry_log(point: ResumePoint, run_dir: Path, filename: str) -> None:
+    """Resuming from another run directory (say, last session's output, read-only): start this
+    run's CSV log from that run's, so the log stays whole."""
+    source_run = point.folder.parent if point.folder.name == "checkpoints" else point.folder
+    source, target = source_run / filename, run_dir / filename
+    if source.exists() and source_run.resolve() != run_dir.resolve() and not target.exists():
+        shutil.copyfile(source, target)

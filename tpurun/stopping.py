@@ -1,0 +1,52 @@
+"""Stopping early and cleanly: signals (a notebook's stop button, preemption) and the time limit.
+
+The callbacks notice a request at the next step, save the resume point and end ``fit``; the runner
+then exits with code 3. Imports no framework.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from dataclasses import dataclass
+
+
+@dataclass
+class Stop:
+    """Why training stopped early, shared by the callbacks and the runner."""
+
+    reason: str | None = None  # SIGTERM, SIGINT or train.time_limit: stop at the next step
+    deadline: float | None = None  # time.monotonic() at which train.time_limit runs out
+    nan_at: tuple[int, int] | None = None  # (epoch, step) of a NaN or Inf loss
+    cut_at: tuple[int, int] | None = None  # (epoch, step) where an epoch was cut short
+
+    def requested(self, now: float) -> bool:
+        """Whether training should stop: a signal came, or the time limit has run out."""
+        if self.reason is None and self.deadline is not None and now >= self.deadline:
+            self.reason = "train.time_limit"
+        return self.reason is not None
+
+    def cut_short(self, epoch: int) -> bool:
+        return self.cut_at is not None and self.cut_at[0] == epoch
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: Stop):
+    """SIGTERM or SIGINT (a notebook's stop button, Kaggle ending the session) stops training at
+    the next step, with a checkpoint; a second signal stops at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be installed from the main thread
+        return
+
+    def handler(signum, frame):
+        if stop.reason is not None:
+            raise KeyboardInterrupt
+        stop.reason = signal.Signals(signum).name
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
