@@ -37,3 +37,25 @@ class Exploding(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         raise RuntimeError("boom")
+
+
+class SignalAt(keras.callbacks.Callback):
+    """Sends this process a signal after batch ``step`` (1-based, as Keras counts it in this fit)
+    of epoch ``epoch`` (1-based), once: ``marker`` records that it fired, so a resumed run is not
+    stopped again."""
+
+    def __init__(self, epoch: int, step: int, marker: str, signal: str = "SIGTERM"):
+        super().__init__()
+        self.epoch, self.step, self.marker, self.signal = epoch, step, marker, signal
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch + 1
+
+    def on_train_batch_end(self, batch, logs=None):
+        import os
+        import signal
+
+        if (self._epoch, batch + 1) >= (self.epoch, self.step) and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os.kill(os.getpid(), getattr(signal, self.signal))

@@ -192,6 +192,19 @@ class ReduceLROnPlateau(keras.callbacks.ReduceLROnPlateau):
     set_state = EarlyStopping.set_state
 
 
+class CSVLogger(keras.callbacks.CSVLogger):
+    """Keras' CSVLogger, always appending (a resumed run's log goes on), and writing no row for an
+    epoch cut short by a stop or a NaN: the log holds finished epochs only."""
+
+    def __init__(self, filename: str, stop: Stop):
+        super().__init__(filename, append=True)
+        self.stop = stop
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not self.stop.cut_short(epoch + 1):
+            super().on_epoch_end(epoch, logs)
+
+
 def _plain(value: Any) -> Any:
     """A JSON-ready copy of a callback attribute (numpy scalars become floats, inf stays)."""
     if isinstance(value, (np.floating, np.integer)):
@@ -435,12 +448,9 @@ def build_callbacks(
             )
         out.append(callback)
     # The CSV row of an epoch is written before its checkpoint; a resume drops rows past the
-    # checkpoint, so a kill between the two leaves neither a gap nor a duplicate. It always
-    # appends: a resumed run's log goes on (a fresh run starts a new file, see runner).
+    # checkpoint, so a kill between the two leaves neither a gap nor a duplicate.
     if cb.csv_log is not None:
-        out.append(
-            keras.callbacks.CSVLogger(os.path.join(run_dir, cb.csv_log.filename), append=True)
-        )
+        out.append(CSVLogger(os.path.join(run_dir, cb.csv_log.filename), stop))
     ck = cb.checkpoint
     checkpoint = RunCheckpoint(
         os.path.join(run_dir, "checkpoints"),

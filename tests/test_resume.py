@@ -1,0 +1,175 @@
+"""Resume: exact mid-epoch continuation, callback state, changed configs, --resume, NaN restore.
+
+In-process runs use Keras on JAX with one CPU device (toy_config's default), where a resumed run
+is bit-for-bit the run that was never stopped: the input stream is a function of the seed and the
+position, and the checkpoint carries the weights, optimizer state, metric sums and callback state.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import keras
+import pytest
+from conftest import FACTORIES, toy_config
+
+import tpurun
+from tpurun.errors import Interrupted, ModelError, TpurunError
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def stopping_at(marker: Path, epoch: int, step: int) -> dict:
+    """A user callback that sends SIGTERM once, after that step (see tests/factories.py)."""
+    return {"name": f"{FACTORIES}:SignalAt", "epoch": epoch, "step": step, "marker": str(marker)}
+
+
+def config_for(toy_data, tmp_path, name, **train) -> dict:
+    train = {"epochs": 3, "steps_per_execution": 2, **train}
+    return toy_config(toy_data, tmp_path / "runs", name=name, train=train)
+
+
+def test_a_mid_epoch_stop_resumes_at_that_step_and_matches_an_unbroken_run(toy_data, tmp_path):
+    unbroken = tpurun.train(config_for(toy_data, tmp_path, "a"), verbose=False)
+
+    config = config_for(toy_data, tmp_path, "b")
+    config["callbacks"] = {"extra": [stopping_at(tmp_path / "fired", epoch=2, step=4)]}
+    with pytest.raises(Interrupted, match=r"SIGTERM: stopped at epoch 2, step 6"):
+        tpurun.train(config, verbose=False)  # asked at step 4, seen at the next execution's end
+    run_dir = tmp_path / "runs" / "b"
+    state = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
+    assert (state["epoch"], state["step"], state["reason"]) == (1, 6, "SIGTERM")
+    assert len(state["metrics"]) > 0  # the epoch's running metric sums
+    assert [r["epoch"] for r in read_csv(run_dir / "log.csv")] == ["0"]
+
+    resumed = tpurun.train(config, verbose=False)
+    assert resumed["status"] == "completed" and resumed["epochs_completed"] == 3
+    assert resumed["resumes"][-1]["epoch"] == 1 and resumed["resumes"][-1]["step"] == 6
+    # Nothing repeated, nothing skipped: every number in every row is the unbroken run's,
+    # including the resumed epoch's training metrics.
+    assert read_csv(run_dir / "log.csv") == read_csv(tmp_path / "runs" / "a" / "log.csv")
+    assert resumed["final_metrics"] == unbroken["final_metrics"]
+    model = keras.saving.load_model(run_dir / "model.keras")
+    assert int(model.optimizer.iterations.numpy()) == 3 * 16
+
+
+def test_a_changed_model_or_batch_is_refused_and_harmless_changes_are_allowed(
+    toy_data, tmp_path, capsys
+):
+    config = config_for(toy_data, tmp_path, "c", epochs=1)
+    tpurun.train(config, verbose=False)
+    state_file = tmp_path / "runs" / "c" / "checkpoints" / "latest.json"
+    before = state_file.read_bytes()
+
+    changed = json.loads(json.dumps(config))
+    changed["model"]["kwargs"] = {"units": 32}
+    with pytest.raises(TpurunError, match=r"model.kwargs.units: unset -> 32.*--restart"):
+        tpurun.train(changed, verbose=False)
+    changed = json.loads(json.dumps(config))
+    changed["train"]["per_core_batch_size"] = 16
+    with pytest.raises(TpurunError, match=r"global_batch_size: 32 -> 16"):
+        tpurun.train(changed, verbose=False)
+    assert state_file.read_bytes() == before  # a refused resume writes nothing
+
+    config["train"]["epochs"] = 2
+    config["callbacks"] = {"early_stopping": {"patience": 5}}
+    assert tpurun.train(config)["epochs_completed"] == 2
+    out = capsys.readouterr().out
+    assert "changed since the last session:" in out and "train.epochs: 1 -> 2" in out
+
+
+def test_early_stopping_counts_carry_over_a_resume(toy_data, tmp_path):
+    # In "max" mode a falling loss never improves: patience 2 stops after epoch 3, whether or
+    # not the run was resumed in between (Keras alone would start counting again at epoch 3).
+    callbacks = {"early_stopping": {"monitor": "loss", "mode": "max", "patience": 2}}
+    config = config_for(toy_data, tmp_path, "es", epochs=2)
+    config["callbacks"] = callbacks
+    tpurun.train(config, verbose=False)
+    config["train"]["epochs"] = 6
+    summary = tpurun.train(config, verbose=False)
+    assert summary["status"] == "stopped_early" and summary["epochs_completed"] == 3
+
+
+def test_reduce_lr_on_plateau_state_and_learning_rate_carry_over_a_resume(toy_data, tmp_path):
+    plateau = {"reduce_lr_on_plateau": {"monitor": "loss", "mode": "max", "patience": 1,
+                                        "factor": 0.5, "cooldown": 1}}  # fmt: skip
+    unbroken = config_for(toy_data, tmp_path, "lr-a", epochs=5)
+    unbroken["callbacks"] = plateau
+    tpurun.train(unbroken, verbose=False)
+    broken = config_for(toy_data, tmp_path, "lr-b", epochs=3)
+    broken["callbacks"] = plateau
+    tpurun.train(broken, verbose=False)
+    broken["train"]["epochs"] = 5
+    tpurun.train(broken, verbose=False)
+
+    def final_lr(name):
+        model = keras.saving.load_model(tmp_path / "runs" / name / "model.keras")
+        return float(model.optimizer.learning_rate.numpy())
+
+    assert final_lr("lr-b") == final_lr("lr-a") < 0.01  # reduced, and by the same steps
+
+
+def test_resume_from_another_run_directory_or_a_named_checkpoint(toy_data, tmp_path, capsys):
+    first = config_for(toy_data, tmp_path, "session1", epochs=2)
+    first["callbacks"] = {
+        "checkpoint": {"monitor": "loss", "save_best_only": False, "filename": "ep{epoch}.keras"}
+    }
+    tpurun.train(first, verbose=False)
+    session1 = tmp_path / "runs" / "session1"
+
+    # Last session's output, read from elsewhere (as /kaggle/input is): the log carries over.
+    second = config_for(toy_data, tmp_path, "session2", epochs=3)
+    summary = tpurun.train(second, resume=str(session1))
+    assert summary["epochs_completed"] == 3 and summary["resumes"][0]["epoch"] == 2
+    assert [r["epoch"] for r in read_csv(tmp_path / "runs" / "session2" / "log.csv")] == [
+        "0", "1", "2"
+    ]  # fmt: skip
+    assert "resuming at epoch 3 from" in capsys.readouterr().out
+
+    # A pattern-named checkpoint has its state beside it: continue from epoch 1's.
+    third = config_for(toy_data, tmp_path, "rollback", epochs=3)
+    summary = tpurun.train(third, resume=str(session1 / "checkpoints" / "ep1.keras"))
+    assert summary["resumes"][0]["epoch"] == 1 and summary["epochs_completed"] == 3
+
+    # A model file with no state beside it: a warm start from its weights, at epoch 1.
+    foreign = tmp_path / "foreign.keras"
+    shutil.copy(session1 / "model.keras", foreign)
+    summary = tpurun.train(config_for(toy_data, tmp_path, "warm", epochs=1), resume=str(foreign))
+    assert summary["epochs_completed"] == 1 and summary["final_metrics"]["accuracy"] > 0.85
+
+    with pytest.raises(TpurunError, match=r"--resume .*nowhere: no checkpoint there"):
+        tpurun.train(config_for(toy_data, tmp_path, "x"), resume=str(tmp_path / "nowhere"))
+    other = toy_config(toy_data, tmp_path / "runs", name="y")
+    other["model"]["factory"] = f"{FACTORIES}:two_inputs"
+    other["data"]["inputs"] = {"a": "x", "b": "y"}
+    with pytest.raises(
+        ModelError, match=r"foreign.keras: cannot load foreign.keras into this model"
+    ):
+        tpurun.train(other, resume=str(foreign), verbose=False)
+
+
+def test_on_nan_restore_goes_back_with_a_lower_learning_rate(toy_data, tmp_path):
+    config = config_for(toy_data, tmp_path, "nan", epochs=2)
+    config["train"]["learning_rate"] = {"base": 1e30}
+    config["model"]["loss"] = "mse"
+    config["callbacks"] = {"on_nan": "restore", "nan_lr_factor": 1e-32, "max_nan_restores": 2}
+    summary = tpurun.train(config, verbose=False)
+    assert summary["status"] == "completed" and summary["epochs_completed"] == 2
+    assert [r["lr_scale"] for r in summary["nan_restores"]] == [1e-32]
+    assert summary["nan_restores"][0]["restored_to"] == [0, 0]  # the start: nothing good before
+    assert all(v == v for v in summary["final_metrics"].values())  # no NaN left
+
+    config = config_for(toy_data, tmp_path, "nan-again", epochs=2)
+    config["train"]["learning_rate"] = {"base": 1e30}
+    config["model"]["loss"] = "mse"
+    config["callbacks"] = {"on_nan": "restore", "nan_lr_factor": 0.5, "max_nan_restores": 2}
+    with pytest.raises(TpurunError, match=r"NaN or Inf after 2 restore\(s\)"):
+        tpurun.train(config, verbose=False)
+    summary = json.loads((tmp_path / "runs" / "nan-again" / "summary.json").read_text())
+    assert summary["status"] == "nan" and len(summary["nan_restores"]) == 2
