@@ -29,6 +29,7 @@ from tpurun.runtime import Machine, Runtime, activate, choose, probe
 from tpurun.stopping import Stop, stop_on_signals
 
 SUMMARY = "summary.json"
+MODEL = "model.keras"
 CHECKPOINTS = "checkpoints"
 ERROR_LOG = "error.log"
 
@@ -181,7 +182,7 @@ def run(
     summary = _new_summary(plan, run_dir, epochs, point, previous)
     summary["skipped_shards"] = [asdict(s) for s in prepared.skipped]
     summary["skipped_records"] = sum(s.records for s in prepared.skipped)
-    if summary["epochs_completed"] >= epochs:
+    if summary["epochs_completed"] >= epochs and (run_dir / MODEL).exists():
         reporter.message(
             f"{run_dir} has already trained {summary['epochs_completed']} epoch(s) of {epochs}; "
             "raise train.epochs to train further, or pass --restart to start over.",
@@ -270,7 +271,7 @@ def run(
             f"{stop.reason}: stopped at {where}; the checkpoint is saved in {ckpt_dir}. Run the same "
             "command again to continue."
         )
-    save_atomically(str(run_dir / "model.keras"), model.save)
+    save_atomically(str(run_dir / MODEL), model.save)
     result = finish("completed" if done >= epochs else "stopped_early")
     reporter.finish(result)
     return result

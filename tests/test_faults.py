@@ -1,0 +1,175 @@
+"""Fault injection with real processes: SIGKILL at random points, kills inside a checkpoint write,
+SIGTERM mid-epoch on the TensorFlow backend. Nothing trained may be lost, and the run that was
+killed must end where the unbroken one does."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import ROOT, toy_config, write_toy_data
+
+from tpurun import resume as resume_lib
+
+pytestmark = pytest.mark.slow
+
+EXE = str(Path(sys.executable).parent / "tpurun")
+
+
+def clean_env(**extra) -> dict:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("KERAS_BACKEND", "XLA_FLAGS", "JAX_PLATFORMS")
+    }
+    return {**env, "TPURUN_PLAIN": "1", **extra}
+
+
+def write_config(tmp_path: Path, config: dict, name: str) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({**config, "name": name}))
+    return path
+
+
+def epochs_in_log(run_dir: Path) -> list[str]:
+    with open(run_dir / "log.csv") as f:
+        return [row["epoch"] for row in csv.DictReader(f)]
+
+
+def finish(path: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    done = subprocess.run([EXE, "train", str(path)], capture_output=True, text=True, cwd=ROOT,
+                          env=env or clean_env(), timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def check_finished(run_dir: Path, epochs: int, reference: dict) -> dict:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["epochs_completed"] == epochs
+    assert epochs_in_log(run_dir) == [str(i) for i in range(epochs)]  # each epoch once, no gap
+    assert (run_dir / "model.keras").exists()
+    # Same backend, same seed: the killed run ends where the unbroken one does.
+    assert summary["final_metrics"]["val_loss"] == pytest.approx(
+        reference["final_metrics"]["val_loss"], rel=1e-4
+    )
+    return summary
+
+
+@pytest.fixture(scope="module")
+def longer(tmp_path_factory):
+    """Data for ~128 steps an epoch, a config saving every 4 steps, and its unbroken result."""
+    tmp = tmp_path_factory.mktemp("faults")
+    data = write_toy_data(tmp / "data", n_train=4096, n_val=256, shards=8)
+    config = toy_config(data, tmp / "runs", train={"epochs": 3, "steps_per_execution": 1})
+    config["callbacks"] = {"checkpoint": {"every_steps": 4}}
+    finish(write_config(tmp, config, "unbroken"))
+    reference = json.loads((tmp / "runs" / "unbroken" / "summary.json").read_text())
+    return tmp, config, reference
+
+
+def test_sigkill_at_random_points_then_finish(longer):
+    tmp, config, reference = longer
+    path = write_config(tmp, config, "killed")
+    run_dir = tmp / "runs" / "killed"
+    rng = random.Random(20261122)
+    positions: list = []
+    for kill in range(6):
+        proc = subprocess.Popen([EXE, "train", str(path)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, cwd=ROOT, env=clean_env())  # fmt: skip
+        if kill == 0:
+            time.sleep(rng.uniform(0.5, 2.5))  # during start-up, before any checkpoint
+        else:  # at a random instant after this session's first new save
+            before = positions[-1] if positions else None
+            while proc.poll() is None:
+                point = resume_lib.latest(run_dir / "checkpoints")
+                if point is not None and point.position != before:
+                    break
+                time.sleep(0.02)
+            time.sleep(rng.uniform(0.0, 0.4))
+        if proc.poll() is not None:
+            break  # it finished before this kill
+        proc.kill()
+        proc.wait()
+        point = resume_lib.latest(run_dir / "checkpoints")
+        positions.append(point.position if point else None)
+        if point:  # after any kill, the resume point is complete and loads
+            assert point.weights.exists() and point.state["weights"] == point.weights.name
+    finish(path)
+    summary = check_finished(run_dir, 3, reference)
+    kills = [p for p in positions if p is not None]
+    assert len(kills) >= 3, positions  # kills landed while training
+    assert any(step for _, step in kills), positions  # and one of them mid-epoch
+    print(f"kills: {len(positions)}, at {positions}; resumes {len(summary['resumes'])}")
+
+
+@pytest.mark.parametrize("target", ["weights", "state"])
+def test_a_kill_inside_a_checkpoint_write_leaves_the_previous_one(longer, target):
+    """The process kills itself halfway through writing its 5th resume point: the weights file
+    (``weights``), or latest.json after the weights were in place (``state``)."""
+    tmp, config, reference = longer
+    name = f"torn-{target}"
+    path = write_config(tmp, config, name)
+    run_dir = tmp / "runs" / name
+    driver = f"""
+import os, signal, sys
+real_replace, count = os.replace, [0]
+def dying_replace(src, dst):
+    base = os.path.basename(str(dst))
+    hit = base.startswith("latest-") if {target!r} == "weights" else base == "latest.json"
+    if hit:
+        count[0] += 1
+        if count[0] == 5:
+            with open(src, "r+b") as f:
+                f.truncate(os.path.getsize(src) // 2)  # half written
+            os.kill(os.getpid(), signal.SIGKILL)
+    return real_replace(src, dst)
+os.replace = dying_replace
+sys.argv = ["tpurun", "train", {str(path)!r}]
+from tpurun.cli import main
+main()
+"""
+    killed = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True,
+                            cwd=ROOT, env=clean_env(), timeout=600)  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    point = resume_lib.latest(run_dir / "checkpoints")
+    assert point is not None  # the previous (4th) resume point is whole
+    assert point.position == (0, 16)  # saves at steps 4, 8, 12, 16; the 5th (20) was torn
+    import h5py
+
+    with h5py.File(point.weights) as f:  # a complete HDF5 file
+        assert len(f.keys()) > 0
+    finish(path)
+    check_finished(run_dir, 3, reference)
+
+
+def test_sigterm_mid_epoch_on_tensorflow_resumes_at_the_step(tmp_path):
+    data = write_toy_data(tmp_path / "data", n_train=2048, n_val=256)
+    config = toy_config(data, tmp_path / "runs", train={"epochs": 2, "steps_per_execution": 1},
+                        runtime={"backend": "tensorflow", "cpu_devices": 1})  # fmt: skip
+    config["callbacks"] = {"checkpoint": {"every_steps": 8}}
+    finish(write_config(tmp_path, config, "tf-unbroken"))
+    reference = json.loads((tmp_path / "runs" / "tf-unbroken" / "summary.json").read_text())
+
+    path = write_config(tmp_path, config, "tf-stopped")
+    run_dir = tmp_path / "runs" / "tf-stopped"
+    proc = subprocess.Popen([EXE, "train", str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT, env=clean_env())  # fmt: skip
+    while resume_lib.latest(run_dir / "checkpoints") is None and proc.poll() is None:
+        time.sleep(0.02)  # training is under way once the first mid-epoch save is there
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err
+    state = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
+    done = finish(path)
+    if state["step"]:  # the usual case: the signal landed inside an epoch
+        assert f"resuming at epoch {state['epoch'] + 1}, step {state['step']}" in done.stdout
+    check_finished(run_dir, 2, reference)
