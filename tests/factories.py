@@ -17,6 +17,32 @@ def two_inputs() -> keras.Model:
     return keras.Model([a, b], keras.layers.Dense(1, activation="sigmoid")(merged))
 
 
+def five_inputs() -> keras.Model:
+    """Expects 5 values per example where the toy data has 8."""
+    inputs = keras.Input(shape=(5,), name="x")
+    return keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(inputs))
+
+
+def image_input() -> keras.Model:
+    """Expects 8x8x1 images where the toy data has flat vectors of 8."""
+    inputs = keras.Input(shape=(8, 8, 1), name="x")
+    flat = keras.layers.Flatten()(inputs)
+    return keras.Model(inputs, keras.layers.Dense(1, activation="sigmoid")(flat))
+
+
+def three_outputs() -> keras.Model:
+    """Predicts 3 values per example where the toy targets hold 1."""
+    inputs = keras.Input(shape=(8,), name="x")
+    return keras.Model(inputs, keras.layers.Dense(3, activation="sigmoid")(inputs))
+
+
+def two_outputs() -> keras.Model:
+    """Two output heads where the toy config gives one target."""
+    inputs = keras.Input(shape=(8,), name="x")
+    heads = [keras.layers.Dense(1, activation="sigmoid")(inputs) for _ in range(2)]
+    return keras.Model(inputs, heads)
+
+
 def not_a_model():
     return "a string"
 
@@ -59,3 +85,22 @@ class SignalAt(keras.callbacks.Callback):
         if (self._epoch, batch + 1) >= (self.epoch, self.step) and not os.path.exists(self.marker):
             open(self.marker, "w").close()
             os.kill(os.getpid(), getattr(signal, self.signal))
+
+
+class WatchLatest(keras.callbacks.Callback):
+    """Records, after each batch, the (epoch, step, reason) of the run's latest.json in ``out``."""
+
+    def __init__(self, folder: str, out: str):
+        super().__init__()
+        self.folder, self.out = folder, out
+
+    def on_train_batch_end(self, batch, logs=None):
+        import json
+        import os
+
+        path = os.path.join(self.folder, "latest.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                state = json.load(f)
+            with open(self.out, "a") as f:
+                f.write(json.dumps([state["epoch"], state["step"], state["reason"]]) + "\n")

@@ -173,3 +173,23 @@ def test_on_nan_restore_goes_back_with_a_lower_learning_rate(toy_data, tmp_path)
         tpurun.train(config, verbose=False)
     summary = json.loads((tmp_path / "runs" / "nan-again" / "summary.json").read_text())
     assert summary["status"] == "nan" and len(summary["nan_restores"]) == 2
+
+
+@pytest.mark.parametrize(
+    "every, reason",
+    [({"every_steps": 4}, "every_steps"), ({"every_minutes": 1e-5}, "every_minutes")],
+)
+def test_mid_epoch_saves_every_steps_or_minutes(toy_data, tmp_path, every, reason):
+    config = config_for(toy_data, tmp_path, "every", epochs=1)
+    seen = tmp_path / "seen.jsonl"
+    watch = {"name": f"{FACTORIES}:WatchLatest", "folder": str(tmp_path / "runs" / "every" / "checkpoints"),
+             "out": str(seen)}  # fmt: skip
+    config["callbacks"] = {"checkpoint": every, "extra": [watch]}
+    tpurun.train(config, verbose=False)
+    saves = {tuple(json.loads(line)) for line in seen.read_text().splitlines()}
+    # 16 steps, 2 per execution: the watcher sees each save one execution later.
+    mid = sorted(step for epoch, step, why in saves if why == reason)
+    if reason == "every_steps":
+        assert mid == [4, 8, 12]
+    else:
+        assert mid[:3] == [2, 4, 6]  # 1e-5 minutes have always passed: every execution saves

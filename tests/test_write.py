@@ -311,9 +311,11 @@ def test_gzip_and_the_schema_file(tmp_path):
     written = json.loads((tmp_path / "g.schema.json").read_text())
     assert written["compression"] == "gzip" and written["source"] == str(tmp_path / "d.npz")
     assert written["features"] == report.features and written["class_names"] is None
+    validation_shard = tmp_path / "g-validation-00000-of-00001.tfrecord"
     assert written["splits"]["validation"] == {
         "records": 3,
-        "shards": {"g-validation-00000-of-00001.tfrecord": 3},
+        "shards": {validation_shard.name: 3},
+        "shard_bytes": {validation_shard.name: validation_shard.stat().st_size},
     }
     assert written["splits"]["train"]["records"] == 27
     assert sorted(written["splits"]["train"]["shards"].values()) == [3, 3, 3, 3, 3, 4, 4, 4]

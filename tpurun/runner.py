@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +57,7 @@ def prepare(
     runtime = activate(choice, config.seed)
     resolved = resolve(config)
     plan = make_plan(config, choice, runtime.replicas, resolved)
-    skipped = list(getattr(resolved, "skipped", []))
+    skipped = resolved.skipped
     for warning in plan.warnings + [s.describe() for s in skipped]:
         reporter.message(warning, "warn")
     return Prepared(config, runtime, plan, resolved.data, skipped)
@@ -180,7 +180,7 @@ def run(
             resume_lib.check_unchanged(point, identity)
     previous = read_json(run_dir / SUMMARY) or {}
     summary = _new_summary(plan, run_dir, epochs, point, previous)
-    summary["skipped_shards"] = [asdict(s) for s in prepared.skipped]
+    summary["skipped_shards"] = [s.to_dict() for s in prepared.skipped]
     summary["skipped_records"] = sum(s.records for s in prepared.skipped)
     if summary["epochs_completed"] >= epochs and (run_dir / MODEL).exists():
         reporter.message(
@@ -297,6 +297,8 @@ def _train(
     With ``callbacks.on_nan: restore``, a NaN loss reloads the latest checkpoint with the learning
     rate cut, and training goes on from there (as Model Garden's loss recovery does).
     """
+    import tensorflow as tf
+
     from tpurun import callbacks as cbs
     from tpurun.data import pipeline
     from tpurun.model import build_model, compile_model
@@ -351,8 +353,11 @@ def _train(
     # it is finite and Keras reads it to the end (see pipeline.make_dataset).
     val_steps = plan.validation_steps if runtime.strategy is not None else None
     while True:
-        _fit_from(model, train_data, val_ds, val_steps, plan, config.train.epochs, checkpoint,
-                  progress, callbacks)  # fmt: skip
+        try:
+            _fit_from(model, train_data, val_ds, val_steps, plan, config.train.epochs, checkpoint,
+                      progress, callbacks)  # fmt: skip
+        except tf.errors.DataLossError as exc:
+            raise _damaged_while_training(prepared, exc) from None
         restores = summary["nan_restores"]
         if stop.nan_at is None or config.callbacks.on_nan != "restore":
             break
@@ -376,6 +381,25 @@ def _train(
         )
         stop.nan_at = stop.cut_at = None
     return model, progress, checkpoint
+
+
+def _damaged_while_training(prepared: Prepared, exc: Exception) -> DataError:
+    """TF's DataLossError does not say which file it was reading: find it, and say what to do."""
+    from tpurun.data import pipeline
+
+    files = prepared.plan.train_files + prepared.plan.validation_files
+    found = pipeline.find_corrupt(files, prepared.data.compression)
+    if not found:
+        first = (getattr(exc, "message", "") or str(exc)).strip().splitlines()[0]
+        return DataError(f"reading the training data failed: {first}")
+    if not prepared.data.skip_corrupt:
+        return pipeline.corrupt_error(found)
+    # Damaged after the run checked it (a copy still in progress?). The verdict is remembered, so
+    # the rerun leaves the file out.
+    return DataError(
+        f"{found[0].path}: damaged while training ({found[0].problem()}). Run the same command "
+        "again: data.skip_corrupt leaves it out, and training continues from the last checkpoint."
+    )
 
 
 def _fit_from(model, train_data, val_ds, val_steps, plan: Plan, epochs: int, checkpoint, progress,
@@ -425,7 +449,7 @@ def _fit(model, train_ds, val_ds, val_steps, steps: int, epochs: int, initial_ep
                 shuffle=False,  # the pipeline shuffles files and records itself
                 verbose=0,
             )
-    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as exc:
+    except tf.errors.InvalidArgumentError as exc:
         first = (exc.message or str(exc)).strip().splitlines()[0]
         raise DataError(f"reading the training data failed: {first}") from None
     except ValueError as exc:

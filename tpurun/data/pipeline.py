@@ -3,8 +3,8 @@
 The training pipeline follows the TF TPU guide's advice, and fixes the seeds' recipe (one parse
 thread, no prefetch, and a ``shuffle()`` whose result was discarded):
 
-files (shuffled, repeated) -> parallel interleaved reads -> record shuffle -> batch(drop_remainder)
--> ``parse_example`` on whole batches -> decode -> prefetch.
+seeded passes of (files shuffled -> parallel interleaved reads -> record shuffle) -> batch(
+drop_remainder) -> ``parse_example`` on whole batches -> decode -> prefetch.
 
 ``drop_remainder=True`` always: a partial last batch split across replicas is a known cause of NaN
 losses on TPUs.
@@ -114,6 +114,8 @@ class CorruptShard:
         if self.offset is not None:
             of = " of the decompressed data" if self.compression == "gzip" else ""
             where = f" at byte {self.offset}{of}"
+        if not self.good_records:
+            return f"{self.reason}{where} (the first record)" if where else self.reason
         return f"{self.reason}{where}, after {_plural(self.good_records, 'good record')}"
 
     def describe(self) -> str:
@@ -210,7 +212,8 @@ def _count_one(path: str, compression: str) -> int | CorruptShard:
         raise DataError(f"{path}: cannot read it: {_tf_message(exc)}") from None
     if kind == "none" and _FRAMING * n + nbytes < tf.io.gfile.stat(path).length:
         # TF's reader takes a record header cut short by the end of the file for a clean end.
-        return CorruptShard(path, _FRAMING * n + nbytes, n, n + 1, "truncated record")
+        reason = "truncated record" if n else "not a TFRecord file, or one truncated in its header"
+        return CorruptShard(path, _FRAMING * n + nbytes, n, n + 1, reason)
     return n
 
 
