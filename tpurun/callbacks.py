@@ -26,7 +26,7 @@ from tpurun.fileio import save_atomically, write_json
 from tpurun.model import import_object
 from tpurun.plan import Plan, resolve_monitor, resolve_monitor_mode
 from tpurun.resume import LATEST_STATE, state_file
-from tpurun.stopping import Stop
+from tpurun.stopping import Stop, StopNow
 
 BEST_MODEL = "best.keras"
 
@@ -289,10 +289,10 @@ class RunCheckpoint(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         step = step_offset(self.resume_at, self._epoch) + batch + 1
-        if self.stop.cut_short(self._epoch + 1):
-            if self.stop.nan_at is None and self.stop.cut_at == (self._epoch + 1, step):
+        if self.stop.cut_at == (self._epoch + 1, step):
+            if self.stop.nan_at is None:
                 self.save_latest(self._epoch, step, self.stop.reason or "stop")
-            return
+            raise StopNow  # a NaN model is not saved, nor validated
         if step >= self.steps_per_epoch:
             return  # the epoch end saves
         now = time.monotonic()

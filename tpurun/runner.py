@@ -26,7 +26,7 @@ from tpurun.errors import DataError, Interrupted, ModelError, TpurunError
 from tpurun.fileio import read_json, save_atomically, write_json
 from tpurun.plan import Plan, make_plan
 from tpurun.runtime import Machine, Runtime, activate, choose, probe
-from tpurun.stopping import Stop, stop_on_signals
+from tpurun.stopping import Stop, StopNow, stop_on_signals
 
 SUMMARY = "summary.json"
 MODEL = "model.keras"
@@ -449,6 +449,11 @@ def _fit(model, train_ds, val_ds, val_steps, steps: int, epochs: int, initial_ep
                 shuffle=False,  # the pipeline shuffles files and records itself
                 verbose=0,
             )
+    except StopNow:
+        # A stop mid-epoch, saved: Keras (JAX) left its last step's state unsynced; write it to
+        # the variables now, or a later sync would overwrite what a NaN restore loads into them.
+        getattr(model, "jax_state_sync", lambda: None)()
+        return None
     except tf.errors.InvalidArgumentError as exc:
         first = (exc.message or str(exc)).strip().splitlines()[0]
         raise DataError(f"reading the training data failed: {first}") from None

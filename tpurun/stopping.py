@@ -12,6 +12,11 @@ import threading
 from dataclasses import dataclass
 
 
+class StopNow(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Raised by the checkpoint callback once a stop mid-epoch is saved: it ends ``fit`` at once,
+    skipping the validation pass Keras would otherwise run first (a preempted VM has seconds)."""
+
+
 @dataclass
 class Stop:
     """Why training stopped early, shared by the callbacks and the runner."""
