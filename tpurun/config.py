@@ -98,7 +98,6 @@ class RuntimeConfig(Section):
 # ----------------------------------------------------------------------------------------- model
 class ModelConfig(Section):
     factory: str = Field(
-        pattern=r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$",
         description='"path/to/file.py:function" or "package.module:function"; returns a Keras model.',
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Arguments for the factory.")
@@ -110,6 +109,17 @@ class ModelConfig(Section):
         description="A Keras loss name, module:function, or {name: ..., kwarg: ...}."
     )
     metrics: list[NamedObject] = Field(default_factory=list, description="Keras metrics.")
+
+    @field_validator("factory")
+    @classmethod
+    def _import_path(cls, value: str) -> str:
+        # A plain sentence instead of pydantic's regex.
+        if not re.match(r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$", value):
+            raise ValueError(
+                'expected "path/to/file.py:function" or "package.module:function", the function '
+                "that returns the model after the colon"
+            )
+        return value
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -364,11 +374,7 @@ class OutputConfig(Section):
 
 # ---------------------------------------------------------------------------------------- config
 class Config(Section):
-    name: str = Field(
-        "run",
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
-        description="Run name; defaults to the config file's stem.",
-    )
+    name: str = Field("run", description="Run name; defaults to the config file's stem.")
     seed: int = Field(42, description="Seed for weights, shuffling and dropout.")
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     model: ModelConfig
@@ -376,6 +382,16 @@ class Config(Section):
     train: TrainConfig = Field(default_factory=TrainConfig)
     callbacks: CallbacksConfig = Field(default_factory=CallbacksConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
+
+    @field_validator("name")
+    @classmethod
+    def _folder_name(cls, value: str) -> str:
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9._-]*$", value):
+            raise ValueError(
+                "use letters, digits, '.', '_' and '-' (it becomes the run directory's name), "
+                "starting with a letter or digit"
+            )
+        return value
 
     # Where relative paths (factory file, data globs) are resolved from: the config file's folder.
     _base_dir: Path = PrivateAttr(default_factory=Path.cwd)

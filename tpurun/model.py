@@ -121,9 +121,18 @@ def _keras_object(spec: NamedObject, module: Any, what: str, config: Config, **e
         if spec.kwargs or extra:
             raise ModelError(f"{what} '{spec.name}' is a function; it takes no kwargs.")
         return target
+    known = [
+        n
+        for n in dir(module)
+        if not n.startswith("_") and n not in ("get", "serialize", "deserialize")
+    ]
+    # Keras' own lower-case names do not camel-case back to every class ("sgd" is SGD, "rmsprop"
+    # RMSprop, "adamw" AdamW), so class names also match case-insensitively, without underscores.
+    classes = {n.lower(): n for n in known if inspect.isclass(getattr(module, n))}
     camel = "".join(part[:1].upper() + part[1:] for part in spec.name.split("_"))
-    for candidate in (spec.name, camel):
-        target = getattr(module, candidate, None)
+    folded = classes.get(spec.name.replace("_", "").lower())
+    for candidate in (spec.name, camel, folded):
+        target = getattr(module, candidate, None) if candidate else None
         if inspect.isclass(target):
             return _call(target, {**spec.kwargs, **extra}, what, spec.name)
     if not spec.kwargs and not extra:
@@ -131,15 +140,15 @@ def _keras_object(spec: NamedObject, module: Any, what: str, config: Config, **e
             return module.get(spec.name)
         except (ValueError, TypeError):
             pass
-    known = [
-        n
-        for n in dir(module)
-        if not n.startswith("_") and n not in ("get", "serialize", "deserialize")
-    ]
-    close = difflib.get_close_matches(spec.name, known, n=1) or difflib.get_close_matches(
-        camel, known, n=1
-    )
-    hint = f"; did you mean '{close[0]}'?" if close else "; use a Keras name or 'module:Name'"
+    # Compared without case, so that "adamm" suggests Adam rather than Nadam; a lower-case name
+    # gets a lower-case suggestion, which resolves as above.
+    lowered = {n.lower(): n for n in known}
+    close = difflib.get_close_matches(spec.name.lower(), list(lowered), n=1)
+    if close:
+        suggestion = close[0] if spec.name.islower() else lowered[close[0]]
+        hint = f"; did you mean '{suggestion}'?"
+    else:
+        hint = "; use a Keras name or 'module:Name'"
     raise ModelError(f"{what}: unknown name '{spec.name}'{hint}")
 
 
@@ -210,7 +219,9 @@ def build_metrics(config: Config) -> list[Any]:
         try:
             keras.metrics.get(spec.name)
         except ValueError:
-            _keras_object(spec, keras.metrics, "model.metrics", config)  # raises, with a suggestion
+            # A class name in another case ("meaniou"), or an error with a suggestion.
+            out.append(_keras_object(spec, keras.metrics, "model.metrics", config))
+            continue
         # Passed as the string: Keras picks e.g. sparse_categorical_accuracy for 'accuracy' from
         # the loss and target shapes.
         out.append(spec.name)

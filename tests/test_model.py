@@ -1,0 +1,52 @@
+"""Optimizer, loss and metric names as users write them (Keras' own lower-case names included)."""
+
+from __future__ import annotations
+
+import keras
+import pytest
+from conftest import toy_config
+
+import tpurun
+from tpurun.config import NamedObject
+from tpurun.errors import ModelError
+from tpurun.model import _keras_object, build_metrics
+
+
+def model_config(tmp_path, **model):
+    return tpurun.load_config(toy_config(tmp_path / "data", tmp_path / "runs", model=model))
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("adam", "Adam"), ("sgd", "SGD"), ("rmsprop", "RMSprop"), ("adamw", "AdamW"), ("SGD", "SGD")],
+)
+def test_optimizer_names_in_any_case(tmp_path, name, expected):
+    config = model_config(tmp_path, optimizer=name)
+    optimizer = _keras_object(
+        config.model.optimizer, keras.optimizers, "model.optimizer", config, learning_rate=0.1
+    )
+    assert type(optimizer).__name__ == expected
+
+
+@pytest.mark.parametrize(
+    ("what", "name", "suggestion"),
+    [
+        ("optimizer", "adamm", "adam"),  # not 'Nadam'
+        ("optimizer", "Adamm", "Adam"),
+        ("optimizer", "rmsprob", "rmsprop"),
+        ("metrics", "acuracy", "accuracy"),  # not the class 'Accuracy', which compares exactly
+        ("loss", "binary_crossentropyy", "binary_crossentropy"),
+    ],
+)
+def test_a_typo_is_answered_in_the_users_case(tmp_path, what, name, suggestion):
+    module = {"optimizer": keras.optimizers, "metrics": keras.metrics, "loss": keras.losses}[what]
+    config = model_config(tmp_path)
+    with pytest.raises(ModelError, match=f"unknown name '{name}'; did you mean '{suggestion}'\\?"):
+        _keras_object(NamedObject(name=name), module, f"model.{what}", config)
+
+
+def test_a_metric_class_named_in_lower_case_is_built(tmp_path):
+    config = model_config(tmp_path, metrics=["accuracy", "rootmeansquarederror"])
+    accuracy, rmse = build_metrics(config)
+    assert accuracy == "accuracy"  # left to Keras, which picks binary or sparse from the shapes
+    assert isinstance(rmse, keras.metrics.RootMeanSquaredError)
