@@ -106,7 +106,10 @@ def test_checkpoint_filename_pattern_and_every_epoch(toy_data, tmp_path):
     assert [n[:6] for n in names] == ["ep001_", "ep002_"]
     # Each has its resume state beside it, naming it: --resume can start from any of them.
     states = [json.loads((folder / n.replace(".weights.h5", ".json")).read_text()) for n in names]
-    assert [(s["epoch"], s["step"], s["weights"]) for s in states] == [(1, 0, names[0]), (2, 0, names[1])]
+    assert [(s["epoch"], s["step"], s["weights"]) for s in states] == [
+        (1, 0, names[0]),
+        (2, 0, names[1]),
+    ]
 
 
 def test_plateau_early_stopping_and_user_callbacks(toy_data, tmp_path):

@@ -10,6 +10,7 @@ name would replace it on the package once imported.)
 from __future__ import annotations
 
 import os
+import re
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -198,30 +199,40 @@ def run(
         changes = resume_lib.changed_settings(before, effective)
         if changes:
             reporter.message("changed since the last session: " + "; ".join(changes[:6]), "note")
-    config_file.write_text(
-        "# Written by tpurun: the config as run, with defaults filled in, and the values derived\n"
-        "# on this machine under `derived` (ignored when this file is loaded again).\n"
-        + yaml.safe_dump(effective, sort_keys=False)
-    )
-
-    def finish(status: str) -> dict[str, Any]:
-        summary["status"] = status
-        summary["seconds"] = round(time.monotonic() - started, 3)
-        write_json(run_dir / SUMMARY, summary)
-        return summary
-
-    if point is not None:
         epoch, step = point.position
         summary["resumes"].append(
             {"epoch": epoch, "step": step, "from": point.source, "time": time.strftime("%FT%T%z")}
         )
-    write_json(run_dir / SUMMARY, summary)
+    begun = False
+
+    def begin() -> None:
+        """The run's first writes, made once Keras has checked that the model fits the data: a
+        config, model or data problem found before that leaves the run directory as it was."""
+        nonlocal begun
+        if begun:
+            return
+        begun = True
+        config_file.write_text(
+            "# Written by tpurun: the config as run, with defaults filled in, and the values derived\n"
+            "# on this machine under `derived` (ignored when this file is loaded again).\n"
+            + yaml.safe_dump(effective, sort_keys=False)
+        )
+        write_json(run_dir / SUMMARY, summary)
+
+    def finish(status: str) -> dict[str, Any]:
+        summary["status"] = status
+        summary["seconds"] = round(time.monotonic() - started, 3)
+        if begun or status in ("completed", "stopped_early"):
+            begin()
+            write_json(run_dir / SUMMARY, summary)
+        return summary
+
     limit = config.train.time_limit
     stop = Stop(deadline=started + limit if limit else None)
     try:
         with stop_on_signals(stop):
             model, progress, checkpoint = _train(
-                prepared, run_dir, point, identity, reporter, stop, summary
+                prepared, run_dir, point, identity, reporter, stop, summary, begin
             )
     except TpurunError:
         finish("failed")
@@ -231,7 +242,7 @@ def run(
         raise
     except Exception:
         finish("failed")
-        (run_dir / ERROR_LOG).write_text(traceback.format_exc())
+        (run_dir / ERROR_LOG).write_text(traceback.format_exc())  # new information: always kept
         raise
     finally:
         prepared.runtime.release()
@@ -290,7 +301,7 @@ def _cache(config: Config, run_dir: Path, split: str) -> str | None:
 
 def _train(
     prepared: Prepared, run_dir: Path, point, identity: dict, reporter: Reporter, stop: Stop,
-    summary: dict,
+    summary: dict, begin,
 ):  # fmt: skip
     """Build datasets, model and callbacks; restore the resume point if any; fit to the end.
 
@@ -330,24 +341,29 @@ def _train(
     def sample():
         return next(iter(train_data(0, 0).take(1)))[0]
 
+    log = run_dir / config.callbacks.csv_log.filename if config.callbacks.csv_log else None
     if point is not None:
         _restore(model, sample, point.weights, runtime, str(point.source))
         checkpoint.restore(point.state, str(point.folder))
         _apply_lr_scale(model, config, plan, checkpoint.lr_scale, reset_float=False)
-        if config.callbacks.csv_log is not None:
-            resume_lib.carry_log(point, run_dir, config.callbacks.csv_log.filename)
-            resume_lib.trim_csv(run_dir / config.callbacks.csv_log.filename, point.position[0])
         if point.state.get("warm_start"):
             reporter.message(f"starting from the weights in {point.source} (no resume state beside "
                              "it: epoch 1, fresh optimizer position)", "note")  # fmt: skip
         else:
             reporter.message(point.describe(), "note")
-    elif config.callbacks.csv_log is not None:
-        resume_lib.trim_csv(run_dir / config.callbacks.csv_log.filename, 0)
-    if config.callbacks.on_nan == "restore" and checkpoint.position == (0, 0):
-        _restore(model, sample, None, runtime, "")
-        checkpoint.set_model(model)
-        checkpoint.save_latest(0, 0, "start")  # something to go back to before the first epoch
+
+    def on_train_begin(logs=None) -> None:
+        # Keras has checked model and data against each other by now (symbolic build): write.
+        if log is not None and point is not None:
+            resume_lib.carry_log(point, run_dir, log.name)
+        if log is not None:  # rows past the resume point are redone; none at all on a fresh run
+            resume_lib.trim_csv(log, point.position[0] if point is not None else 0)
+        begin()
+        if config.callbacks.on_nan == "restore" and checkpoint.position == (0, 0):
+            checkpoint.save_latest(0, 0, "start")  # something to go back to before epoch 1
+
+    once = _once(on_train_begin)
+    callbacks = [cbs.keras.callbacks.LambdaCallback(on_train_begin=once), *callbacks]
     reporter.start(plan, str(run_dir), config.train.epochs, checkpoint.position[0])
     # Under a tf.distribute strategy the validation set repeats and needs its step count; elsewhere
     # it is finite and Keras reads it to the end (see pipeline.make_dataset).
@@ -358,6 +374,11 @@ def _train(
                       progress, callbacks)  # fmt: skip
         except tf.errors.DataLossError as exc:
             raise _damaged_while_training(prepared, exc) from None
+        except ValueError as exc:
+            if int(model.optimizer.iterations.numpy()) > 0:
+                raise
+            # Before the first step, a ValueError is the model not fitting the data's shapes.
+            raise ModelError(_misfit(exc, model, config)) from None
         restores = summary["nan_restores"]
         if stop.nan_at is None or config.callbacks.on_nan != "restore":
             break
@@ -381,6 +402,18 @@ def _train(
         )
         stop.nan_at = stop.cut_at = None
     return model, progress, checkpoint
+
+
+def _once(fn):
+    """``fn`` on its first call only (fit runs more than once per run)."""
+    done = []
+
+    def wrapper(*args, **kwargs):
+        if not done:
+            done.append(True)
+            fn(*args, **kwargs)
+
+    return wrapper
 
 
 def _damaged_while_training(prepared: Prepared, exc: Exception) -> DataError:
@@ -427,9 +460,26 @@ def _fit_from(model, train_data, val_ds, val_steps, plan: Plan, epochs: int, che
              callbacks)  # fmt: skip
 
 
+def _misfit(exc: Exception, model, config: Config) -> str:
+    """Keras' shape error in one line: the line that names shapes (its first often says only
+    "Exception encountered when calling Functional.call()"), and the output/target counts."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    named = [
+        line for line in lines
+        if re.search(r"shape|arity|expected", line, re.I) and not line.startswith("Exception encountered")
+    ]  # fmt: skip
+    detail = (named or lines or [type(exc).__name__])[0]
+    outputs = len(getattr(model, "outputs", None) or [])
+    targets = len(DataConfig.names(config.data.targets))
+    counts = ""
+    if outputs and outputs != targets:
+        counts = f" The model has {outputs} outputs and data.targets names {targets} feature(s)."
+    return f"the model does not fit the data (data.inputs / data.targets): {detail}{counts}"
+
+
 def _fit(model, train_ds, val_ds, val_steps, steps: int, epochs: int, initial_epoch: int,
          callbacks: list) -> Any:  # fmt: skip
-    """``model.fit``, with data and shape problems turned into clear errors."""
+    """``model.fit``, with data problems turned into clear errors, and a saved stop ended."""
     import warnings
 
     import tensorflow as tf
@@ -457,14 +507,6 @@ def _fit(model, train_ds, val_ds, val_steps, steps: int, epochs: int, initial_ep
     except tf.errors.InvalidArgumentError as exc:
         first = (exc.message or str(exc)).strip().splitlines()[0]
         raise DataError(f"reading the training data failed: {first}") from None
-    except ValueError as exc:
-        if model.optimizer is not None and int(model.optimizer.iterations.numpy()) > 0:
-            raise
-        # Before the first step, a ValueError is the model not fitting the data's shapes.
-        first = str(exc).strip().splitlines()[0]
-        raise ModelError(
-            f"the model does not fit the data (data.inputs / data.targets): {first}"
-        ) from None
 
 
 def _restore(model, sample, weights: Path | None, runtime: Runtime, source: str) -> None:
