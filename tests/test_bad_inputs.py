@@ -204,13 +204,13 @@ ROWS = [
         id="set-without-value",
     ),
     pytest.param(
-        as_is, ["--time-limit", "soon"], ["train.time_limit: ", "received 'soon'"],
+        as_is, ["--time-limit", "soon"], ["--time-limit soon: expected a duration such as 8h45m"],
         id="time-limit-option-bad",
     ),
     # --- past validation: the data, the model, the machine, the output folder
     pytest.param(
         put("data.train", "$TMP/nothing/*.tfrecord"), [],
-        ["$TMP/nothing/*.tfrecord: no file matches this glob"],
+        ["data.train: $TMP/nothing/*.tfrecord: no file matches this glob"],
         id="glob-matches-nothing", marks=SLOW,
     ),
     pytest.param(

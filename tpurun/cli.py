@@ -141,12 +141,24 @@ def train(
     run_dir: list[Path] = []
     reporter = make_reporter(plain)
     with _exit_codes(run_dir):
+        if time_limit:
+            _check_duration(time_limit)
         overrides = [*(set_ or []), *([f"train.time_limit={time_limit}"] if time_limit else [])]
         cfg = load_config(config, overrides)
         run_dir.append(Path(output or cfg.output.dir) / cfg.name)
         from tpurun.runner import run
 
         run(cfg, output=output, reporter=reporter, restart=restart, resume=resume)
+
+
+def _check_duration(value: str) -> None:
+    from tpurun.config import parse_duration
+    from tpurun.errors import ConfigError
+
+    try:
+        parse_duration(value)
+    except ValueError as exc:
+        raise ConfigError([f"--time-limit {value}: {exc}"]) from None
 
 
 @app.command("config")

@@ -49,7 +49,7 @@ def _compression_type(compression: str, files: Sequence[str]) -> str:
     return _COMPRESSION[compression]
 
 
-def expand(patterns: str | Sequence[str], resolve=lambda p: p) -> list[str]:
+def expand(patterns: str | Sequence[str], resolve=lambda p: p, key: str = "") -> list[str]:
     """Expand globs (local, gs://, ram://) into a sorted file list.
 
     Raises:
@@ -69,7 +69,8 @@ def expand(patterns: str | Sequence[str], resolve=lambda p: p) -> list[str]:
             hint = ""
             if "://" not in path:
                 hint = " Relative paths are read from the config file's folder."
-            raise DataError(f"{path}: no file matches this glob.{hint}")
+            where = f"{key}: " if key else ""
+            raise DataError(f"{where}{path}: no file matches this glob.{hint}")
         files.extend(sorted(matched))
     return list(dict.fromkeys(files))
 

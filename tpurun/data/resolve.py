@@ -154,8 +154,10 @@ def resolve(config: Config) -> ResolvedData:
     """
     data = config.data
     resolve_path = _resolver(config)
-    train_files = pipeline.expand(data.train, resolve_path)
-    val_files = pipeline.expand(data.validation, resolve_path) if data.validation else []
+    train_files = pipeline.expand(data.train, resolve_path, "data.train")
+    val_files = (
+        pipeline.expand(data.validation, resolve_path, "data.validation") if data.validation else []
+    )
     schemas = schema_lib.find_for(train_files + val_files)
     first_schema = schemas.get(train_files[0], (None, None))[1]
 
