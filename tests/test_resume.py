@@ -84,16 +84,33 @@ def test_a_changed_model_or_batch_is_refused_and_harmless_changes_are_allowed(
     assert "changed since the last session:" in out and "train.epochs: 1 -> 2" in out
 
 
-def test_early_stopping_counts_carry_over_a_resume(toy_data, tmp_path):
+def test_early_stopping_counts_and_best_weights_carry_over_a_resume(toy_data, tmp_path):
     # In "max" mode a falling loss never improves: patience 2 stops after epoch 3, whether or
-    # not the run was resumed in between (Keras alone would start counting again at epoch 3).
-    callbacks = {"early_stopping": {"monitor": "loss", "mode": "max", "patience": 2}}
+    # not the run was resumed in between (Keras alone would start counting again at epoch 3),
+    # and the weights restored at the end are epoch 1's, which the resumed process never held.
+    callbacks = {
+        "early_stopping": {"monitor": "loss", "mode": "max", "patience": 2,
+                           "restore_best_weights": True},
+        "checkpoint": {"save_best_only": False, "filename": "ep{epoch}.weights.h5"},
+    }  # fmt: skip
     config = config_for(toy_data, tmp_path, "es", epochs=2)
     config["callbacks"] = callbacks
     tpurun.train(config, verbose=False)
     config["train"]["epochs"] = 6
     summary = tpurun.train(config, verbose=False)
     assert summary["status"] == "stopped_early" and summary["epochs_completed"] == 3
+
+    run_dir = tmp_path / "runs" / "es"
+    final = keras.saving.load_model(run_dir / "model.keras")
+    epoch1 = keras.saving.load_model(run_dir / "model.keras")
+    epoch1.load_weights(run_dir / "checkpoints" / "ep1.weights.h5")
+    epoch3 = keras.saving.load_model(run_dir / "model.keras")
+    epoch3.load_weights(run_dir / "checkpoints" / "ep3.weights.h5")
+    for got, want in zip(final.weights, epoch1.weights, strict=True):
+        assert (got.numpy() == want.numpy()).all()
+    assert any(
+        (a.numpy() != b.numpy()).any() for a, b in zip(final.weights, epoch3.weights, strict=True)
+    )
 
 
 def test_reduce_lr_on_plateau_state_and_learning_rate_carry_over_a_resume(toy_data, tmp_path):

@@ -110,13 +110,37 @@ def step_offset(resume_at: tuple[int, int], epoch: int) -> int:
     return resume_at[1] if epoch == resume_at[0] else 0
 
 
-class EarlyStopping(keras.callbacks.EarlyStopping):
-    """Keras' EarlyStopping, resumable: its counters (and best weights) survive a restart.
+class _Resumable:
+    """A Keras callback whose counters survive a restart (and a second ``fit`` in one run).
 
-    Keras resets them in ``on_train_begin`` and restores the best weights in ``on_train_end``
-    whenever ``restore_best_weights`` is set; tpurun runs ``fit`` more than once per run (a resume
-    mid-epoch, a NaN restore) and stops for signals, so those weights are restored only when the
-    run really ends: an early stop, or the last epoch done.
+    Keras resets them in ``on_train_begin``; this keeps them: the state a resume brought
+    (``pending``), else the state the previous ``fit`` of this run ended with.
+    """
+
+    STATE: tuple[str, ...] = ()
+    pending: dict | None = None
+
+    def on_train_begin(self, logs=None):
+        carry = self.pending if self.pending is not None else self.get_state()
+        super().on_train_begin(logs)
+        self.pending = None
+        for key in self.STATE:
+            if carry.get(key) is not None:
+                setattr(self, key, carry[key])
+
+    def get_state(self) -> dict:
+        def plain(value: Any) -> Any:  # numpy scalars -> JSON numbers (inf stays)
+            return value.item() if isinstance(value, (np.floating, np.integer)) else value
+
+        return {k: plain(getattr(self, k, None)) for k in self.STATE}
+
+
+class EarlyStopping(_Resumable, keras.callbacks.EarlyStopping):
+    """Keras' EarlyStopping, resumable, best weights included.
+
+    Keras restores the best weights in ``on_train_end`` whenever ``restore_best_weights`` is set;
+    tpurun runs ``fit`` more than once per run (a resume mid-epoch, a NaN restore), so they are
+    restored only when the run really ends: an early stop, or the last epoch done.
     """
 
     STATE = ("wait", "stopped_epoch", "best", "best_epoch")
@@ -124,15 +148,13 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
     def __init__(self, *, total_epochs: int, **kwargs):
         super().__init__(**kwargs)
         self.total_epochs = total_epochs
-        self.pending: dict | None = None
         self._epochs_seen = 0
         self._saved_best_epoch: int | None = None
 
     def on_train_begin(self, logs=None):
-        carry = self.pending if self.pending is not None else self.get_state()
+        weights = self.best_weights  # Keras forgets them here
         super().on_train_begin(logs)
-        self.pending = None
-        self.set_state(carry)
+        self.best_weights = weights
 
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch, logs)
@@ -141,14 +163,6 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
     def on_train_end(self, logs=None):
         if self.stopped_epoch > 0 or self._epochs_seen >= self.total_epochs:
             super().on_train_end(logs)
-
-    def get_state(self) -> dict:
-        return {k: _plain(getattr(self, k, None)) for k in self.STATE}
-
-    def set_state(self, state: dict | None) -> None:
-        for key in self.STATE:
-            if state and state.get(key) is not None:
-                setattr(self, key, state[key])
 
     def save_best_weights(self, folder: str) -> str | None:
         """Write the best weights (``restore_best_weights``) when they changed; return the file."""
@@ -169,27 +183,14 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
     def load_best_weights(self, path: str) -> None:
         with np.load(path) as npz:
             self.best_weights = [npz[f"arr_{i}"] for i in range(len(npz.files))]
-        self._saved_best_epoch = self.best_epoch
+        self._saved_best_epoch = (self.pending or {}).get("best_epoch")
 
 
-class ReduceLROnPlateau(keras.callbacks.ReduceLROnPlateau):
-    """Keras' ReduceLROnPlateau, resumable (the learning rate itself is an optimizer variable, saved
-    with the weights; this keeps its counters)."""
+class ReduceLROnPlateau(_Resumable, keras.callbacks.ReduceLROnPlateau):
+    """Keras' ReduceLROnPlateau, resumable (the learning rate itself is an optimizer variable,
+    saved with the weights; this keeps the counters)."""
 
     STATE = ("wait", "cooldown_counter", "best")
-
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.pending: dict | None = None
-
-    def on_train_begin(self, logs=None):
-        carry = self.pending if self.pending is not None else self.get_state()
-        super().on_train_begin(logs)
-        self.pending = None
-        self.set_state(carry)
-
-    get_state = EarlyStopping.get_state
-    set_state = EarlyStopping.set_state
 
 
 class CSVLogger(keras.callbacks.CSVLogger):
@@ -203,13 +204,6 @@ class CSVLogger(keras.callbacks.CSVLogger):
     def on_epoch_end(self, epoch, logs=None):
         if not self.stop.cut_short(epoch + 1):
             super().on_epoch_end(epoch, logs)
-
-
-def _plain(value: Any) -> Any:
-    """A JSON-ready copy of a callback attribute (numpy scalars become floats, inf stays)."""
-    if isinstance(value, (np.floating, np.integer)):
-        return value.item()
-    return value
 
 
 class RunCheckpoint(keras.callbacks.Callback):
