@@ -16,10 +16,12 @@ On the same files, three pipelines are timed:
     The seed itself repeats the batched dataset (``dataset.repeat(1000)``); so does this, so that a
     measurement can outlast one pass.
 (b) tpurun: ``tpurun.data.pipeline.make_dataset(files, DataConfig, B, training=True, seed=0)``,
-    exactly as ``tpurun train`` builds it (file shuffle, interleaved reads, 10,000-record shuffle,
-    batch, ``parse_example`` per batch, decode, prefetch).
+    exactly as ``tpurun train`` builds it (seeded passes of file shuffle, interleaved reads in a
+    deterministic order, 10,000-record shuffle; batch, ``parse_example`` per batch, decode,
+    prefetch).
 (c) read: the ceiling for reading the files: the same file shuffle and interleave (cycle length,
-    block length, AUTOTUNE parallelism, non-deterministic order) as tpurun's, then batch and
+    block length, parallelism) as tpurun's but in non-deterministic order (tpurun's order is fixed,
+    so that a resume finds its place in the stream again), then batch and
     prefetch; no record shuffle, no parsing. Its interleave parallelism mirrors make_dataset's
     (one reader per core for local files): keep the two in step.
 

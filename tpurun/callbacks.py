@@ -25,7 +25,7 @@ from tpurun.errors import ConfigError, TpurunError
 from tpurun.fileio import save_atomically, write_json
 from tpurun.model import import_object
 from tpurun.plan import Plan, resolve_monitor, resolve_monitor_mode
-from tpurun.resume import LATEST_STATE, state_file
+from tpurun.resume import CHECKPOINTS, LATEST_STATE, state_file
 from tpurun.stopping import Stop, StopNow
 
 BEST_MODEL = "best.keras"
@@ -447,7 +447,7 @@ def build_callbacks(
         out.append(CSVLogger(os.path.join(run_dir, cb.csv_log.filename), stop))
     ck = cb.checkpoint
     checkpoint = RunCheckpoint(
-        os.path.join(run_dir, "checkpoints"),
+        os.path.join(run_dir, CHECKPOINTS),
         stop=stop,
         steps_per_epoch=plan.steps_per_epoch,
         monitor=plan.monitor,

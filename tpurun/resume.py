@@ -17,6 +17,7 @@ from typing import Any
 from tpurun.errors import TpurunError
 from tpurun.fileio import read_json
 
+CHECKPOINTS = "checkpoints"  # the folder of a run directory that holds them
 LATEST_STATE = "latest.json"
 LEGACY_WEIGHTS = "latest.weights.h5"  # written by tpurun 0.1, before latest.json named its file
 _WEIGHT_SUFFIXES = (".weights.h5", ".keras", ".h5")
@@ -83,7 +84,7 @@ def from_path(path: str) -> ResumePoint:
     p = Path(path)
     candidates: list[Path] = []
     if p.is_dir():
-        candidates = [p / "checkpoints" / LATEST_STATE, p / LATEST_STATE]
+        candidates = [p / CHECKPOINTS / LATEST_STATE, p / LATEST_STATE]
     elif p.suffix == ".json":
         candidates = [p]
     elif p.is_file():
@@ -178,7 +179,7 @@ def trim_csv(path: Path, epochs_done: int) -> None:
 def carry_log(point: ResumePoint, run_dir: Path, filename: str) -> None:
     """Resuming from another run directory (say, last session's output, read-only): start this
     run's CSV log from that run's, so the log stays whole."""
-    source_run = point.folder.parent if point.folder.name == "checkpoints" else point.folder
+    source_run = point.folder.parent if point.folder.name == CHECKPOINTS else point.folder
     source, target = source_run / filename, run_dir / filename
     if source.exists() and source_run.resolve() != run_dir.resolve() and not target.exists():
         shutil.copyfile(source, target)

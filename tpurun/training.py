@@ -1,0 +1,283 @@
+"""Fitting, for :func:`tpurun.runner.run`: datasets, model, callbacks, resume, ``fit``, NaN restore.
+
+Imports Keras and TensorFlow inside its functions only: the runner imports this module before
+:func:`tpurun.runtime.activate` has chosen the backend.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tpurun import resume as resume_lib
+from tpurun.config import Config, DataConfig
+from tpurun.console import Reporter
+from tpurun.errors import DataError, ModelError
+from tpurun.plan import Plan
+from tpurun.runtime import Runtime
+from tpurun.stopping import Stop, StopNow
+
+if TYPE_CHECKING:
+    from tpurun.runner import Prepared
+
+
+def _cache(config: Config, run_dir: Path, split: str) -> str | None:
+    """``data.cache`` for one split: "" keeps records in memory, a path prefix on disk."""
+    cache = config.data.cache
+    if cache is None:
+        return None
+    if cache == "memory":
+        return ""
+    Path(cache).parent.mkdir(parents=True, exist_ok=True)
+    return f"{cache}-{split}"
+
+
+def train(
+    prepared: Prepared, run_dir: Path, point, identity: dict, reporter: Reporter, stop: Stop,
+    summary: dict, begin,
+):  # fmt: skip
+    """Build datasets, model and callbacks; restore the resume point if any; fit to the end.
+
+    With ``callbacks.on_nan: restore``, a NaN loss reloads the latest checkpoint with the learning
+    rate cut, and training goes on from there (as Model Garden's loss recovery does).
+    """
+    import tensorflow as tf
+
+    from tpurun import callbacks as cbs
+    from tpurun.data import pipeline
+    from tpurun.model import build_model, compile_model
+
+    config, plan, runtime = prepared.config, prepared.plan, prepared.runtime
+
+    def train_data(epoch: int, step: int):
+        """The training stream from a position: the same batches an unbroken run would see."""
+        return pipeline.make_dataset(
+            plan.train_files, prepared.data, plan.global_batch_size, training=True,
+            seed=config.seed, start_record=(epoch * plan.steps_per_epoch + step) * plan.global_batch_size,
+            records_per_pass=plan.train_records, cache=_cache(config, run_dir, "train"),
+        )  # fmt: skip
+
+    val_ds = None
+    if plan.validation_files:
+        val_ds = pipeline.make_dataset(
+            plan.validation_files, prepared.data, plan.global_batch_size, training=False,
+            take_batches=plan.validation_steps, repeat_eval=runtime.strategy is not None,
+            cache=_cache(config, run_dir, "validation"),
+        )  # fmt: skip
+    with runtime.scope():
+        model = build_model(config, plan.backend)
+        compile_model(model, config, plan)
+    callbacks, progress, checkpoint = cbs.build_callbacks(
+        config, plan, str(run_dir), reporter, stop, identity
+    )
+
+    def sample():
+        return next(iter(train_data(0, 0).take(1)))[0]
+
+    log = run_dir / config.callbacks.csv_log.filename if config.callbacks.csv_log else None
+    if point is not None:
+        _restore(model, sample, point.weights, runtime, str(point.source))
+        checkpoint.restore(point.state, str(point.folder))
+        _apply_lr_scale(model, config, plan, checkpoint.lr_scale, reset_float=False)
+        if point.state.get("warm_start"):
+            reporter.message(f"starting from the weights in {point.source} (no resume state beside "
+                             "it: epoch 1, fresh optimizer position)", "note")  # fmt: skip
+        else:
+            reporter.message(point.describe(), "note")
+
+    def on_train_begin(logs=None) -> None:
+        # Keras has checked model and data against each other by now (symbolic build): write.
+        if log is not None and point is not None:
+            resume_lib.carry_log(point, run_dir, log.name)
+        if log is not None:  # rows past the resume point are redone; none at all on a fresh run
+            resume_lib.trim_csv(log, point.position[0] if point is not None else 0)
+        begin()
+        if config.callbacks.on_nan == "restore" and checkpoint.position == (0, 0):
+            checkpoint.save_latest(0, 0, "start")  # something to go back to before epoch 1
+
+    once = _once(on_train_begin)
+    callbacks = [cbs.keras.callbacks.LambdaCallback(on_train_begin=once), *callbacks]
+    reporter.start(plan, str(run_dir), config.train.epochs, checkpoint.position[0])
+    # Under a tf.distribute strategy the validation set repeats and needs its step count; elsewhere
+    # it is finite and Keras reads it to the end (see pipeline.make_dataset).
+    val_steps = plan.validation_steps if runtime.strategy is not None else None
+    while True:
+        try:
+            _fit_from(model, train_data, val_ds, val_steps, plan, config.train.epochs, checkpoint,
+                      progress, callbacks)  # fmt: skip
+        except tf.errors.DataLossError as exc:
+            raise _damaged_while_training(prepared, exc) from None
+        except ValueError as exc:
+            if int(model.optimizer.iterations.numpy()) > 0:
+                raise
+            # Before the first step, a ValueError is the model not fitting the data's shapes.
+            raise ModelError(_misfit(exc, model, config)) from None
+        restores = summary["nan_restores"]
+        if stop.nan_at is None or config.callbacks.on_nan != "restore":
+            break
+        if len(restores) >= config.callbacks.max_nan_restores:
+            break
+        back = resume_lib.latest(run_dir / resume_lib.CHECKPOINTS)
+        if back is None:
+            break
+        epoch, step = stop.nan_at
+        _restore(model, sample, back.weights, runtime, back.source)
+        checkpoint.restore(back.state, str(back.folder))
+        checkpoint.lr_scale *= config.callbacks.nan_lr_factor
+        _apply_lr_scale(model, config, plan, checkpoint.lr_scale, reset_float=True)
+        restores.append({"epoch": epoch, "step": step, "restored_to": list(back.position),
+                         "lr_scale": checkpoint.lr_scale})  # fmt: skip
+        reporter.message(
+            f"NaN loss at epoch {epoch}, step {step}: {back.describe()} with the learning rate "
+            f"x{checkpoint.lr_scale:g} (restore {len(restores)} of "
+            f"{config.callbacks.max_nan_restores})",
+            "warn",
+        )
+        stop.nan_at = stop.cut_at = None
+    return model, progress, checkpoint
+
+
+def _once(fn):
+    """``fn`` on its first call only (fit runs more than once per run)."""
+    done = []
+
+    def wrapper(*args, **kwargs):
+        if not done:
+            done.append(True)
+            fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _damaged_while_training(prepared: Prepared, exc: Exception) -> DataError:
+    """TF's DataLossError does not say which file it was reading: find it, and say what to do."""
+    from tpurun.data import pipeline
+
+    files = prepared.plan.train_files + prepared.plan.validation_files
+    found = pipeline.find_corrupt(files, prepared.data.compression)
+    if not found:
+        first = (getattr(exc, "message", "") or str(exc)).strip().splitlines()[0]
+        return DataError(f"reading the training data failed: {first}")
+    if not prepared.data.skip_corrupt:
+        return pipeline.corrupt_error(found)
+    # Damaged after the run checked it (a copy still in progress?). The verdict is remembered, so
+    # the rerun leaves the file out.
+    return DataError(
+        f"{found[0].path}: damaged while training ({found[0].problem()}). Run the same command "
+        "again: data.skip_corrupt leaves it out, and training continues from the last checkpoint."
+    )
+
+
+def _fit_from(model, train_data, val_ds, val_steps, plan: Plan, epochs: int, checkpoint, progress,
+              callbacks: list) -> None:  # fmt: skip
+    """Fit from the checkpoint's position to ``epochs``.
+
+    Keras can only start at an epoch's beginning, so a mid-epoch resume first fits the rest of that
+    epoch as a short epoch of its own (the callbacks count its steps from the resume point and
+    restore its running metrics), then the remaining epochs.
+    """
+    epoch, step = checkpoint.position
+    spe = plan.steps_per_execution
+    if step >= plan.steps_per_epoch:  # the epoch got shorter since (more replicas, less data)
+        epoch, step = epoch + 1, 0
+    step -= step % spe  # a changed steps_per_execution: redo the part of an execution
+    progress.resume_at = checkpoint.resume_at = (epoch, step)
+    if step:
+        _fit(model, train_data(epoch, step), val_ds, val_steps, plan.steps_per_epoch - step,
+             epoch + 1, epoch, callbacks)  # fmt: skip
+        if model.stop_training:
+            return
+        epoch += 1
+    if epoch < epochs:
+        _fit(model, train_data(epoch, 0), val_ds, val_steps, plan.steps_per_epoch, epochs, epoch,
+             callbacks)  # fmt: skip
+
+
+def _misfit(exc: Exception, model, config: Config) -> str:
+    """Keras' shape error in one line: the line that names shapes (its first often says only
+    "Exception encountered when calling Functional.call()"), and the output/target counts."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    named = [
+        line for line in lines
+        if re.search(r"shape|arity|expected", line, re.I) and not line.startswith("Exception encountered")
+    ]  # fmt: skip
+    detail = (named or lines or [type(exc).__name__])[0]
+    outputs = len(getattr(model, "outputs", None) or [])
+    targets = len(DataConfig.names(config.data.targets))
+    counts = ""
+    if outputs and outputs != targets:
+        counts = f" The model has {outputs} outputs and data.targets names {targets} feature(s)."
+    return f"the model does not fit the data (data.inputs / data.targets): {detail}{counts}"
+
+
+def _fit(model, train_ds, val_ds, val_steps, steps: int, epochs: int, initial_epoch: int,
+         callbacks: list) -> Any:  # fmt: skip
+    """``model.fit``, with data problems turned into clear errors, and a saved stop ended."""
+    import warnings
+
+    import tensorflow as tf
+
+    try:
+        with warnings.catch_warnings():
+            # A finite validation set "runs out", on purpose, at the end of each validation pass.
+            warnings.filterwarnings("ignore", message="Your input ran out of data")
+            return model.fit(
+                train_ds,
+                epochs=epochs,
+                initial_epoch=initial_epoch,
+                steps_per_epoch=steps,
+                validation_data=val_ds,
+                validation_steps=val_steps,
+                callbacks=callbacks,
+                shuffle=False,  # the pipeline shuffles files and records itself
+                verbose=0,
+            )
+    except StopNow:
+        # A stop mid-epoch, saved: Keras (JAX) left its last step's state unsynced; write it to
+        # the variables now, or a later sync would overwrite what a NaN restore loads into them.
+        getattr(model, "jax_state_sync", lambda: None)()
+        return None
+    except tf.errors.InvalidArgumentError as exc:
+        first = (exc.message or str(exc)).strip().splitlines()[0]
+        raise DataError(f"reading the training data failed: {first}") from None
+
+
+def _restore(model, sample, weights: Path | None, runtime: Runtime, source: str) -> None:
+    """Build the model and optimizer variables, then load the weights and optimizer state."""
+    with runtime.scope():
+        if not model.built:
+            model(sample())
+        if not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        if weights is None:
+            return
+        try:
+            model.load_weights(str(weights))
+        except Exception as exc:  # Keras raises ValueError, KeyError, OSError... for a misfit file
+            raise ModelError(
+                f"{source}: cannot load {weights.name} into this model: {type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            ) from None
+
+
+def _apply_lr_scale(model, config: Config, plan: Plan, scale: float, reset_float: bool) -> None:
+    """Cut the learning rate after a NaN restore (``scale`` = nan_lr_factor ** restores).
+
+    A schedule is rebuilt, scaled, and the step function retraced (the schedule is compiled into
+    it). A plain learning rate is an optimizer variable saved with the checkpoint: it already holds
+    the cut when resumed, and is cut once more, relative to the checkpoint's, after a restore.
+    """
+    from tpurun.model import learning_rate_schedule
+
+    if scale == 1.0:
+        return
+    schedule = learning_rate_schedule(config, plan, scale)
+    if isinstance(schedule, float):
+        if reset_float:
+            model.optimizer.learning_rate = float(model.optimizer.learning_rate) * (
+                config.callbacks.nan_lr_factor
+            )
+        return
+    model.optimizer.learning_rate = schedule
+    model.train_function = None
