@@ -113,8 +113,14 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def identity(config: dict, derived: dict) -> dict[str, Any]:
-    """What a checkpoint is bound to, as dotted keys (see ``_BINDING``)."""
+def identity(config: dict, plan: Any) -> dict[str, Any]:
+    """What a checkpoint is bound to, as dotted keys (see ``_BINDING``).
+
+    Args:
+        config: the effective config as plain data (features filled in from a schema).
+        plan: the run's :class:`~tpurun.plan.Plan` (global batch size, precision).
+    """
+    derived = {"global_batch_size": plan.global_batch_size, "precision": plan.precision}
     flat = flatten({**config, **derived})
     return {k: v for k, v in flat.items() if any(k.startswith(b) for b in _BINDING)}
 

@@ -166,8 +166,7 @@ def run(
     prepared = prepare(config, reporter, machine)
     plan, epochs = prepared.plan, config.train.epochs
     effective = resolved_config(prepared)
-    identity = resume_lib.identity(effective, {"global_batch_size": plan.global_batch_size,
-                                               "precision": plan.precision})  # fmt: skip
+    identity = resume_lib.identity(effective, plan)
     point = resume_lib.from_path(resume) if resume else None
     if point is not None:
         resume_lib.check_unchanged(point, identity)

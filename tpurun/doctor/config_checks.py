@@ -208,6 +208,31 @@ def check_model_on_cpu(cfg: Any, timeout: float) -> tuple[Check, int | None]:
     return check, answer["params"]
 
 
+def check_resume(cfg: Any, plan: Any) -> Check:
+    """What ``tpurun train`` will do with the run directory: start, resume, or refuse to resume."""
+    from tpurun import resume as resume_lib
+    from tpurun.data.resolve import resolve
+
+    run_dir = Path(cfg.output.dir) / cfg.name
+    point = resume_lib.latest(run_dir / resume_lib.CHECKPOINTS)
+    if point is None:
+        return Check("resume", "ok", f"no checkpoint in {run_dir}: training starts at epoch 1")
+    data = {"state": str(point.source), "epoch": point.position[0], "step": point.position[1]}
+    if plan is None:
+        return Check("resume", "skip", f"{point.describe()}; not compared with the config (no "
+                     "plan, see the plan check)", None, data)  # fmt: skip
+    effective = {**cfg.to_dict(), "data": resolve(cfg).data.model_dump(mode="json")}
+    try:
+        resume_lib.check_unchanged(point, resume_lib.identity(effective, plan))
+    except TpurunError as exc:
+        return Check("resume", "fail", exc.message, "undo the change, or train with --restart",
+                     data)  # fmt: skip
+    if point.position[0] >= cfg.train.epochs:
+        return Check("resume", "ok", f"{run_dir} has finished its {cfg.train.epochs} epoch(s); "
+                     "raise train.epochs to train further", None, data)  # fmt: skip
+    return Check("resume", "ok", f"train will be {point.describe()}", None, data)
+
+
 def check_output(cfg: Any, params: int | None) -> Check:
     out = cfg.output.dir
     data: dict[str, Any] = {"dir": out}
@@ -342,6 +367,7 @@ def run(cfg: Any, m: Machine, holder: list, devices: dict, with_model: bool) -> 
             return check
 
         checks += timed("model", model_check)
+    checks += timed("resume", lambda: check_resume(cfg, plan))
     checks += timed("output", lambda: check_output(cfg, params))
     checks += timed("advice", lambda: check_advice(cfg, choice, plan))
     return checks
