@@ -104,3 +104,15 @@ class WatchLatest(keras.callbacks.Callback):
                 state = json.load(f)
             with open(self.out, "a") as f:
                 f.write(json.dumps([state["epoch"], state["step"], state["reason"]]) + "\n")
+
+
+class RecordLearningRate(keras.callbacks.Callback):
+    """Appends the optimizer's learning rate at the start of each ``fit`` to ``out``."""
+
+    def __init__(self, out: str):
+        super().__init__()
+        self.out = out
+
+    def on_train_begin(self, logs=None):
+        with open(self.out, "a") as f:
+            f.write(f"{float(self._model.optimizer.learning_rate):.6g}\n")

@@ -185,9 +185,13 @@ def test_on_nan_restore_goes_back_with_a_lower_learning_rate(toy_data, tmp_path)
     config = config_for(toy_data, tmp_path, "nan-again", epochs=2)
     config["train"]["learning_rate"] = {"base": 1e30}
     config["model"]["loss"] = "mse"
-    config["callbacks"] = {"on_nan": "restore", "nan_lr_factor": 0.5, "max_nan_restores": 2}
+    seen = tmp_path / "lr.txt"
+    config["callbacks"] = {"on_nan": "restore", "nan_lr_factor": 0.5, "max_nan_restores": 2,
+                           "extra": [{"name": f"{FACTORIES}:RecordLearningRate", "out": str(seen)}]}  # fmt: skip
     with pytest.raises(TpurunError, match=r"NaN or Inf after 2 restore\(s\)"):
         tpurun.train(config, verbose=False)
+    # Each restore goes back to the same start point, and the cuts add up.
+    assert seen.read_text().split() == ["1e+30", "5e+29", "2.5e+29"]
     summary = json.loads((tmp_path / "runs" / "nan-again" / "summary.json").read_text())
     assert summary["status"] == "nan" and len(summary["nan_restores"]) == 2
 

@@ -79,7 +79,7 @@ def train(
     if point is not None:
         _restore(model, sample, point.weights, runtime, str(point.source))
         checkpoint.restore(point.state, str(point.folder))
-        _apply_lr_scale(model, config, plan, checkpoint.lr_scale, reset_float=False)
+        _apply_lr_scale(model, config, plan, checkpoint.lr_scale, saved=checkpoint.lr_scale)
         if point.state.get("warm_start"):
             reporter.message(f"starting from the weights in {point.source} (no resume state beside "
                              "it: epoch 1, fresh optimizer position)", "note")  # fmt: skip
@@ -122,10 +122,11 @@ def train(
         if back is None:
             break
         epoch, step = stop.nan_at
+        scale = checkpoint.lr_scale * config.callbacks.nan_lr_factor  # cuts add up
         _restore(model, sample, back.weights, runtime, back.source)
-        checkpoint.restore(back.state, str(back.folder))
-        checkpoint.lr_scale *= config.callbacks.nan_lr_factor
-        _apply_lr_scale(model, config, plan, checkpoint.lr_scale, reset_float=True)
+        checkpoint.restore(back.state, str(back.folder))  # its lr_scale: the one it was saved with
+        _apply_lr_scale(model, config, plan, scale, saved=checkpoint.lr_scale)
+        checkpoint.lr_scale = scale
         restores.append({"epoch": epoch, "step": step, "restored_to": list(back.position),
                          "lr_scale": checkpoint.lr_scale})  # fmt: skip
         reporter.message(
@@ -261,23 +262,20 @@ def _restore(model, sample, weights: Path | None, runtime: Runtime, source: str)
             ) from None
 
 
-def _apply_lr_scale(model, config: Config, plan: Plan, scale: float, reset_float: bool) -> None:
-    """Cut the learning rate after a NaN restore (``scale`` = nan_lr_factor ** restores).
+def _apply_lr_scale(model, config: Config, plan: Plan, scale: float, saved: float) -> None:
+    """Run at ``scale`` x the configured learning rate (``on_nan: restore`` cuts it).
 
-    A schedule is rebuilt, scaled, and the step function retraced (the schedule is compiled into
-    it). A plain learning rate is an optimizer variable saved with the checkpoint: it already holds
-    the cut when resumed, and is cut once more, relative to the checkpoint's, after a restore.
+    ``saved`` is the scale the loaded checkpoint was saved with. A plain learning rate is an
+    optimizer variable, saved with the checkpoint, so it already holds ``saved``: it is multiplied
+    by ``scale / saved``. A schedule is not saved: it is rebuilt at ``scale``, and the step function
+    retraced (the schedule is compiled into it).
     """
     from tpurun.model import learning_rate_schedule
 
-    if scale == 1.0:
-        return
     schedule = learning_rate_schedule(config, plan, scale)
     if isinstance(schedule, float):
-        if reset_float:
-            model.optimizer.learning_rate = float(model.optimizer.learning_rate) * (
-                config.callbacks.nan_lr_factor
-            )
-        return
-    model.optimizer.learning_rate = schedule
-    model.train_function = None
+        if scale != saved:
+            model.optimizer.learning_rate = float(model.optimizer.learning_rate) * scale / saved
+    elif scale != 1.0:
+        model.optimizer.learning_rate = schedule
+        model.train_function = None
