@@ -70,9 +70,10 @@ class SignalAt(keras.callbacks.Callback):
     of epoch ``epoch`` (1-based), once: ``marker`` records that it fired, so a resumed run is not
     stopped again."""
 
-    def __init__(self, epoch: int, step: int, marker: str, signal: str = "SIGTERM"):
+    def __init__(self, epoch: int, step: int, marker: str, signal: str = "SIGTERM", times: int = 1):
         super().__init__()
         self.epoch, self.step, self.marker, self.signal = epoch, step, marker, signal
+        self.times = times
         self._epoch = 0
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -84,7 +85,8 @@ class SignalAt(keras.callbacks.Callback):
 
         if (self._epoch, batch + 1) >= (self.epoch, self.step) and not os.path.exists(self.marker):
             open(self.marker, "w").close()
-            os.kill(os.getpid(), getattr(signal, self.signal))
+            for _ in range(self.times):
+                os.kill(os.getpid(), getattr(signal, self.signal))
 
 
 class WatchLatest(keras.callbacks.Callback):

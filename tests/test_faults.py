@@ -173,3 +173,24 @@ def test_sigterm_mid_epoch_on_tensorflow_resumes_at_the_step(tmp_path):
     if state["step"]:  # the usual case: the signal landed inside an epoch
         assert f"resuming at epoch {state['epoch'] + 1}, step {state['step']}" in done.stdout
     check_finished(run_dir, 2, reference)
+
+
+def test_a_second_sigint_exits_at_once_and_keeps_the_last_checkpoint(tmp_path):
+    from conftest import FACTORIES
+
+    data = write_toy_data(tmp_path / "data")
+    config = toy_config(data, tmp_path / "runs", train={"epochs": 3, "steps_per_execution": 2})
+    config["callbacks"] = {"extra": [{"name": f"{FACTORIES}:SignalAt", "epoch": 2, "step": 4,
+                                      "marker": str(tmp_path / "fired"), "signal": "SIGINT",
+                                      "times": 2}]}  # fmt: skip
+    path = write_config(tmp_path, config, "twice")
+    done = subprocess.run([EXE, "train", str(path)], capture_output=True, text=True, cwd=ROOT,
+                          env=clean_env(), timeout=600)  # fmt: skip
+    assert done.returncode == 130, done.stderr  # no waiting for the next step's save
+    assert "Traceback" not in done.stderr
+    run_dir = tmp_path / "runs" / "twice"
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
+    point = resume_lib.latest(run_dir / "checkpoints")
+    assert point is not None and point.position == (1, 0)  # epoch 1's end: nothing lost
+    finish(path)
+    assert epochs_in_log(run_dir) == ["0", "1", "2"]

@@ -214,3 +214,20 @@ def test_mid_epoch_saves_every_steps_or_minutes(toy_data, tmp_path, every, reaso
         assert mid == [4, 8, 12]
     else:
         assert mid[:3] == [2, 4, 6]  # 1e-5 minutes have always passed: every execution saves
+
+
+def test_the_first_signal_asks_and_the_second_interrupts():
+    import os
+    import signal
+    import time
+
+    from tpurun.stopping import Stop, stop_on_signals
+
+    stop = Stop()
+    with pytest.raises(KeyboardInterrupt), stop_on_signals(stop):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert stop.reason == "SIGTERM" and stop.requested(time.monotonic())
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)  # not reached: the handler raises
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
