@@ -301,3 +301,11 @@ def test_time_limit_durations(tmp_path):
     for bad in ("soon", "0s", "5d"):
         with pytest.raises(ConfigError, match="train.time_limit: expected a"):
             load_config(path, [f"train.time_limit={bad}"])
+
+
+def test_a_remote_output_dir_is_refused_with_what_to_do_instead(tmp_path):
+    from conftest import toy_config
+
+    config = toy_config(tmp_path, tmp_path, output={"dir": "gs://bucket/runs"})
+    with pytest.raises(ConfigError, match=r"output.dir: .*a local folder.*gsutil -m cp -r"):
+        load_config(config)

@@ -371,6 +371,17 @@ class CallbacksConfig(Section):
 class OutputConfig(Section):
     dir: str = Field("runs", description="Run directory = <dir>/<name> (relative to the cwd).")
 
+    @field_validator("dir")
+    @classmethod
+    def _local(cls, value: str) -> str:
+        # Checkpoints are written from the host, renamed into place and pruned: a local folder.
+        if "://" in value:
+            raise ValueError(
+                "a local folder (checkpoints are written on this machine); copy the run "
+                "directory to the bucket afterwards, e.g. gsutil -m cp -r runs gs://bucket/"
+            )
+        return value
+
 
 # ---------------------------------------------------------------------------------------- config
 class Config(Section):
