@@ -35,8 +35,19 @@ def config_for(toy_data, tmp_path, name, **train) -> dict:
     return toy_config(toy_data, tmp_path / "runs", name=name, train=train)
 
 
-def test_a_mid_epoch_stop_resumes_at_that_step_and_matches_an_unbroken_run(toy_data, tmp_path):
+@pytest.mark.parametrize("replicas", [1, 8])
+def test_a_mid_epoch_stop_resumes_at_that_step_and_matches_an_unbroken_run(
+    toy_data, tmp_path, replicas
+):
+    def config_for(toy_data, tmp_path, name):  # a global batch of 32 either way: 16 steps
+        config = toy_config(toy_data, tmp_path / "runs", name=name,
+                            train={"epochs": 3, "steps_per_execution": 2,
+                                   "per_core_batch_size": 32 // replicas},
+                            runtime={"cpu_devices": replicas})  # fmt: skip
+        return config
+
     unbroken = tpurun.train(config_for(toy_data, tmp_path, "a"), verbose=False)
+    assert unbroken["replicas"] == replicas
 
     config = config_for(toy_data, tmp_path, "b")
     config["callbacks"] = {"extra": [stopping_at(tmp_path / "fired", epoch=2, step=4)]}
