@@ -242,3 +242,14 @@ def test_the_first_signal_asks_and_the_second_interrupts():
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(5)  # not reached: the handler raises
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+
+
+def test_restart_and_resume_from_inside_the_run_directory_are_refused_together(toy_data, tmp_path):
+    config = config_for(toy_data, tmp_path, "both", epochs=1)
+    tpurun.train(config, verbose=False)
+    run_dir = tmp_path / "runs" / "both"
+    with pytest.raises(
+        TpurunError, match=r"--restart moves .* aside, and --resume .* is inside it"
+    ):
+        tpurun.train(config, restart=True, resume=str(run_dir), verbose=False)
+    assert (run_dir / "model.keras").exists()  # nothing moved

@@ -167,10 +167,16 @@ def run(
     plan, epochs = prepared.plan, config.train.epochs
     effective = resolved_config(prepared)
     identity = resume_lib.identity(effective, plan)
+    run_path = Path(output or config.output.dir) / config.name
     point = resume_lib.from_path(resume) if resume else None
     if point is not None:
         resume_lib.check_unchanged(point, identity)
-    run_dir = _run_directory(Path(output or config.output.dir) / config.name, restart, reporter)
+        if restart and point.weights.resolve().is_relative_to(run_path.resolve()):
+            raise TpurunError(
+                f"--restart moves {run_path} aside, and --resume {resume} is inside it: pass one "
+                "of them (to start over from that checkpoint, copy it out first)."
+            )
+    run_dir = _run_directory(run_path, restart, reporter)
     ckpt_dir = run_dir / resume_lib.CHECKPOINTS
     if point is None:
         point = resume_lib.latest(ckpt_dir)
