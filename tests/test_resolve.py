@@ -159,3 +159,16 @@ def test_cached_pipeline_gives_every_record_each_pass(tmp_path, cache):
 def test_cache_end_to_end(tmp_path, toy_data):
     config = toy_config(toy_data, tmp_path / "runs", data={"cache": "memory"}, train={"epochs": 2})
     assert tpurun.train(config, verbose=False)["status"] == "completed"
+
+
+def test_a_file_cache_left_half_written_by_a_killed_run_is_cleared(tmp_path, toy_data):
+    prefix = tmp_path / "cache" / "toy"
+    prefix.parent.mkdir()
+    # What TF leaves when the process dies while writing the cache (measured with SIGKILL).
+    (prefix.parent / "toy-train_0.lockfile").write_text("Created at: 1795336182")
+    (prefix.parent / "toy-train_0.data-00000-of-00001.tempstate1563045044").write_bytes(b"xx")
+    config = toy_config(
+        toy_data, tmp_path / "runs", data={"cache": str(prefix)}, train={"epochs": 2}
+    )
+    assert tpurun.train(config, verbose=False)["status"] == "completed"
+    assert (prefix.parent / "toy-train.index").exists()  # written whole this time

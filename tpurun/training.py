@@ -6,6 +6,8 @@ Imports Keras and TensorFlow inside its functions only: the runner imports this 
 
 from __future__ import annotations
 
+import glob
+import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,14 +25,24 @@ if TYPE_CHECKING:
 
 
 def _cache(config: Config, run_dir: Path, split: str) -> str | None:
-    """``data.cache`` for one split: "" keeps records in memory, a path prefix on disk."""
+    """``data.cache`` for one split: "" keeps records in memory, a path prefix on disk.
+
+    A run killed while TF was writing the cache leaves a lockfile, and TF then refuses the cache
+    ("a concurrent caching iterator running"): the leftovers are cleared, as the cache belongs to
+    one run at a time.
+    """
     cache = config.data.cache
     if cache is None:
         return None
     if cache == "memory":
         return ""
+    prefix = f"{cache}-{split}"
     Path(cache).parent.mkdir(parents=True, exist_ok=True)
-    return f"{cache}-{split}"
+    for leftover in glob.glob(f"{glob.escape(prefix)}_*.lockfile") + glob.glob(
+        f"{glob.escape(prefix)}*.tempstate*"
+    ):
+        os.remove(leftover)
+    return prefix
 
 
 def train(
