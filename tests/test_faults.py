@@ -152,9 +152,11 @@ main()
 
 
 def test_sigterm_mid_epoch_on_tensorflow_resumes_at_the_step(tmp_path):
+    """On TF with MirroredStrategy over 2 CPU replicas (metric sums are per-replica there)."""
     data = write_toy_data(tmp_path / "data", n_train=2048, n_val=256)
-    config = toy_config(data, tmp_path / "runs", train={"epochs": 2, "steps_per_execution": 1},
-                        runtime={"backend": "tensorflow", "cpu_devices": 1})  # fmt: skip
+    config = toy_config(data, tmp_path / "runs", train={"epochs": 2, "steps_per_execution": 1,
+                                                        "per_core_batch_size": 16},
+                        runtime={"backend": "tensorflow", "cpu_devices": 2})  # fmt: skip
     config["callbacks"] = {"checkpoint": {"every_steps": 8}}
     finish(write_config(tmp_path, config, "tf-unbroken"))
     reference = json.loads((tmp_path / "runs" / "tf-unbroken" / "summary.json").read_text())
@@ -169,6 +171,7 @@ def test_sigterm_mid_epoch_on_tensorflow_resumes_at_the_step(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 3, err
     state = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
+    assert json.loads((run_dir / "summary.json").read_text())["distribution"] == "mirrored"
     done = finish(path)
     if state["step"]:  # the usual case: the signal landed inside an epoch
         assert f"resuming at epoch {state['epoch'] + 1}, step {state['step']}" in done.stdout
