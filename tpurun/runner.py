@@ -73,6 +73,14 @@ def resolved_config(prepared: Prepared) -> dict[str, Any]:
     return {**config, "derived": prepared.plan.to_dict()}
 
 
+def read_yaml(path: Path) -> dict | None:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def _examples_per_sec(rates: list[float]) -> float:
     # The first epoch includes compilation; leave it out when there is more than one.
     steady = rates[1:] or rates
@@ -198,8 +206,7 @@ def run(
 
     config_file = run_dir / "config.yaml"
     if point is not None:
-        before = yaml.safe_load(config_file.read_text()) if config_file.exists() else None
-        changes = resume_lib.changed_settings(before, effective)
+        changes = resume_lib.changed_settings(read_yaml(config_file), effective)
         if changes:
             reporter.message("changed since the last session: " + "; ".join(changes[:6]), "note")
         epoch, step = point.position
@@ -215,11 +222,12 @@ def run(
         if begun:
             return
         begun = True
-        config_file.write_text(
+        text = (
             "# Written by tpurun: the config as run, with defaults filled in, and the values derived\n"
             "# on this machine under `derived` (ignored when this file is loaded again).\n"
             + yaml.safe_dump(effective, sort_keys=False)
         )
+        save_atomically(str(config_file), lambda tmp: Path(tmp).write_text(text))
         write_json(run_dir / SUMMARY, summary)
 
     def finish(status: str) -> dict[str, Any]:
