@@ -283,8 +283,9 @@ def run(
             f"training stopped at epoch {epoch}, step {nan_step}: the loss became NaN or Inf{tried}. "
             "Likely causes: a learning rate too high for this global batch (lower "
             "train.learning_rate.base), float16 overflow (use mixed_bfloat16 or float32), or bad "
-            f"input values. The last good checkpoint is in {ckpt_dir}; callbacks.on_nan: restore "
-            "reloads it with a lower learning rate and goes on."
+            "input values (a partial last batch is ruled out: tpurun drops it). The last good "
+            f"checkpoint is in {ckpt_dir}; callbacks.on_nan: restore reloads it with a lower "
+            "learning rate and goes on."
         )
     if stop.reason is not None and done < epochs:  # a stop after the last step is just the end
         where = f"epoch {done + 1}, step {step}" if step else f"the end of epoch {done}"
