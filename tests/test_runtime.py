@@ -191,7 +191,7 @@ def tpu_choice(backend: str) -> Choice:
 def test_a_tpu_held_by_another_process_names_the_notebook_trap(monkeypatch):
     import jax
 
-    from tpurun import runtime
+    from tpurun import process
 
     def held(platform=None):
         raise RuntimeError(
@@ -202,13 +202,13 @@ def test_a_tpu_held_by_another_process_names_the_notebook_trap(monkeypatch):
     with pytest.raises(
         EnvironmentSetupError, match=r"held by another process.*pid 4242.*restart it"
     ):
-        runtime._jax_devices(tpu_choice("jax"))
+        process._jax_devices(tpu_choice("jax"))
 
 
 def test_jax_without_the_tpu_platform_is_a_clear_error(monkeypatch):
     import jax
 
-    from tpurun import runtime
+    from tpurun import process
 
     def missing(platform=None):
         raise RuntimeError(
@@ -217,13 +217,13 @@ def test_jax_without_the_tpu_platform_is_a_clear_error(monkeypatch):
 
     monkeypatch.setattr(jax, "devices", missing)
     with pytest.raises(EnvironmentSetupError, match="JAX cannot use the TPU: Unknown backend"):
-        runtime._jax_devices(tpu_choice("jax"))
+        process._jax_devices(tpu_choice("jax"))
 
 
 def test_tf_tpu_resolver_failure_is_a_clear_error(monkeypatch):
     import tensorflow as tf
 
-    from tpurun import runtime
+    from tpurun import process
 
     class Resolver:
         def __init__(self, tpu=None):
@@ -234,4 +234,4 @@ def test_tf_tpu_resolver_failure_is_a_clear_error(monkeypatch):
         EnvironmentSetupError,
         match="cannot reach the TPU at 'local': Please provide a TPU Name.*runtime.backend: jax",
     ):
-        runtime._tf_strategy(tpu_choice("tensorflow"))
+        process._tf_strategy(tpu_choice("tensorflow"))

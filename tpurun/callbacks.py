@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import keras  # imported only after runtime.activate() has chosen the backend
+import keras  # imported only after process.activate() has chosen the backend
 import numpy as np
 
 from tpurun.config import Config

@@ -371,7 +371,7 @@ def data_write(
 ) -> None:
     """Write sharded TFRecords (and a schema file) from arrays, CSV files or an image folder."""
     from tpurun.console import TaskProgress, want_plain
-    from tpurun.runtime import import_tensorflow
+    from tpurun.process import import_tensorflow
 
     import_tensorflow()
     from tpurun.data.write import write_dataset
@@ -423,7 +423,7 @@ def data_inspect(
     """List files, bytes and records, infer the features, and print a ready-to-paste features: block."""
     from tpurun.console import TaskProgress, want_plain
     from tpurun.data.inspect import format_bytes, inspect
-    from tpurun.runtime import import_tensorflow
+    from tpurun.process import import_tensorflow
 
     import_tensorflow()  # before anything else imports it: without its start-up notices
     progress = TaskProgress("counting records", "files", plain=want_plain(plain) or as_json)

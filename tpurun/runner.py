@@ -25,7 +25,8 @@ from tpurun.console import Reporter
 from tpurun.errors import Interrupted, TpurunError
 from tpurun.fileio import read_json, save_atomically, write_json
 from tpurun.plan import Plan, make_plan
-from tpurun.runtime import Machine, Runtime, activate, choose, probe
+from tpurun.process import Runtime, activate
+from tpurun.runtime import Machine, choose, probe
 from tpurun.stopping import Stop, stop_on_signals
 
 SUMMARY = "summary.json"

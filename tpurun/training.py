@@ -1,7 +1,7 @@
 """Fitting, for :func:`tpurun.runner.run`: datasets, model, callbacks, resume, ``fit``, NaN restore.
 
 Imports Keras and TensorFlow inside its functions only: the runner imports this module before
-:func:`tpurun.runtime.activate` has chosen the backend.
+:func:`tpurun.process.activate` has chosen the backend.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tpurun.config import Config, DataConfig
 from tpurun.console import Reporter
 from tpurun.errors import DataError, ModelError
 from tpurun.plan import Plan
-from tpurun.runtime import Runtime
+from tpurun.process import Runtime
 from tpurun.stopping import Stop, StopNow
 
 if TYPE_CHECKING:

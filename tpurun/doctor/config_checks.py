@@ -305,13 +305,13 @@ def check_advice(cfg: Any, choice: Any, plan: Any) -> Check:
 def run(cfg: Any, m: Machine, holder: list, devices: dict, with_model: bool) -> list[Check]:
     import os
 
-    from tpurun.runtime import import_tensorflow
+    from tpurun.process import import_tensorflow
 
     choice = holder[0] if holder else None
     if choice is not None and choice.accelerator == "cpu" and "keras" not in sys.modules:
         # Set the process up as train would, before the data checks start TensorFlow: TF imports
         # Keras (fixing its backend) and fixes its CPU device count when it first runs an op.
-        from tpurun.runtime import activate
+        from tpurun.process import activate
 
         try:
             activate(choice, cfg.seed)
