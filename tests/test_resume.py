@@ -253,3 +253,14 @@ def test_restart_and_resume_from_inside_the_run_directory_are_refused_together(t
     ):
         tpurun.train(config, restart=True, resume=str(run_dir), verbose=False)
     assert (run_dir / "model.keras").exists()  # nothing moved
+
+
+def test_without_best_checkpoints_a_run_still_resumes(toy_data, tmp_path):
+    config = config_for(toy_data, tmp_path, "bare", epochs=1)
+    config["callbacks"] = {"checkpoint": None}
+    tpurun.train(config, verbose=False)
+    config["train"]["epochs"] = 2
+    summary = tpurun.train(config, verbose=False)
+    assert summary["resumes"][0]["epoch"] == 1 and summary["epochs_completed"] == 2
+    names = {p.name for p in (tmp_path / "runs" / "bare" / "checkpoints").iterdir()}
+    assert names == {"latest.json", "latest-e0002-s0000000.weights.h5"}  # no best.keras
