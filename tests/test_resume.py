@@ -143,6 +143,7 @@ def test_reduce_lr_on_plateau_state_and_learning_rate_carry_over_a_resume(toy_da
     assert final_lr("lr-b") == final_lr("lr-a") < 0.01  # reduced, and by the same steps
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # Keras, on the mismatched model at the end
 def test_resume_from_another_run_directory_or_a_named_checkpoint(toy_data, tmp_path, capsys):
     first = config_for(toy_data, tmp_path, "session1", epochs=2)
     first["callbacks"] = {
