@@ -42,12 +42,11 @@ class Progress(keras.callbacks.Callback):
     ``steps_per_execution`` amortises, and which Keras' own progress bar costs as well.
     """
 
-    def __init__(self, reporter: Reporter, plan: Plan, epochs: int, stop_on_nan: bool, stop: Stop):
+    def __init__(self, reporter: Reporter, plan: Plan, stop_on_nan: bool, stop: Stop):
         super().__init__()
         self.stop = stop
         self.reporter = reporter
         self.plan = plan
-        self.epochs = epochs
         self.stop_on_nan = stop_on_nan
         self.interval = reporter.progress_interval
         self.resume_at = (0, 0)  # (epochs done, steps into the next) where this fit starts
@@ -300,6 +299,8 @@ class RunCheckpoint(keras.callbacks.Callback):
             self.save_latest(self._epoch, step, "every_minutes")
 
     def state(self, epochs_done: int, step: int, reason: str) -> dict:
+        """The resume state at this position (writing early stopping's best weights if they
+        changed, since the state names their file)."""
         callbacks = {}
         for name, callback in self.stateful.items():
             callbacks[name] = callback.get_state()
@@ -322,24 +323,26 @@ class RunCheckpoint(keras.callbacks.Callback):
             state["metrics"] = [np.asarray(v).tolist() for v in self.model.metrics_variables]
         return state
 
-    def save_latest(self, epochs_done: int, step: int, reason: str) -> None:
-        """Weights first, under a new name; then ``latest.json`` naming them; then old weights go."""
+    def save_latest(self, epochs_done: int, step: int, reason: str, state: dict | None = None):
+        """Weights first, under a new name; then ``latest.json`` naming them; then old weights go.
+
+        ``state``: this position's :meth:`state`, when the caller has it already.
+        """
         name = f"latest-e{epochs_done:04d}-s{step:07d}.weights.h5"
-        state = {**self.state(epochs_done, step, reason), "weights": name}
+        state = {**(state or self.state(epochs_done, step, reason)), "weights": name}
         save_atomically(os.path.join(self.folder, name), self.model.save_weights)
         write_json(os.path.join(self.folder, LATEST_STATE), state)
-        for old in globlib.glob(os.path.join(self.folder, "latest*.weights.h5")):
+        for old in globlib.glob(os.path.join(self.folder, "latest-*.weights.h5")):
             if os.path.basename(old) != name:
                 os.remove(old)
         self.position = (epochs_done, step)
         self._last_save = (self._global_step(epochs_done, step), time.monotonic())
 
-    def _save_model(self, name: str, epochs_done: int) -> None:
+    def _save_model(self, name: str, state: dict) -> None:
         """A best or pattern-named model, with its state beside it, so ``--resume`` can use it."""
         writer = self.model.save_weights if name.endswith(".weights.h5") else self.model.save
         save_atomically(os.path.join(self.folder, name), writer)
-        state = {**self.state(epochs_done, 0, "epoch"), "weights": name}
-        write_json(os.path.join(self.folder, state_file(name)), state)
+        write_json(os.path.join(self.folder, state_file(name)), {**state, "weights": name})
 
     # ------------------------------------------------------------------ best and named models
     def _prune(self) -> None:
@@ -380,7 +383,9 @@ class RunCheckpoint(keras.callbacks.Callback):
         better = self.save_best and self.improved(float(value))
         if better:
             self.best, self.best_epoch = float(value), epoch + 1
-            self._save_model(BEST_MODEL, epoch + 1)
+        state = self.state(epoch + 1, 0, "epoch")  # one state for every file this epoch writes
+        if better:
+            self._save_model(BEST_MODEL, state)
         if self.filename and (better or not self.save_best_only):
             try:
                 name = self.filename.format(epoch=epoch + 1, **logs)
@@ -389,10 +394,10 @@ class RunCheckpoint(keras.callbacks.Callback):
                     f"callbacks.checkpoint.filename '{self.filename}': cannot fill it in ({exc}); "
                     f"it may use {{epoch}} and the metrics {', '.join(sorted(logs))}."
                 ) from None
-            self._save_model(name, epoch + 1)
+            self._save_model(name, state)
             if self.keep:
                 self._prune()
-        self.save_latest(epoch + 1, 0, "epoch")
+        self.save_latest(epoch + 1, 0, "epoch", state)
 
 
 def build_callbacks(
@@ -404,7 +409,7 @@ def build_callbacks(
     pattern-named models): a run directory can always be resumed.
     """
     cb = config.callbacks
-    progress = Progress(reporter, plan, config.train.epochs, cb.on_nan != "ignore", stop)
+    progress = Progress(reporter, plan, cb.on_nan != "ignore", stop)
     out: list[Any] = [progress]
     stateful: list[Any] = []
     if cb.reduce_lr_on_plateau is not None:

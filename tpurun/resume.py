@@ -19,7 +19,6 @@ from tpurun.fileio import read_json
 
 CHECKPOINTS = "checkpoints"  # the folder of a run directory that holds them
 LATEST_STATE = "latest.json"
-LEGACY_WEIGHTS = "latest.weights.h5"  # written by tpurun 0.1, before latest.json named its file
 _WEIGHT_SUFFIXES = (".weights.h5", ".keras", ".h5")
 
 # What a checkpoint is bound to: change one and the saved weights, optimizer state or data position
@@ -59,9 +58,9 @@ def state_file(weights_name: str) -> str:
 
 def _from_state(path: Path, source: str) -> ResumePoint | None:
     state = read_json(path)
-    if not state or "epoch" not in state:
+    if not state or "epoch" not in state or "weights" not in state:
         return None
-    weights = path.parent / state.get("weights", LEGACY_WEIGHTS)
+    weights = path.parent / state["weights"]
     if not weights.exists():
         return None
     return ResumePoint(state, weights, source)
@@ -138,7 +137,7 @@ def check_unchanged(point: ResumePoint, now: dict[str, Any]) -> None:
     """
     saved = point.state.get("identity")
     if not saved:
-        return  # a warm start, or a checkpoint from before identities were kept
+        return  # a warm start: nothing recorded to compare
     changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
     if not changed:
         return

@@ -74,7 +74,7 @@ def resolved_config(prepared: Prepared) -> dict[str, Any]:
     return {**config, "derived": prepared.plan.to_dict()}
 
 
-def read_yaml(path: Path) -> dict | None:
+def _read_yaml(path: Path) -> dict | None:
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError):
@@ -104,7 +104,8 @@ def _run_directory(path: Path, restart: bool, reporter: Reporter) -> Path:
     return path
 
 
-def _new_summary(plan: Plan, run_dir: Path, epochs: int, point, previous: dict) -> dict:
+def _new_summary(prepared: Prepared, run_dir: Path, point, previous: dict) -> dict:
+    plan, epochs = prepared.plan, prepared.config.train.epochs
     state = point.state if point else {}
     best = {"monitor": plan.monitor, "value": None, "epoch": None}
     if state.get("best") is not None:
@@ -136,8 +137,8 @@ def _new_summary(plan: Plan, run_dir: Path, epochs: int, point, previous: dict) 
         "final_metrics": previous.get("final_metrics", {}),
         "resumes": list(previous.get("resumes", [])),
         "nan_restores": list(previous.get("nan_restores", [])),
-        "skipped_shards": [],
-        "skipped_records": 0,
+        "skipped_shards": [s.to_dict() for s in prepared.skipped],
+        "skipped_records": sum(s.records for s in prepared.skipped),
         "run_dir": str(run_dir),
         "tpurun_version": __version__,
     }
@@ -192,9 +193,7 @@ def run(
         if point is not None:
             resume_lib.check_unchanged(point, identity)
     previous = read_json(run_dir / SUMMARY) or {}
-    summary = _new_summary(plan, run_dir, epochs, point, previous)
-    summary["skipped_shards"] = [s.to_dict() for s in prepared.skipped]
-    summary["skipped_records"] = sum(s.records for s in prepared.skipped)
+    summary = _new_summary(prepared, run_dir, point, previous)
     if summary["epochs_completed"] >= epochs and (run_dir / MODEL).exists():
         reporter.message(
             f"{run_dir} has already trained {summary['epochs_completed']} epoch(s) of {epochs}; "
@@ -207,7 +206,7 @@ def run(
 
     config_file = run_dir / "config.yaml"
     if point is not None:
-        changes = resume_lib.changed_settings(read_yaml(config_file), effective)
+        changes = resume_lib.changed_settings(_read_yaml(config_file), effective)
         if changes:
             reporter.message("changed since the last session: " + "; ".join(changes[:6]), "note")
         epoch, step = point.position
@@ -244,7 +243,7 @@ def run(
     try:
         with stop_on_signals(stop):
             model, progress, checkpoint = training.train(
-                prepared, run_dir, point, identity, reporter, stop, summary, begin
+                prepared, run_dir, point, identity, reporter, stop, summary["nan_restores"], begin
             )
     except TpurunError:
         finish("failed")

@@ -47,7 +47,7 @@ def _cache(config: Config, run_dir: Path, split: str) -> str | None:
 
 def train(
     prepared: Prepared, run_dir: Path, point, identity: dict, reporter: Reporter, stop: Stop,
-    summary: dict, begin,
+    restores: list, begin,
 ):  # fmt: skip
     """Build datasets, model and callbacks; restore the resume point if any; fit to the end.
 
@@ -125,7 +125,6 @@ def train(
                 raise
             # Before the first step, a ValueError is the model not fitting the data's shapes.
             raise ModelError(_misfit(exc, model, config)) from None
-        restores = summary["nan_restores"]
         if stop.nan_at is None or config.callbacks.on_nan != "restore":
             break
         if len(restores) >= config.callbacks.max_nan_restores:
@@ -256,15 +255,13 @@ def _fit(model, train_ds, val_ds, val_steps, steps: int, epochs: int, initial_ep
         raise DataError(f"reading the training data failed: {first}") from None
 
 
-def _restore(model, sample, weights: Path | None, runtime: Runtime, source: str) -> None:
+def _restore(model, sample, weights: Path, runtime: Runtime, source: str) -> None:
     """Build the model and optimizer variables, then load the weights and optimizer state."""
     with runtime.scope():
         if not model.built:
             model(sample())
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
-        if weights is None:
-            return
         try:
             model.load_weights(str(weights))
         except Exception as exc:  # Keras raises ValueError, KeyError, OSError... for a misfit file
