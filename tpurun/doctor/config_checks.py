@@ -88,8 +88,9 @@ def data_checks(cfg: Any, m: Machine, replicas: int | None) -> list[Check]:
     return out
 
 
-def make_plan(cfg: Any, m: Machine, choice: Any, devices: dict) -> tuple[Any, Any]:
-    """The plan ``train`` would derive, and the prepared runtime when it ran on this CPU.
+def make_plan(cfg: Any, m: Machine, choice: Any, devices: dict) -> tuple[Any, Any, Any]:
+    """The plan ``train`` would derive, the prepared runtime when it ran on this CPU, and the
+    effective data section (features filled in from a schema).
 
     On the CPU this is :func:`tpurun.runner.prepare` itself. On an accelerator, activating it
     here would hold it (and the libtpu lock) in doctor's process, so the same pieces run without
@@ -101,7 +102,7 @@ def make_plan(cfg: Any, m: Machine, choice: Any, devices: dict) -> tuple[Any, An
         from tpurun.runner import prepare
 
         prepared = prepare(cfg, machine=m)
-        return prepared.plan, prepared
+        return prepared.plan, prepared, prepared.data
     from tpurun.data.resolve import resolve
 
     replicas = choice.replicas
@@ -109,7 +110,8 @@ def make_plan(cfg: Any, m: Machine, choice: Any, devices: dict) -> tuple[Any, An
         replicas = devices.get("jax", {}).get("platforms", {}).get("tpu")
     if not replicas:
         raise TpurunError("the TPU core count is unknown (the device probe found no TPU core)")
-    return plan_for(cfg, choice, replicas, resolve(cfg)), None
+    resolved = resolve(cfg)
+    return plan_for(cfg, choice, replicas, resolved), None, resolved.data
 
 
 def check_plan(plan: Any) -> Check:
@@ -208,10 +210,12 @@ def check_model_on_cpu(cfg: Any, timeout: float) -> tuple[Check, int | None]:
     return check, answer["params"]
 
 
-def check_resume(cfg: Any, plan: Any) -> Check:
-    """What ``tpurun train`` will do with the run directory: start, resume, or refuse to resume."""
+def check_resume(cfg: Any, plan: Any, effective_data: Any) -> Check:
+    """What ``tpurun train`` will do with the run directory: start, resume, or refuse to resume.
+
+    ``plan`` and ``effective_data`` (the data section, features filled in) come from the plan check; None without one.
+    """
     from tpurun import resume as resume_lib
-    from tpurun.data.resolve import resolve
 
     run_dir = Path(cfg.output.dir) / cfg.name
     point = resume_lib.latest(run_dir / resume_lib.CHECKPOINTS)
@@ -221,7 +225,7 @@ def check_resume(cfg: Any, plan: Any) -> Check:
     if plan is None:
         return Check("resume", "skip", f"{point.describe()}; not compared with the config (no "
                      "plan, see the plan check)", None, data)  # fmt: skip
-    effective = {**cfg.to_dict(), "data": resolve(cfg).data.model_dump(mode="json")}
+    effective = {**cfg.to_dict(), "data": effective_data.model_dump(mode="json")}
     try:
         resume_lib.check_unchanged(point, resume_lib.identity(effective, plan))
     except TpurunError as exc:
@@ -326,7 +330,7 @@ def run(cfg: Any, m: Machine, holder: list, devices: dict, with_model: bool) -> 
         replicas = devices.get("jax", {}).get("platforms", {}).get("tpu")
     data = data_checks(cfg, m, replicas)
     checks += data
-    plan = prepared = None
+    plan = prepared = effective_data = None
     if choice is None:
         checks.append(Check("plan", "skip", "no runtime was chosen (see the choice check)"))
     elif any(c.status == "fail" for c in data):
@@ -334,9 +338,9 @@ def run(cfg: Any, m: Machine, holder: list, devices: dict, with_model: bool) -> 
     else:
 
         def plan_check():
-            nonlocal plan, prepared
+            nonlocal plan, prepared, effective_data
             try:
-                plan, prepared = make_plan(cfg, m, choice, devices)
+                plan, prepared, effective_data = make_plan(cfg, m, choice, devices)
             except TpurunError as exc:
                 return Check("plan", "fail", exc.message, exc.hint or "fix the train section")
             return check_plan(plan)
@@ -364,7 +368,7 @@ def run(cfg: Any, m: Machine, holder: list, devices: dict, with_model: bool) -> 
             return check
 
         checks += timed("model", model_check)
-    checks += timed("resume", lambda: check_resume(cfg, plan))
+    checks += timed("resume", lambda: check_resume(cfg, plan, effective_data))
     checks += timed("output", lambda: check_output(cfg, params))
     checks += timed("advice", lambda: check_advice(cfg, choice, plan))
     return checks
