@@ -218,10 +218,14 @@ def _count_one(path: str, compression: str) -> int | CorruptShard:
     return n
 
 
-def _read_all(
-    files: Sequence[str], compression: str, *, reread: bool = False
+def verify(
+    files: Sequence[str], compression: str = "auto", *, reread: bool = False
 ) -> list[int | CorruptShard]:
-    """Each file's record count or damage, in order, reading only files not read before."""
+    """Each file's record count, or its damage, in order.
+
+    Reads only files not read before (``reread``: all of them): verdicts are cached by path, size
+    and mtime, as counts are.
+    """
     cache_path = _cache_file()
     try:
         cache = json.loads(cache_path.read_text())
@@ -270,19 +274,11 @@ def count_records(files: Sequence[str], compression: str = "auto") -> int:
     Raises:
         DataError: a file is corrupt or truncated, naming it, the offset and the good records.
     """
-    verdicts = _read_all(files, compression)
+    verdicts = verify(files, compression)
     damaged = [v for v in verdicts if isinstance(v, CorruptShard)]
     if damaged:
         raise corrupt_error(damaged)
     return sum(verdicts)
-
-
-def verify(files: Sequence[str], compression: str = "auto") -> list[int | CorruptShard]:
-    """Each file's record count, or its damage, in order.
-
-    Reads each file through once ever: the verdict is cached like ``count_records``'s counts.
-    """
-    return _read_all(files, compression)
 
 
 def find_corrupt(files: Sequence[str], compression: str) -> list[CorruptShard]:
@@ -292,7 +288,7 @@ def find_corrupt(files: Sequence[str], compression: str) -> list[CorruptShard]:
     say which file it was reading. Cached verdicts are not trusted here: a file damaged in place
     keeps its size and mtime.
     """
-    verdicts = _read_all(files, compression, reread=True)
+    verdicts = verify(files, compression, reread=True)
     return [v for v in verdicts if isinstance(v, CorruptShard)]
 
 
