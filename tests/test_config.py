@@ -106,6 +106,31 @@ def test_unknown_key_in_a_nested_feature(tmp_path):
     assert any("unknown key 'data.features.y.shap'; did you mean 'shape'?" in p for p in found)
 
 
+@pytest.mark.parametrize(
+    ("key", "allowed"),
+    [
+        ("callbacks.csv_log.foo", "allowed here: filename"),
+        ("callbacks.checkpoint.zzz", "allowed here: every_minutes, every_steps, filename, keep,"),
+        ("callbacks.early_stopping.zzz", "allowed here: min_delta, mode, monitor, patience,"),
+        ("callbacks.reduce_lr_on_plateau.zzz", "allowed here: cooldown, factor, min_delta,"),
+        ("train.learning_rate.zzz", "allowed here: base, base_batch_size, scaling,"),
+        ("data.features.x.zzz", "allowed here: cast, dtype, key, shape, type"),
+    ],
+)
+def test_unknown_key_lists_what_is_allowed_in_every_section(tmp_path, key, allowed):
+    """Optional sections (``X | None``) and union members list their keys, not an empty list."""
+    [problem] = problems(tmp_path, GOOD, [f"{key}=1"])
+    assert f"--set {key}=1: unknown key '{key}'; {allowed}" in problem
+
+
+def test_a_feature_without_type_names_the_types(tmp_path):
+    [problem] = problems(tmp_path, GOOD, ["data.features.z={shape: [2]}"])
+    assert problem == (
+        "--set data.features.z={shape: [2]}: data.features.z: 'type' is required, one of: raw, "
+        "int64, float, bytes, image"
+    )
+
+
 def test_every_problem_is_reported_at_once(tmp_path):
     text = (
         GOOD.replace("  backend: auto", "  backend: torch")

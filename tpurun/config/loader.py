@@ -29,6 +29,9 @@ class _Located:
         for n in range(len(path), -1, -1):
             if path[:n] in self.overrides:
                 return f"--set {self.overrides[path[:n]]}"
+        below = [item for key, item in self.overrides.items() if key[: len(path)] == path]
+        if path and below:  # a --set that wrote inside this key made it what it is
+            return f"--set {below[-1]}"
         for n in range(len(path), -1, -1):
             if path[:n] in self.lines:
                 return f"{self.source}:{self.lines[path[:n]]}"
@@ -119,7 +122,15 @@ def _model_at(loc: tuple, data: Any) -> tuple[type[BaseModel] | None, tuple]:
             data = data[part]
         # else: a union tag such as 'raw' or 'int' that the user never wrote; it still narrows `cls`.
         cls = _descend(cls, part)
-    return (cls if isinstance(cls, type) and issubclass(cls, BaseModel) else None), tuple(path)
+    return _single_model(cls), tuple(path)
+
+
+def _single_model(tp: Any) -> type[BaseModel] | None:
+    """The model a type stands for: itself, or the one model inside ``Optional[...]``/``list[...]``."""
+    if isinstance(tp, type) and issubclass(tp, BaseModel):
+        return tp
+    models = [a for a in _flatten(tp) if isinstance(a, type) and issubclass(a, BaseModel)]
+    return models[0] if len(models) == 1 else None
 
 
 def _descend(cls: Any, part: Any) -> Any:
@@ -131,8 +142,7 @@ def _descend(cls: Any, part: Any) -> Any:
             type_field = arg.model_fields.get("type")
             if type_field is not None and typing.get_args(type_field.annotation) == (part,):
                 return arg
-    models = [a for a in _flatten(cls) if isinstance(a, type) and issubclass(a, BaseModel)]
-    return models[0] if len(models) == 1 else cls
+    return _single_model(cls) or cls
 
 
 def _flatten(tp: Any) -> list:
@@ -172,11 +182,23 @@ def _format_error(err: dict, data: dict, located: _Located) -> str:
         return (
             f"{located.where((*path, 'type'))}: {dotted}.type: unknown feature type '{tag}'; {hint}"
         )
+    if kind == "union_tag_not_found":
+        tags = ", ".join(_feature_types(loc))
+        return f"{where}: {dotted}: 'type' is required, one of: {tags}"
     msg = err["msg"].removeprefix("Value error, ")
     received = err.get("input")
     if isinstance(received, (dict, list)) and len(repr(received)) > 60:
         return f"{where}: {dotted}: {msg}"
     return f"{where}: {dotted}: {msg}; received {received!r}"
+
+
+def _feature_types(loc: tuple) -> list[str]:
+    """The ``type`` tags the union at ``loc`` accepts (``raw``, ``int64``, ...)."""
+    cls: Any = Config
+    for part in loc:
+        cls = _descend(cls, part)
+    members = [a for a in _flatten(cls) if isinstance(a, type) and issubclass(a, BaseModel)]
+    return [typing.get_args(m.model_fields["type"].annotation)[0] for m in members]
 
 
 def _cross_checks(config: Config, located: _Located) -> list[str]:
