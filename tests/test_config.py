@@ -109,7 +109,7 @@ def test_unknown_key_in_a_nested_feature(tmp_path):
 @pytest.mark.parametrize(
     ("key", "allowed"),
     [
-        ("callbacks.csv_log.foo", "allowed here: filename"),
+        ("callbacks.csv_log.foo", "allowed here: append, filename"),
         ("callbacks.checkpoint.zzz", "allowed here: every_minutes, every_steps, filename, keep,"),
         ("callbacks.early_stopping.zzz", "allowed here: min_delta, mode, monitor, patience,"),
         ("callbacks.reduce_lr_on_plateau.zzz", "allowed here: cooldown, factor, min_delta,"),
@@ -146,6 +146,42 @@ def test_every_problem_is_reported_at_once(tmp_path):
     assert ":3: unknown key 'sed'; did you mean 'seed'?" in joined
     assert ":27: train.epochs:" in joined and "received 'ten'" in joined
     assert ":20: data.features.x.type: unknown feature type 'rawx'; did you mean 'raw'?" in joined
+
+
+def test_the_seed_callback_keys_load_with_their_seed_meaning(tmp_path):
+    """Issue 2's config: ``csv_log: {append: true}`` and ``terminate_on_nan: true``."""
+    seed_form = GOOD.replace("csv_log: {filename: log.csv}", "csv_log: {append: true}")
+    seed_form = seed_form.replace("  on_nan: stop", "  terminate_on_nan: true")
+    config = load_config(write(tmp_path, seed_form))
+    assert config.callbacks.on_nan == "stop" and config.callbacks.csv_log.filename == "log.csv"
+    # recorded as on_nan in the run's config.yaml, which loads back
+    assert "terminate_on_nan" not in config.to_dict()["callbacks"]
+    assert "append" not in config.to_dict()["callbacks"]["csv_log"]
+    ignore = load_config(write(tmp_path, seed_form.replace("nan: true", "nan: false")))
+    assert ignore.callbacks.on_nan == "ignore"
+    both = load_config(write(tmp_path, GOOD), ["callbacks.terminate_on_nan=true"])
+    assert both.callbacks.on_nan == "stop"
+
+
+def test_terminate_on_nan_that_disagrees_with_on_nan_is_an_error_at_its_line(tmp_path):
+    text = GOOD.replace("  on_nan: stop", "  on_nan: restore\n  terminate_on_nan: true")
+    [problem] = problems(tmp_path, text)
+    line = text.splitlines().index("  terminate_on_nan: true") + 1
+    assert problem.startswith(f"{tmp_path / 'exp.yaml'}:{line}: callbacks.terminate_on_nan: ")
+    assert "disagrees with callbacks.on_nan: restore" in problem
+    assert "terminate_on_nan: true means on_nan: stop" in problem
+    [problem] = problems(tmp_path, GOOD, ["callbacks.terminate_on_nan=false"])
+    assert "--set callbacks.terminate_on_nan=false: " in problem and "on_nan: ignore" in problem
+
+
+def test_csv_log_append_false_is_refused_with_what_to_do(tmp_path):
+    text = GOOD.replace("{filename: log.csv}", "{append: false}")
+    [problem] = problems(tmp_path, text)
+    line = text.splitlines().index("  csv_log: {append: false}") + 1
+    assert problem.startswith(f"{tmp_path / 'exp.yaml'}:{line}: callbacks.csv_log.append: false ")
+    assert "a resumed run continues it" in problem and "--restart" in problem
+    [problem] = problems(tmp_path, GOOD, ["callbacks.csv_log.append=maybe"])
+    assert "callbacks.csv_log.append: Input should be a valid boolean" in problem
 
 
 def test_missing_required_key(tmp_path):

@@ -1,10 +1,22 @@
-"""The experiment file: its typed schema (:mod:`.schema`) and its loading (:mod:`.loader`).
+"""The experiment file: its typed schema (:mod:`.schema`, with :mod:`.base` and :mod:`.features`)
+and its loading (:mod:`.loader`).
 
 Nothing here imports TensorFlow, JAX or Keras, so ``tpurun --help`` and validation answer at once.
 Values that need the machine or the data (replicas, global batch, scaled learning rate, steps) are
 derived later, in :mod:`tpurun.plan`.
 """
 
+from tpurun.config.base import NamedObject, Section
+from tpurun.config.features import (
+    BytesFeature,
+    Feature,
+    FeatureRef,
+    FloatFeature,
+    ImageFeature,
+    Int64Feature,
+    RawDType,
+    RawFeature,
+)
 from tpurun.config.loader import (
     apply_overrides,
     load_config,
@@ -14,27 +26,17 @@ from tpurun.config.loader import (
 )
 from tpurun.config.schema import (
     WRITTEN_KEYS,
-    BytesFeature,
     CallbacksConfig,
     CheckpointConfig,
     Config,
     CsvLogConfig,
     DataConfig,
     EarlyStoppingConfig,
-    Feature,
-    FeatureRef,
-    FloatFeature,
-    ImageFeature,
-    Int64Feature,
     LearningRateConfig,
     ModelConfig,
-    NamedObject,
     OutputConfig,
-    RawDType,
-    RawFeature,
     ReduceLROnPlateauConfig,
     RuntimeConfig,
-    Section,
     TrainConfig,
     parse_duration,
 )

@@ -1,70 +1,30 @@
 """The experiment file's typed schema: every key, its type, default and one-line description.
 
 Strict (unknown keys are errors) and framework-free; loading, line numbers and ``--set`` live in
-:mod:`tpurun.config.loader`.
+:mod:`tpurun.config.loader`, the feature types in :mod:`tpurun.config.features`.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     PrivateAttr,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
     field_validator,
-    model_serializer,
     model_validator,
 )
 
+from tpurun.config.base import Auto, NamedObject, Section
+from tpurun.config.features import Feature, FeatureRef
+
 #: Keys tpurun writes into a run directory's config.yaml; ignored when that file is loaded again.
 WRITTEN_KEYS = ("derived",)
-
-Auto = Literal["auto"]
-RawDType = Literal[
-    "float16",
-    "bfloat16",
-    "float32",
-    "float64",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "uint16",
-]
-CastDType = Literal["float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8", "bool"]
-Positive = Annotated[int, Field(ge=1)]
-
-
-class Section(BaseModel):
-    """A strict config section: unknown keys are errors, defaults are validated too."""
-
-    model_config = ConfigDict(extra="forbid", validate_default=True, validate_assignment=True)
-
-
-class NamedObject(Section):
-    """A Keras object named by a string, or by ``{name: ..., other keys are kwargs}``."""
-
-    name: str = Field(description="A Keras name (`adam`), or an import path `module:Name`.")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Constructor arguments.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _from_user_form(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return {"name": value, "kwargs": {}}
-        if isinstance(value, dict) and "kwargs" not in value:
-            rest = {k: v for k, v in value.items() if k != "name"}
-            return {"name": value.get("name"), "kwargs": rest}
-        return value
-
-    @model_serializer
-    def _to_user_form(self) -> Any:
-        return self.name if not self.kwargs else {"name": self.name, **self.kwargs}
 
 
 # --------------------------------------------------------------------------------------- runtime
@@ -116,59 +76,6 @@ class ModelConfig(Section):
 
 
 # ------------------------------------------------------------------------------------------ data
-class _FeatureBase(Section):
-    key: str | None = Field(
-        None, description="The key in the record, when it differs from the name."
-    )
-
-
-class RawFeature(_FeatureBase):
-    type: Literal["raw"]
-    dtype: RawDType = Field("float32", description="The dtype the bytes were written as.")
-    shape: list[Positive] = Field(description="Shape of one record's tensor after decoding.")
-    cast: CastDType | None = Field(None, description="Cast after decoding.")
-
-
-class Int64Feature(_FeatureBase):
-    type: Literal["int64"]
-    shape: list[Positive] = Field(default_factory=list, description="[] for a scalar.")
-    cast: CastDType | None = None
-
-
-class FloatFeature(_FeatureBase):
-    type: Literal["float"]
-    shape: list[Positive] = Field(default_factory=list, description="[] for a scalar.")
-    cast: CastDType | None = None
-
-
-class BytesFeature(_FeatureBase):
-    type: Literal["bytes"]
-    shape: list[Positive] = Field(default_factory=list, description="[] for a scalar string.")
-
-
-class ImageFeature(_FeatureBase):
-    type: Literal["image"]
-    shape: Annotated[list[Positive], Field(min_length=3, max_length=3)] = Field(
-        description="[height, width, channels]; images are resized to it."
-    )
-    scale: bool = Field(True, description="Scale pixels to [0, 1] floats; false keeps 0..255.")
-    cast: CastDType | None = None
-
-    @field_validator("shape")
-    @classmethod
-    def _channels(cls, shape: list[int]) -> list[int]:
-        if shape[2] not in (1, 3, 4):
-            raise ValueError(f"channels (the last value) must be 1, 3 or 4, got {shape[2]}")
-        return shape
-
-
-Feature = Annotated[
-    RawFeature | Int64Feature | FloatFeature | BytesFeature | ImageFeature,
-    Field(discriminator="type"),
-]
-FeatureRef = str | list[str] | dict[str, str]
-
-
 class DataConfig(Section):
     train: str | list[str] = Field(description="TFRecord glob(s): local, gs:// or ram://.")
     validation: str | list[str] | None = Field(None, description="TFRecord glob(s) for validation.")
@@ -322,7 +229,24 @@ class CheckpointConfig(Section):
 
 
 class CsvLogConfig(Section):
-    filename: str = "log.csv"
+    filename: str = Field("log.csv", description="File name in the run directory.")
+    append: bool = Field(
+        True,
+        exclude=True,  # only true is accepted: nothing to record
+        description="true (the seeds' CSVLogger(append=True)): a resumed run continues its log.",
+    )
+
+    @field_validator("append")
+    @classmethod
+    def _always_appended(cls, value: bool) -> bool:
+        if not value:
+            raise ValueError(
+                "false cannot be honoured: a run's log holds each epoch once, so a resumed run "
+                "continues it (a fresh run starts it empty). To start a new log, train with "
+                "--restart (the old run directory is moved aside) or another "
+                "callbacks.csv_log.filename; or remove the key"
+            )
+        return value
 
 
 class ReduceLROnPlateauConfig(Section):
@@ -343,6 +267,9 @@ class EarlyStoppingConfig(Section):
     restore_best_weights: bool = False
 
 
+_ON_NAN_OF_TERMINATE = {True: "stop", False: "ignore"}
+
+
 class CallbacksConfig(Section):
     checkpoint: CheckpointConfig | None = Field(default_factory=CheckpointConfig)
     csv_log: CsvLogConfig | None = Field(default_factory=CsvLogConfig)
@@ -352,6 +279,11 @@ class CallbacksConfig(Section):
         "stop",
         description="On a NaN/Inf loss: stop; restore the last checkpoint with a lower LR; or ignore.",
     )
+    terminate_on_nan: bool | None = Field(
+        None,
+        exclude=True,  # recorded as on_nan
+        description="The seeds' TerminateOnNaN: true is on_nan: stop, false is on_nan: ignore.",
+    )
     max_nan_restores: int = Field(3, ge=1, description="on_nan: restore at most this many times.")
     nan_lr_factor: float = Field(
         0.5, gt=0, lt=1, description="on_nan: restore multiplies the learning rate by this."
@@ -359,6 +291,29 @@ class CallbacksConfig(Section):
     extra: list[NamedObject] = Field(
         default_factory=list, description="User callbacks: 'module:Class' or {name: ..., kwargs}."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _on_nan_from_terminate(cls, value: Any) -> Any:
+        # The seed key stands in for on_nan when on_nan is not given; both given must agree.
+        if not isinstance(value, dict) or value.get("terminate_on_nan") is None:
+            return value
+        try:
+            flag = TypeAdapter(bool).validate_python(value["terminate_on_nan"])
+        except ValidationError:
+            return value  # the field reports it
+        return {"on_nan": _ON_NAN_OF_TERMINATE[flag], **value}
+
+    @field_validator("terminate_on_nan")
+    @classmethod
+    def _agrees_with_on_nan(cls, value: bool | None, info: ValidationInfo) -> bool | None:
+        on_nan = info.data.get("on_nan")
+        if value is not None and on_nan is not None and on_nan != _ON_NAN_OF_TERMINATE[value]:
+            raise ValueError(
+                f"disagrees with callbacks.on_nan: {on_nan} (terminate_on_nan: {str(value).lower()}"
+                f" means on_nan: {_ON_NAN_OF_TERMINATE[value]}); keep one of the two keys"
+            )
+        return value
 
 
 class OutputConfig(Section):
