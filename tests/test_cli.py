@@ -63,6 +63,42 @@ def test_missing_config_file_and_bad_set():
     assert result.exit_code == 2
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["data", "write", "$TMP/arrays.npz", "$TMP/out/shards"],
+        ["data", "inspect", "$DATA/train-*.tfrecord"],
+        ["data", "bench", "$CONFIG", "--steps", "2"],
+        ["config", "$CONFIG"],
+        ["train", "$CONFIG"],
+    ],
+    ids=lambda command: " ".join(command[:2]),
+)
+def test_a_broken_tensorflow_is_a_message_not_a_traceback(tmp_path, toy_data, command):
+    """TensorFlow that fails its own import (a broken wheel, a protobuf clash) exits 2 with what to
+    check, whichever command needed it first."""
+    import numpy as np
+
+    broken = tmp_path / "broken" / "tensorflow"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text(
+        "raise ImportError('libtensorflow_framework.so.2: cannot open shared object file')\n"
+    )
+    np.savez(tmp_path / "arrays.npz", x=np.zeros((8, 2), np.float32), y=np.zeros(8, np.int64))
+    path = write_config(tmp_path, toy_config(toy_data, tmp_path / "runs"))
+    fill = {"$TMP": str(tmp_path), "$DATA": str(toy_data), "$CONFIG": str(path)}
+    args = [
+        fill.get(head, head) + sep + tail for head, sep, tail in (a.partition("/") for a in command)
+    ]
+    result = run_cli(*args, env={"PYTHONPATH": str(broken.parent)}, timeout=120)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and "unexpected failure" not in result.stderr
+    assert result.stderr.startswith(
+        "error: TensorFlow cannot be imported (ImportError: libtensorflow_framework.so.2: "
+    ), result.stderr
+    assert "python -c 'import tensorflow'" in result.stderr and "tpurun doctor" in result.stderr
+
+
 def test_config_check_json_is_instant(tmp_path, toy_data):
     path = write_config(tmp_path, toy_config(toy_data, tmp_path / "runs"))
     result = runner.invoke(

@@ -19,7 +19,13 @@ from typing import Annotated
 import typer
 
 from tpurun import __version__
-from tpurun.errors import EXIT_UNEXPECTED, EXIT_USER_ERROR, Interrupted, TpurunError
+from tpurun.errors import (
+    EXIT_UNEXPECTED,
+    EXIT_USER_ERROR,
+    EnvironmentSetupError,
+    Interrupted,
+    TpurunError,
+)
 
 app = typer.Typer(
     name="tpurun",
@@ -83,10 +89,36 @@ def _unexpected(run_dir: Path | None) -> typer.Exit:
     return typer.Exit(code=EXIT_UNEXPECTED)
 
 
+_FRAMEWORKS = {"tensorflow": "TensorFlow", "keras": "Keras", "jax": "JAX", "jaxlib": "JAX"}
+
+
+def _broken_framework(exc: BaseException) -> TpurunError | None:
+    """A framework that is missing or fails its own import: the environment's fault (exit 2)."""
+    importing = []
+    tb = exc.__traceback__
+    while tb is not None:  # the framework modules whose top-level code was running
+        module = tb.tb_frame.f_globals.get("__name__", "")
+        if tb.tb_frame.f_code.co_name == "<module>" and module.split(".")[0] in _FRAMEWORKS:
+            importing.append(module.split(".")[0])
+        tb = tb.tb_next
+    missing = isinstance(exc, ImportError) and (exc.name or "").split(".")[0] in _FRAMEWORKS
+    if not importing and not missing:
+        return None
+    name = _FRAMEWORKS[importing[0] if importing else exc.name.split(".")[0]]
+    last = (str(exc).strip().splitlines() or [""])[-1]
+    return EnvironmentSetupError(
+        f"{name} cannot be imported ({type(exc).__name__}: {last}), and this command needs it. "
+        f"Check it with `python -c 'import {(importing or [exc.name])[0]}'` in this environment; "
+        "`tpurun doctor` lists the versions installed. Where no framework is installed, "
+        "pip install 'tpurun[cpu]' (or [gpu], [tpu]); on Kaggle and Colab, keep the image's own."
+    )
+
+
 @contextlib.contextmanager
 def _exit_codes(run_dir: list[Path] | None = None, interrupted: str = "interrupted"):
     """The one place library errors become exit codes: 2 with a message, 1 with a traceback file.
 
+    Heavy imports (TensorFlow, JAX, Keras) belong inside it, so a broken install is a message too.
     ``run_dir`` is a list the body may fill once it knows where a traceback belongs.
     """
     try:
@@ -96,7 +128,10 @@ def _exit_codes(run_dir: list[Path] | None = None, interrupted: str = "interrupt
     except KeyboardInterrupt:
         typer.echo(interrupted, err=True)
         raise typer.Exit(code=130) from None
-    except Exception:
+    except Exception as exc:
+        broken = _broken_framework(exc)
+        if broken is not None:
+            raise _fail(broken) from None
         raise _unexpected(run_dir[0] if run_dir else None) from None
 
 
@@ -135,12 +170,12 @@ def train(
     ] = None,
 ) -> None:
     """Train a model as CONFIG describes; rerunning continues an unfinished run."""
-    from tpurun.config import load_config
-    from tpurun.console import make_reporter
-
     run_dir: list[Path] = []
-    reporter = make_reporter(plain)
     with _exit_codes(run_dir):
+        from tpurun.config import load_config
+        from tpurun.console import make_reporter
+
+        reporter = make_reporter(plain)
         if time_limit:
             _check_duration(time_limit)
         overrides = [*(set_ or []), *([f"train.time_limit={time_limit}"] if time_limit else [])]
@@ -171,9 +206,9 @@ def config_command(
     ] = False,
 ) -> None:
     """Print the resolved config with its derived values (replicas, batch, LR, steps), without training."""
-    from tpurun.config import load_config
-
     with _exit_codes():
+        from tpurun.config import load_config
+
         cfg = load_config(config, set_ or [])
         if check:
             data = cfg.to_dict()
@@ -202,13 +237,13 @@ def doctor(
     plain: Annotated[bool, typer.Option("--plain", help="Plain text instead of a table.")] = False,
 ) -> None:
     """Say whether this machine can train CONFIG, and what to fix. Exit 1 if a check fails."""
-    from tpurun.console import want_plain
-    from tpurun.doctor import exit_code, report, run_checks
-
-    plain = want_plain(plain)
-    if not as_json:
-        typer.echo("running checks (about 10 s; none can hang)...", err=True)
     with _exit_codes():
+        from tpurun.console import want_plain
+        from tpurun.doctor import exit_code, report, run_checks
+
+        plain = want_plain(plain)
+        if not as_json:
+            typer.echo("running checks (about 10 s; none can hang)...", err=True)
         checks = run_checks(str(config) if config else None, overrides=set_ or [])
     code = exit_code(checks)
     if as_json:
@@ -281,9 +316,9 @@ def data_bench(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object.")] = False,
 ) -> None:
     """Measure the configured training input pipeline alone: is the input the bottleneck?"""
-    from tpurun.config import load_config
-
     with _exit_codes():
+        from tpurun.config import load_config
+
         cfg = load_config(config, set_ or [])
         from tpurun.data.bench import bench
 
@@ -371,20 +406,22 @@ def data_write(
 ) -> None:
     """Write sharded TFRecords (and a schema file) from arrays, CSV files or an image folder."""
     from tpurun.console import TaskProgress, want_plain
-    from tpurun.process import import_tensorflow
-
-    import_tensorflow()
-    from tpurun.data.write import write_dataset
 
     if compression not in ("none", "gzip"):
         raise _fail(TpurunError(f"--compression: expected none or gzip, got {compression!r}."))
     progress = TaskProgress("writing", "records", plain=want_plain(plain) or as_json)
-    with _exit_codes(interrupted="interrupted: nothing was left half-written"), progress:
-        report = write_dataset(
-            source, out_prefix, shard_mb=shard_mb, shard_multiple=shard_multiple,
-            compression=compression, validation_fraction=validation_fraction, seed=seed,
-            image_size=image_size, chunk_records=chunk_records, progress=progress,
-        )  # fmt: skip
+    with _exit_codes(interrupted="interrupted: nothing was left half-written"):
+        from tpurun.process import import_tensorflow
+
+        import_tensorflow()  # first: without its start-up notices
+        from tpurun.data.write import write_dataset
+
+        with progress:
+            report = write_dataset(
+                source, out_prefix, shard_mb=shard_mb, shard_multiple=shard_multiple,
+                compression=compression, validation_fraction=validation_fraction, seed=seed,
+                image_size=image_size, chunk_records=chunk_records, progress=progress,
+            )  # fmt: skip
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
         return
@@ -422,13 +459,16 @@ def data_inspect(
 ) -> None:
     """List files, bytes and records, infer the features, and print a ready-to-paste features: block."""
     from tpurun.console import TaskProgress, want_plain
-    from tpurun.data.inspect import format_bytes, inspect
-    from tpurun.process import import_tensorflow
 
-    import_tensorflow()  # before anything else imports it: without its start-up notices
     progress = TaskProgress("counting records", "files", plain=want_plain(plain) or as_json)
-    with _exit_codes(), progress:
-        report = inspect(globs, sample=sample, progress=progress)
+    with _exit_codes():
+        from tpurun.process import import_tensorflow
+
+        import_tensorflow()  # first: without its start-up notices
+        from tpurun.data.inspect import format_bytes, inspect
+
+        with progress:
+            report = inspect(globs, sample=sample, progress=progress)
     if as_json:
         typer.echo(json.dumps(report.to_dict(), indent=2))
         return
