@@ -183,19 +183,52 @@ def test_gcs_credentials(tmp_path):
     assert kaggle.status == "ok" and "Kaggle" in kaggle.finding
 
 
-def test_gcs_probe_is_bounded_without_network():
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]  # closed again on return: connections are refused
+
+
+def test_gcs_probe_refused_fails_a_config_that_needs_gcs_and_warns_otherwise():
+    endpoint = ("127.0.0.1", _closed_port())
     started = time.monotonic()
-    check = probes.start_gcs_probe(5.0).check(uses_gcs=True)
-    assert time.monotonic() - started < 15
-    # No network here: a DNS failure, a refused connection, or the timeout; never a hang.
-    assert check.status in ("fail", "ok")
-    if check.status == "fail":
-        assert "not reachable" in check.finding or "timed out" in check.finding
+    check = probes.GcsProbe(5.0, endpoint=endpoint).check(uses_gcs=True)
+    assert time.monotonic() - started < 5
+    assert check.status == "fail", check
+    assert check.finding.startswith(f"GCS is not reachable: 127.0.0.1:{endpoint[1]}: ")
+    assert "Connection refused" in check.finding and check.data["stage"] == "connect"
     assert check.data["url"].startswith("gs://")
-    # Not used by the config: unreachable (or timed out) is a warning, not a failure.
-    quick = probes.GcsProbe(0.05).check(uses_gcs=False)
-    assert quick.status == "warn"
-    assert "timed out after 0.05 s" in quick.finding or "not reachable" in quick.finding
+    # No config (uses_gcs None): the same finding is a warning, not a failure.
+    check = probes.GcsProbe(5.0, endpoint=endpoint).check(uses_gcs=None)
+    assert check.status == "warn" and "not reachable" in check.finding
+
+
+def test_gcs_probe_is_bounded_by_its_timeout():
+    import socket
+
+    with socket.socket() as server:  # accepts connections into its backlog, never answers
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        started = time.monotonic()
+        check = probes.GcsProbe(1.0, endpoint=server.getsockname()).check(uses_gcs=True)
+    assert time.monotonic() - started < 3  # TensorFlow's import alone takes longer than 1 s
+    assert check.status == "fail" and check.finding == (
+        "GCS did not answer: the probe timed out after 1 s"
+    )
+
+
+def test_gcs_probe_ok_when_storage_answers():
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        check = probes.GcsProbe(60.0, url="ram://nothing-here", endpoint=server.getsockname())
+        check = check.check(uses_gcs=True)
+    assert check.status == "ok", check
+    assert "(ram://nothing-here exists: False)" in check.finding
 
 
 # --------------------------------------------------------------------------- config checks

@@ -24,6 +24,7 @@ GCS_RETRY_ENV = {
     "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "100000",
 }
 GCS_PROBE_URL = "gs://cloud-samples-data/README.md"
+GCS_ENDPOINT = ("storage.googleapis.com", 443)
 MARK = "@@tpurun-doctor@@"
 
 
@@ -273,9 +274,9 @@ def answer(**kw):
     kw["seconds"] = round(time.perf_counter() - started, 3)
     print(__MARK__ + json.dumps(kw)); sys.stdout.flush(); sys.exit(0)
 try:
-    socket.create_connection(("storage.googleapis.com", 443), timeout=__CONNECT__).close()
+    socket.create_connection(__ENDPOINT__, timeout=__CONNECT__).close()
 except OSError as exc:
-    answer(reachable=False, stage="connect", error=f"storage.googleapis.com:443: {exc}")
+    answer(reachable=False, stage="connect", error=f"{__ENDPOINT__[0]}:{__ENDPOINT__[1]}: {exc}")
 import tensorflow as tf
 try:
     found = tf.io.gfile.exists(__URL__)
@@ -286,20 +287,27 @@ except Exception as exc:
 
 
 class GcsProbe:
-    """Started early; :meth:`check` collects it (bounded by its timeout)."""
+    """Started early; :meth:`check` collects it (bounded by its timeout).
 
-    def __init__(self, timeout: float, url: str = GCS_PROBE_URL):
+    ``endpoint`` is the host and port tried first, before TensorFlow's client reads ``url``.
+    """
+
+    def __init__(
+        self, timeout: float, url: str = GCS_PROBE_URL, endpoint: tuple[str, int] = GCS_ENDPOINT
+    ):
         self.timeout = timeout
         self.url = url
-        code = _code(_GCS, connect=max(0.5, timeout / 2), url=url)
+        code = _code(_GCS, connect=max(0.5, timeout / 2), url=url, endpoint=tuple(endpoint))
         self.child = Child(code, timeout, _child_env(GCS_RETRY_ENV))
 
-    def check(self, uses_gcs: bool) -> Check:
+    def check(self, uses_gcs: bool | None) -> Check:
+        """``uses_gcs``: whether the config reads gs:// paths (None: no config, or it depends on
+        the machine); an unreachable GCS fails a config that needs it and warns otherwise."""
         check = self._check(uses_gcs)
         check.seconds = check.data.get("seconds", 0.0)  # the child ran alongside other checks
         return check
 
-    def _check(self, uses_gcs: bool) -> Check:
+    def _check(self, uses_gcs: bool | None) -> Check:
         result = self.child.result()
         result["url"] = self.url
         bad = "fail" if uses_gcs else "warn"
