@@ -231,6 +231,22 @@ def test_gcs_probe_ok_when_storage_answers():
     assert "(ram://nothing-here exists: False)" in check.finding
 
 
+@pytest.mark.parametrize(
+    ("overrides", "uses"),
+    [
+        ([], False),
+        (["data.validation=gs://bucket/val-*.tfrecord"], True),
+        (["data.cache=gs://bucket/cache/train"], True),
+        (["data.kaggle_dataset=owner/name", "data.train=train-*.tfrecord"], None),
+        (["data.kaggle_dataset=owner/name"], False),  # absolute globs: read as they are
+    ],
+)
+def test_which_configs_need_gcs(tmp_path, overrides, uses):
+    from tpurun.doctor import _uses_gcs
+
+    assert _uses_gcs(load_config(toy_config(tmp_path, tmp_path / "out"), overrides)) is uses
+
+
 # --------------------------------------------------------------------------- config checks
 def test_data_mismatch_and_tpu_node_local_paths(toy_data, tmp_path):
     cfg = load_config(toy_config(toy_data, tmp_path / "out"),
@@ -280,7 +296,8 @@ def test_run_with_config_on_toy_data(toy_data, tmp_path):
                  "data.train", "data.validation", "plan", "output", "model", "advice"):  # fmt: skip
         assert status[name] == "ok", [c for c in checks if c.name == name]
     assert status["tpu"] == "skip"
-    assert status["gcs.reachable"] in ("warn", "ok")
+    gcs = next(c for c in checks if c.name == "gcs.reachable")
+    assert (gcs.status, gcs.finding) == ("skip", "not needed: no gs:// path in this config")
     assert elapsed < 60
     model = next(c for c in checks if c.name == "model")
     assert model.data["params"] == 161

@@ -104,9 +104,9 @@ def run_checks(
 
     env = dict(os.environ if env is None else env)
     machine = probe(env, dev_root)
-    uses_gcs = cfg is not None and _uses_gcs(cfg)
+    uses_gcs = None if cfg is None else _uses_gcs(cfg)
     # Slow children first, so they overlap with the quick checks.
-    gcs_probe = probes.start_gcs_probe(gcs_timeout)
+    gcs_probe = probes.start_gcs_probe(gcs_timeout) if uses_gcs is not False else None
     devices = probes.device_counts(machine, probe_timeout)
 
     checks: list[Check] = []
@@ -119,7 +119,10 @@ def run_checks(
     checks += timed("choice", lambda: probes.check_choice(cfg, machine, choice_holder))
     checks += timed("health", lambda: probes.check_health(choice_holder, probe_timeout))
     checks += timed("gcs.credentials", lambda: mc.check_gcs_credentials(machine, env, uses_gcs))
-    checks += timed("gcs.reachable", lambda: gcs_probe.check(uses_gcs))
+    if gcs_probe is None:
+        checks.append(Check("gcs.reachable", "skip", "not needed: no gs:// path in this config"))
+    else:
+        checks += timed("gcs.reachable", lambda: gcs_probe.check(uses_gcs))
     if cfg is not None:
         from tpurun.doctor import config_checks
 
@@ -127,12 +130,18 @@ def run_checks(
     return checks
 
 
-def _uses_gcs(cfg: Any) -> bool:
+def _uses_gcs(cfg: Any) -> bool | None:
+    """Whether the config reads gs:// paths; None where the machine decides (the relative globs
+    of a ``data.kaggle_dataset`` are read from gs:// on TPU nodes, from /kaggle/input on VMs)."""
     data = cfg.data
-    globs = [data.train] if isinstance(data.train, str) else list(data.train)
+    paths = [data.train] if isinstance(data.train, str) else list(data.train)
     if data.validation:
-        globs += [data.validation] if isinstance(data.validation, str) else list(data.validation)
-    return any(g.startswith("gs://") for g in globs) or cfg.output.dir.startswith("gs://")
+        paths += [data.validation] if isinstance(data.validation, str) else list(data.validation)
+    if any(p.startswith("gs://") for p in [*paths, data.cache or ""]):
+        return True
+    if data.kaggle_dataset and any("://" not in p and not p.startswith("/") for p in paths):
+        return None
+    return False
 
 
 def exit_code(checks: Sequence[Check]) -> int:

@@ -338,7 +338,7 @@ def gcs_credentials(m: Machine, env: Mapping[str, str]) -> tuple[str | None, str
     return None, "no GOOGLE_APPLICATION_CREDENTIALS, no gcloud application-default credentials"
 
 
-def check_gcs_credentials(m: Machine, env: Mapping[str, str], uses_gcs: bool) -> Check:
+def check_gcs_credentials(m: Machine, env: Mapping[str, str], uses_gcs: bool | None) -> Check:
     source, where = gcs_credentials(m, env)
     data = {"source": source, "where": where, "config_uses_gcs": uses_gcs}
     if source:
