@@ -7,9 +7,8 @@ import math
 import pytest
 
 from tpurun.config import load_config
-from tpurun.data.resolve import ResolvedData
 from tpurun.errors import ConfigError, DataError
-from tpurun.plan import auto_steps_per_execution, make_plan, resolve_monitor_mode
+from tpurun.plan import auto_steps_per_execution, make_plan
 from tpurun.runtime import Choice
 
 
@@ -30,8 +29,7 @@ def choice(replicas=8, max_spe=None) -> Choice:
 
 
 def plan(cfg, replicas=8, records=10_000, val=1000, max_spe=None):
-    data = ResolvedData(cfg.data, ["a"], ["b"], records, val, "counted")
-    return make_plan(cfg, choice(replicas, max_spe), replicas, data)
+    return make_plan(cfg, choice(replicas, max_spe), replicas, records, val)
 
 
 def test_global_batch_and_linear_scaling_like_a_v3_8():
@@ -109,9 +107,5 @@ def test_warmup_and_total_steps():
     assert (p.warmup_steps, p.total_steps) == (25, 200)
 
 
-def test_monitor_modes():
-    assert resolve_monitor_mode("val_accuracy", "auto") == "max"
-    assert resolve_monitor_mode("auc", "auto") == "max"
-    assert resolve_monitor_mode("val_loss", "auto") == "min"
-    assert resolve_monitor_mode("val_loss", "max") == "max"
+def test_monitor_auto_is_val_loss_with_validation():
     assert plan(config()).monitor == "val_loss"

@@ -51,17 +51,18 @@ def test_a_mid_epoch_stop_resumes_at_that_step_and_matches_an_unbroken_run(
 
     config = config_for(toy_data, tmp_path, "b")
     config["callbacks"] = {"extra": [stopping_at(tmp_path / "fired", epoch=2, step=4)]}
-    with pytest.raises(Interrupted, match=r"SIGTERM: stopped at epoch 2, step 6"):
-        tpurun.train(config, verbose=False)  # asked at step 4, seen at the next execution's end
+    # The stop path runs after the user callbacks, so a signal sent after step 4 stops at step 4.
+    with pytest.raises(Interrupted, match=r"SIGTERM: stopped at epoch 2, step 4"):
+        tpurun.train(config, verbose=False)
     run_dir = tmp_path / "runs" / "b"
     state = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
-    assert (state["epoch"], state["step"], state["reason"]) == (1, 6, "SIGTERM")
+    assert (state["epoch"], state["step"], state["reason"]) == (1, 4, "SIGTERM")
     assert len(state["metrics"]) > 0  # the epoch's running metric sums
     assert [r["epoch"] for r in read_csv(run_dir / "log.csv")] == ["0"]
 
     resumed = tpurun.train(config, verbose=False)
     assert resumed["status"] == "completed" and resumed["epochs_completed"] == 3
-    assert resumed["resumes"][-1]["epoch"] == 1 and resumed["resumes"][-1]["step"] == 6
+    assert resumed["resumes"][-1]["epoch"] == 1 and resumed["resumes"][-1]["step"] == 4
     # Nothing repeated, nothing skipped: every number in every row is the unbroken run's,
     # including the resumed epoch's training metrics.
     assert read_csv(run_dir / "log.csv") == read_csv(tmp_path / "runs" / "a" / "log.csv")

@@ -71,18 +71,19 @@ def _fail(exc: TpurunError) -> typer.Exit:
     return typer.Exit(code=exc.exit_code)
 
 
-def _unexpected(run_dir: Path | None) -> typer.Exit:
-    """Write the traceback to a file (the run directory's, if any) and say where it is."""
+def _unexpected(exc: Exception) -> typer.Exit:
+    """Say where the traceback is: the run directory's ``error.log`` when the run wrote it there
+    (``exc.tpurun_error_log``), else a temporary file written here."""
     text = traceback.format_exc()
-    path = run_dir / "error.log" if run_dir is not None and run_dir.is_dir() else None
-    try:
-        if path is None:
+    path = getattr(exc, "tpurun_error_log", None)
+    if path is None:
+        try:
             fd, name = tempfile.mkstemp(prefix="tpurun-error-", suffix=".log")
             os.close(fd)
-            path = Path(name)
-        path.write_text(text)
-    except OSError:
-        path = None
+            Path(name).write_text(text)
+            path = name
+        except OSError:
+            path = None
     last = text.strip().splitlines()[-1]
     where = f"; the traceback is in {path}" if path else f"\n{text}"
     typer.echo(f"error: unexpected failure: {last}{where}", err=True)
@@ -115,11 +116,10 @@ def _broken_framework(exc: BaseException) -> TpurunError | None:
 
 
 @contextlib.contextmanager
-def _exit_codes(run_dir: list[Path] | None = None, interrupted: str = "interrupted"):
+def _exit_codes(interrupted: str = "interrupted"):
     """The one place library errors become exit codes: 2 with a message, 1 with a traceback file.
 
     Heavy imports (TensorFlow, JAX, Keras) belong inside it, so a broken install is a message too.
-    ``run_dir`` is a list the body may fill once it knows where a traceback belongs.
     """
     try:
         yield
@@ -132,7 +132,7 @@ def _exit_codes(run_dir: list[Path] | None = None, interrupted: str = "interrupt
         broken = _broken_framework(exc)
         if broken is not None:
             raise _fail(broken) from None
-        raise _unexpected(run_dir[0] if run_dir else None) from None
+        raise _unexpected(exc) from None
 
 
 @app.command()
@@ -170,8 +170,7 @@ def train(
     ] = None,
 ) -> None:
     """Train a model as CONFIG describes; rerunning continues an unfinished run."""
-    run_dir: list[Path] = []
-    with _exit_codes(run_dir):
+    with _exit_codes():
         from tpurun.config import load_config
         from tpurun.console import make_reporter
 
@@ -180,7 +179,6 @@ def train(
             _check_duration(time_limit)
         overrides = [*(set_ or []), *([f"train.time_limit={time_limit}"] if time_limit else [])]
         cfg = load_config(config, overrides)
-        run_dir.append(Path(output or cfg.output.dir) / cfg.name)
         from tpurun.runner import run
 
         run(cfg, output=output, reporter=reporter, restart=restart, resume=resume)
@@ -213,9 +211,9 @@ def config_command(
         if check:
             data = cfg.to_dict()
         else:
-            from tpurun.runner import prepare, resolved_config
+            from tpurun.prepare import prepare_here
 
-            data = resolved_config(prepare(cfg))
+            data = prepare_here(cfg).effective()
     if as_json:
         typer.echo(json.dumps(data, indent=2))
     else:

@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tpurun.config import Config
 from tpurun.errors import ConfigError, DataError
 from tpurun.runtime import Choice
-
-if TYPE_CHECKING:
-    from tpurun.data.resolve import ResolvedData
 
 DEFAULT_PER_CORE_BATCH = 16
 MAX_AUTO_STEPS_PER_EXECUTION = 32
@@ -33,12 +30,6 @@ class Plan:
     global_batch_size: int
     learning_rate: float
     learning_rate_factor: float
-    train_files: list[str]
-    validation_files: list[str]
-    train_records: int
-    validation_records: int | None
-    record_counts_from: str
-    compression: str
     steps_per_epoch: int
     validation_steps: int | None
     steps_per_execution: int
@@ -47,12 +38,8 @@ class Plan:
     monitor: str
     warnings: list[str] = field(default_factory=list)
 
-    def to_dict(self, with_files: bool = False) -> dict[str, Any]:
-        out = asdict(self)
-        if not with_files:
-            out["train_files"] = len(self.train_files)
-            out["validation_files"] = len(self.validation_files)
-        return out
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def batch_sizes(config: Config, replicas: int) -> tuple[int, int, list[str]]:
@@ -111,20 +98,14 @@ def resolve_monitor(config: Config, monitor: str) -> str:
     return "val_loss" if config.data.validation else "loss"
 
 
-_MAX_METRICS = ("acc", "auc", "precision", "recall", "f1", "iou", "top_k")
-
-
-def resolve_monitor_mode(monitor: str, mode: str) -> str:
-    """``auto``: maximise accuracy-like metrics, minimise everything else (as Keras does)."""
-    if mode != "auto":
-        return mode
-    name = monitor.removeprefix("val_")
-    return "max" if any(key in name for key in _MAX_METRICS) else "min"
-
-
-def make_plan(config: Config, choice: Choice, replicas: int, data: ResolvedData) -> Plan:
-    """Derive every value that depends on the machine and the data."""
-    train_records, validation_records = data.train_records, data.validation_records
+def make_plan(
+    config: Config,
+    choice: Choice,
+    replicas: int,
+    train_records: int,
+    validation_records: int | None,
+) -> Plan:
+    """Derive every value that depends on the machine and the data's record counts."""
     per_core, global_batch, warnings = batch_sizes(config, replicas)
     warnings = [*choice.warnings, *warnings]
     train = config.train
@@ -169,12 +150,6 @@ def make_plan(config: Config, choice: Choice, replicas: int, data: ResolvedData)
         global_batch_size=global_batch,
         learning_rate=lr.base * factor,
         learning_rate_factor=factor,
-        train_files=list(data.train_files),
-        validation_files=list(data.validation_files),
-        train_records=train_records,
-        validation_records=validation_records,
-        record_counts_from=data.counts_from,
-        compression=data.data.compression,
         steps_per_epoch=steps,
         validation_steps=val_steps,
         steps_per_execution=int(spe),

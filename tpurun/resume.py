@@ -8,18 +8,12 @@ the config now; it imports no framework.
 
 from __future__ import annotations
 
-import csv
-import shutil
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from tpurun import fileio
 from tpurun.errors import TpurunError
-from tpurun.fileio import read_json
-
-CHECKPOINTS = "checkpoints"  # the folder of a run directory that holds them
-LATEST_STATE = "latest.json"
-_WEIGHT_SUFFIXES = (".weights.h5", ".keras", ".h5")
+from tpurun.rundir import CHECKPOINTS, LATEST_STATE, RunDir, source_run, state_file
 
 # What a checkpoint is bound to: change one and the saved weights, optimizer state or data position
 # no longer mean the same thing. Anything else (epochs, callbacks, learning rate, time limit, data
@@ -31,12 +25,17 @@ _BINDING = ("model.", "data.features", "data.inputs", "data.targets", "global_ba
 @dataclass
 class ResumePoint:
     state: dict  # epoch (done), step (into the next), best, callbacks, metrics, identity...
-    weights: Path
+    weights: str  # the weights file's path
     source: str  # what to call it in messages
 
     @property
-    def folder(self) -> Path:
-        return self.weights.parent
+    def folder(self) -> str:
+        return fileio.dirname(self.weights)
+
+    @property
+    def run(self) -> RunDir:
+        """The run directory the checkpoint belongs to (its log is carried over on a resume)."""
+        return source_run(self.folder)
 
     @property
     def position(self) -> tuple[int, int]:
@@ -48,27 +47,20 @@ class ResumePoint:
         return f"resuming at {where} from {self.source}"
 
 
-def state_file(weights_name: str) -> str:
-    """The state file beside a best or pattern-named model: ``best.keras`` -> ``best.json``."""
-    for suffix in _WEIGHT_SUFFIXES:
-        if weights_name.endswith(suffix):
-            return weights_name[: -len(suffix)] + ".json"
-    return weights_name + ".json"
-
-
-def _from_state(path: Path, source: str) -> ResumePoint | None:
-    state = read_json(path)
+def _from_state(path: str, source: str) -> ResumePoint | None:
+    state = fileio.read_json(path)
     if not state or "epoch" not in state or "weights" not in state:
         return None
-    weights = path.parent / state["weights"]
-    if not weights.exists():
+    weights = fileio.join(fileio.dirname(path), state["weights"])
+    if not fileio.exists(weights):
         return None
     return ResumePoint(state, weights, source)
 
 
-def latest(checkpoints: Path) -> ResumePoint | None:
+def latest(run: RunDir) -> ResumePoint | None:
     """The run's own resume point, if it has a complete one."""
-    return _from_state(checkpoints / LATEST_STATE, str(checkpoints / LATEST_STATE))
+    path = run.checkpoint(LATEST_STATE)
+    return _from_state(path, path)
 
 
 def from_path(path: str) -> ResumePoint:
@@ -80,20 +72,20 @@ def from_path(path: str) -> ResumePoint:
     Raises:
         TpurunError: nothing to resume from at PATH.
     """
-    p = Path(path)
-    candidates: list[Path] = []
-    if p.is_dir():
-        candidates = [p / CHECKPOINTS / LATEST_STATE, p / LATEST_STATE]
-    elif p.suffix == ".json":
-        candidates = [p]
-    elif p.is_file():
-        sidecar = p.with_name(state_file(p.name))
-        point = _from_state(sidecar, str(p)) if sidecar.exists() else None
-        if point is not None and point.weights == p:
+    path = str(path).rstrip("/")
+    candidates: list[str] = []
+    if fileio.isdir(path):
+        candidates = [fileio.join(path, CHECKPOINTS, LATEST_STATE), fileio.join(path, LATEST_STATE)]
+    elif path.endswith(".json"):
+        candidates = [path]
+    elif fileio.exists(path):
+        sidecar = fileio.join(fileio.dirname(path) or ".", state_file(fileio.basename(path)))
+        point = _from_state(sidecar, path) if fileio.exists(sidecar) else None
+        if point is not None and fileio.basename(point.weights) == fileio.basename(path):
             return point
-        return ResumePoint({"epoch": 0, "step": 0, "warm_start": True}, p, str(p))
+        return ResumePoint({"epoch": 0, "step": 0, "warm_start": True}, path, path)
     for candidate in candidates:
-        point = _from_state(candidate, str(candidate))
+        point = _from_state(candidate, candidate)
         if point is not None:
             return point
     raise TpurunError(
@@ -161,30 +153,3 @@ def changed_settings(previous: dict | None, now: dict) -> list[str]:
         for k in sorted(set(before) | set(after))
         if before.get(k) != after.get(k) and not k.startswith("derived.")
     ]
-
-
-def trim_csv(path: Path, epochs_done: int) -> None:
-    """Keep the rows of the checkpointed epochs only, so a resume adds no duplicate row.
-
-    Keras' CSVLogger numbers epochs from 0; ``epochs_done`` counts from 1.
-    """
-    if not path.exists():
-        return
-    with path.open(newline="") as f:
-        rows = list(csv.reader(f))
-    if not rows:
-        return
-    kept = [rows[0]] + [r for r in rows[1:] if r and r[0].isdigit() and int(r[0]) < epochs_done]
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w", newline="") as f:
-        csv.writer(f).writerows(kept)
-    tmp.replace(path)
-
-
-def carry_log(point: ResumePoint, run_dir: Path, filename: str) -> None:
-    """Resuming from another run directory (say, last session's output, read-only): start this
-    run's CSV log from that run's, so the log stays whole."""
-    source_run = point.folder.parent if point.folder.name == CHECKPOINTS else point.folder
-    source, target = source_run / filename, run_dir / filename
-    if source.exists() and source_run.resolve() != run_dir.resolve() and not target.exists():
-        shutil.copyfile(source, target)

@@ -1,7 +1,8 @@
 """Stopping early and cleanly: signals (a notebook's stop button, preemption) and the time limit.
 
-The callbacks notice a request at the next step, save the resume point and end ``fit``; the runner
-then exits with code 3. Imports no framework.
+A signal handler or the deadline sets :class:`Stop`; :class:`tpurun.callbacks.RunControl` notices it
+at the next execution, saves the resume point at that step and ends ``fit``; the runner then exits
+with code 3. Imports no framework.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 
 class StopNow(Exception):  # noqa: N818 - a control-flow signal, not an error
-    """Raised by the checkpoint callback once a stop mid-epoch is saved: it ends ``fit`` at once,
+    """Raised by ``RunControl`` once a stop mid-epoch is saved: it ends ``fit`` at once,
     skipping the validation pass Keras would otherwise run first (a preempted VM has seconds)."""
 
 
@@ -24,16 +25,12 @@ class Stop:
     reason: str | None = None  # SIGTERM, SIGINT or train.time_limit: stop at the next step
     deadline: float | None = None  # time.monotonic() at which train.time_limit runs out
     nan_at: tuple[int, int] | None = None  # (epoch, step) of a NaN or Inf loss
-    cut_at: tuple[int, int] | None = None  # (epoch, step) where an epoch was cut short
 
     def requested(self, now: float) -> bool:
         """Whether training should stop: a signal came, or the time limit has run out."""
         if self.reason is None and self.deadline is not None and now >= self.deadline:
             self.reason = "train.time_limit"
         return self.reason is not None
-
-    def cut_short(self, epoch: int) -> bool:
-        return self.cut_at is not None and self.cut_at[0] == epoch
 
 
 @contextlib.contextmanager

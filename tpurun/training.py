@@ -6,49 +6,68 @@ Imports Keras and TensorFlow inside its functions only: the runner imports this 
 
 from __future__ import annotations
 
-import glob
-import os
 import re
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tpurun import fileio
 from tpurun import resume as resume_lib
 from tpurun.config import Config, DataConfig
 from tpurun.console import Reporter
 from tpurun.errors import DataError, ModelError
 from tpurun.plan import Plan
 from tpurun.process import Runtime
+from tpurun.rundir import RunDir, Summary
 from tpurun.stopping import Stop, StopNow
 
 if TYPE_CHECKING:
-    from tpurun.runner import Prepared
+    from tpurun.prepare import Prepared
+    from tpurun.resume import ResumePoint
 
 
-def _cache(config: Config, run_dir: Path, split: str) -> str | None:
-    """``data.cache`` for one split: "" keeps records in memory, a path prefix on disk.
+@dataclass
+class TrainJob:
+    """What :func:`train` needs: the prepared config on an activated runtime, where to write, where
+    to start, and the stop request it obeys."""
 
-    A run killed while TF was writing the cache leaves a lockfile, and TF then refuses the cache
-    ("a concurrent caching iterator running"): the leftovers are cleared, as the cache belongs to
-    one run at a time.
-    """
+    prepared: Prepared
+    runtime: Runtime
+    run: RunDir
+    point: ResumePoint | None  # where to continue from; None: epoch 1
+    identity: dict  # what the checkpoints are bound to (resume.identity)
+    effective: dict  # config.yaml's content
+    summary: Summary  # written with config.yaml once Keras has checked the model against the data
+    reporter: Reporter
+    stop: Stop
+
+
+@dataclass
+class TrainResult:
+    """How the fit ended: where, with which metrics, how fast. Why it ended is ``job.stop``."""
+
+    model: Any
+    position: tuple[int, int]  # (epochs done, steps into the next) of the last save
+    best: dict | None  # {monitor, value, epoch}; None when callbacks.checkpoint is off
+    last_logs: dict  # the last finished epoch's metrics
+    epoch_seconds: list[float]
+    epoch_rates: list[float]  # examples/s per epoch
+    first_step_seconds: float | None
+    nan_restores: list[dict] = field(default_factory=list)
+
+
+def _cache(config: Config, split: str) -> str | None:
+    """``data.cache`` for one split: "" keeps records in memory, a path prefix on disk."""
     cache = config.data.cache
     if cache is None:
         return None
     if cache == "memory":
         return ""
     prefix = f"{cache}-{split}"
-    Path(cache).parent.mkdir(parents=True, exist_ok=True)
-    for leftover in glob.glob(f"{glob.escape(prefix)}_*.lockfile") + glob.glob(
-        f"{glob.escape(prefix)}*.tempstate*"
-    ):
-        os.remove(leftover)
+    fileio.clear_tf_cache_leftovers(prefix)
     return prefix
 
 
-def train(
-    prepared: Prepared, run_dir: Path, point, identity: dict, reporter: Reporter, stop: Stop,
-    restores: list, begin,
-):  # fmt: skip
+def train(job: TrainJob) -> TrainResult:
     """Build datasets, model and callbacks; restore the resume point if any; fit to the end.
 
     With ``callbacks.on_nan: restore``, a NaN loss reloads the latest checkpoint with the learning
@@ -60,37 +79,40 @@ def train(
     from tpurun.data import pipeline
     from tpurun.model import build_model, compile_model
 
-    config, plan, runtime = prepared.config, prepared.plan, prepared.runtime
+    prepared, runtime, run, point, stop = job.prepared, job.runtime, job.run, job.point, job.stop
+    config, plan, data, reporter = prepared.config, prepared.plan, prepared.data, job.reporter
 
     def train_data(epoch: int, step: int):
         """The training stream from a position: the same batches an unbroken run would see."""
         return pipeline.make_dataset(
-            plan.train_files, prepared.data, plan.global_batch_size, training=True,
+            data.train_files, config.data, plan.global_batch_size, training=True,
             seed=config.seed, start_record=(epoch * plan.steps_per_epoch + step) * plan.global_batch_size,
-            records_per_pass=plan.train_records, cache=_cache(config, run_dir, "train"),
+            records_per_pass=data.train_records, cache=_cache(config, "train"),
         )  # fmt: skip
 
     val_ds = None
-    if plan.validation_files:
+    if data.validation_files:
         val_ds = pipeline.make_dataset(
-            plan.validation_files, prepared.data, plan.global_batch_size, training=False,
+            data.validation_files, config.data, plan.global_batch_size, training=False,
             take_batches=plan.validation_steps, repeat_eval=runtime.strategy is not None,
-            cache=_cache(config, run_dir, "validation"),
+            cache=_cache(config, "validation"),
         )  # fmt: skip
     with runtime.scope():
         model = build_model(config, plan.backend)
         compile_model(model, config, plan)
-    callbacks, progress, checkpoint = cbs.build_callbacks(
-        config, plan, str(run_dir), reporter, stop, identity
+    callbacks, progress, control = cbs.build_callbacks(
+        config, plan, run, reporter, stop, job.identity
     )
+    checkpoint = control.checkpointer
+    stateful = list(checkpoint.stateful.values())
 
     def sample():
         return next(iter(train_data(0, 0).take(1)))[0]
 
-    log = run_dir / config.callbacks.csv_log.filename if config.callbacks.csv_log else None
+    log = config.callbacks.csv_log.filename if config.callbacks.csv_log else None
     if point is not None:
         _restore(model, sample, point.weights, runtime, str(point.source))
-        checkpoint.restore(point.state, str(point.folder))
+        checkpoint.restore(point.state, point.folder)
         _apply_lr_scale(model, config, plan, checkpoint.lr_scale, saved=checkpoint.lr_scale)
         if point.state.get("warm_start"):
             reporter.message(f"starting from the weights in {point.source} (no resume state beside "
@@ -99,21 +121,24 @@ def train(
             reporter.message(point.describe(), "note")
 
     def on_train_begin(logs=None) -> None:
-        # Keras has checked model and data against each other by now (symbolic build): write.
+        # Keras has built the model and its metrics against the data by now (symbolic build): the
+        # monitors can be checked, and the run's first writes made.
+        cbs.check_monitors(model, config, control, stateful)
         if log is not None and point is not None:
-            resume_lib.carry_log(point, run_dir, log.name)
+            run.carry_log(point.run, log)
         if log is not None:  # rows past the resume point are redone; none at all on a fresh run
-            resume_lib.trim_csv(log, point.position[0] if point is not None else 0)
-        begin()
+            run.trim_log(log, point.position[0] if point is not None else 0)
+        run.begin(job.effective, job.summary)
         if config.callbacks.on_nan == "restore" and checkpoint.position == (0, 0):
-            checkpoint.save_latest(0, 0, "start")  # something to go back to before epoch 1
+            checkpoint.save_latest(model, 0, 0, "start")  # something to go back to before epoch 1
 
     once = _once(on_train_begin)
     callbacks = [cbs.keras.callbacks.LambdaCallback(on_train_begin=once), *callbacks]
-    reporter.start(plan, str(run_dir), config.train.epochs, checkpoint.position[0])
+    reporter.start(plan, run.path, config.train.epochs, checkpoint.position[0])
     # Under a tf.distribute strategy the validation set repeats and needs its step count; elsewhere
     # it is finite and Keras reads it to the end (see pipeline.make_dataset).
     val_steps = plan.validation_steps if runtime.strategy is not None else None
+    restores: list[dict] = []
     while True:
         try:
             _fit_from(model, train_data, val_ds, val_steps, plan, config.train.epochs, checkpoint,
@@ -127,27 +152,36 @@ def train(
             raise ModelError(_misfit(exc, model, config)) from None
         if stop.nan_at is None or config.callbacks.on_nan != "restore":
             break
-        if len(restores) >= config.callbacks.max_nan_restores:
+        if len(restores) + len(job.summary.nan_restores) >= config.callbacks.max_nan_restores:
             break
-        back = resume_lib.latest(run_dir / resume_lib.CHECKPOINTS)
+        back = resume_lib.latest(run)
         if back is None:
             break
         epoch, step = stop.nan_at
         scale = checkpoint.lr_scale * config.callbacks.nan_lr_factor  # cuts add up
         _restore(model, sample, back.weights, runtime, back.source)
-        checkpoint.restore(back.state, str(back.folder))  # its lr_scale: the one it was saved with
+        checkpoint.restore(back.state, back.folder)  # its lr_scale: the one it was saved with
         _apply_lr_scale(model, config, plan, scale, saved=checkpoint.lr_scale)
         checkpoint.lr_scale = scale
         restores.append({"epoch": epoch, "step": step, "restored_to": list(back.position),
                          "lr_scale": checkpoint.lr_scale})  # fmt: skip
         reporter.message(
             f"NaN loss at epoch {epoch}, step {step}: {back.describe()} with the learning rate "
-            f"x{checkpoint.lr_scale:g} (restore {len(restores)} of "
-            f"{config.callbacks.max_nan_restores})",
+            f"x{checkpoint.lr_scale:g} (restore {len(restores) + len(job.summary.nan_restores)} "
+            f"of {config.callbacks.max_nan_restores})",
             "warn",
         )
-        stop.nan_at = stop.cut_at = None
-    return model, progress, checkpoint
+        stop.nan_at = None
+    return TrainResult(
+        model=model,
+        position=checkpoint.position,
+        best=checkpoint.best_record,
+        last_logs=checkpoint.last_logs,
+        epoch_seconds=progress.epoch_seconds,
+        epoch_rates=progress.epoch_rates,
+        first_step_seconds=progress.first_step_seconds,
+        nan_restores=restores,
+    )
 
 
 def _once(fn):
@@ -164,15 +198,15 @@ def _once(fn):
 
 def _damaged_while_training(prepared: Prepared, exc: Exception) -> DataError:
     """TF's DataLossError does not say which file it was reading: find it, and say what to do."""
-    from tpurun.data import pipeline
+    from tpurun.data import records
 
-    files = prepared.plan.train_files + prepared.plan.validation_files
-    found = pipeline.find_corrupt(files, prepared.data.compression)
+    files = prepared.data.train_files + prepared.data.validation_files
+    found = records.find_corrupt(files, prepared.config.data.compression)
     if not found:
         first = (getattr(exc, "message", "") or str(exc)).strip().splitlines()[0]
         return DataError(f"reading the training data failed: {first}")
-    if not prepared.data.skip_corrupt:
-        return pipeline.corrupt_error(found)
+    if not prepared.config.data.skip_corrupt:
+        return records.corrupt_error(found)
     # Damaged after the run checked it (a copy still in progress?). The verdict is remembered, so
     # the rerun leaves the file out.
     return DataError(
@@ -255,7 +289,7 @@ def _fit(model, train_ds, val_ds, val_steps, steps: int, epochs: int, initial_ep
         raise DataError(f"reading the training data failed: {first}") from None
 
 
-def _restore(model, sample, weights: Path, runtime: Runtime, source: str) -> None:
+def _restore(model, sample, weights: str, runtime: Runtime, source: str) -> None:
     """Build the model and optimizer variables, then load the weights and optimizer state."""
     with runtime.scope():
         if not model.built:
@@ -263,10 +297,10 @@ def _restore(model, sample, weights: Path, runtime: Runtime, source: str) -> Non
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
         try:
-            model.load_weights(str(weights))
+            model.load_weights(weights)
         except Exception as exc:  # Keras raises ValueError, KeyError, OSError... for a misfit file
             raise ModelError(
-                f"{source}: cannot load {weights.name} into this model: {type(exc).__name__}: "
+                f"{source}: cannot load {fileio.basename(weights)} into this model: {type(exc).__name__}: "
                 f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
             ) from None
 

@@ -18,9 +18,7 @@ def _file_bytes(files: list[str]) -> int:
     return sum(tf.io.gfile.stat(f).length for f in files)
 
 
-def bench(
-    config: Config, steps: int = 100, warmup: int = 10, prepared: Any = None
-) -> dict[str, Any]:
+def bench(config: Config, steps: int = 100, warmup: int = 10) -> dict[str, Any]:
     """Time ``steps`` batches of the training pipeline after ``warmup`` batches.
 
     Returns:
@@ -28,13 +26,15 @@ def bench(
         with the batch size, the timed steps and seconds, and the CPU cores this process may use.
     """
     from tpurun.data import pipeline
-    from tpurun.runner import prepare
+    from tpurun.prepare import prepare_here
 
-    prepared = prepared or prepare(config)
-    plan = prepared.plan
+    # The plan without activation: timing a CPU pipeline must not take the accelerator.
+    prepared = prepare_here(config)
+    plan, data = prepared.plan, prepared.data
     ds = pipeline.make_dataset(
-        plan.train_files, prepared.data, plan.global_batch_size, training=True, seed=config.seed
-    )
+        data.train_files, prepared.config.data, plan.global_batch_size, training=True,
+        seed=config.seed,
+    )  # fmt: skip
     iterator = iter(ds)
     for _ in range(warmup):
         next(iterator)
@@ -42,9 +42,8 @@ def bench(
     for _ in range(steps):
         next(iterator)
     seconds = time.perf_counter() - start
-    prepared.runtime.release()
     examples = steps * plan.global_batch_size
-    bytes_per_record = _file_bytes(plan.train_files) / max(1, plan.train_records)
+    bytes_per_record = _file_bytes(data.train_files) / max(1, data.train_records)
     return {
         "examples_per_sec": examples / seconds,
         "batches_per_sec": steps / seconds,
@@ -54,7 +53,7 @@ def bench(
         "warmup_steps": warmup,
         "seconds": seconds,
         "cpu_cores": pipeline.cpu_cores(),
-        "train_files": len(plan.train_files),
-        "train_records": plan.train_records,
+        "train_files": len(data.train_files),
+        "train_records": data.train_records,
         "bytes_per_record": bytes_per_record,
     }

@@ -38,14 +38,21 @@ def check_config(cfg: Any) -> Check:
 
 
 def check_split(cfg: Any, split: str, m: Machine, replicas: int | None) -> Check:
-    """Files, bytes, the first record against the features, TPU-node reach, shard advice."""
-    from tpurun.data import pipeline
+    """Files, bytes, the first record against the features, TPU-node reach, shard advice.
+
+    Paths are resolved as ``train`` resolves them (``resolve.path_resolver``: data.kaggle_dataset's
+    root when set, else the config file's folder), so both read the same files.
+    """
+    from tpurun.data import records
+    from tpurun.data.resolve import path_resolver
 
     name = f"data.{split}"
-    globs = [cfg.resolve_path(g) for g in _globs(getattr(cfg.data, split))]
-    if not globs:
+    patterns = _globs(getattr(cfg.data, split))
+    if not patterns:
         return Check(name, "skip", f"no data.{split} set")
-    files = pipeline.expand(globs)
+    resolve_path = path_resolver(cfg)
+    globs = [resolve_path(g) for g in patterns]
+    files = records.expand(globs, key=name)
     total = sum(_size(f) for f in files)
     data: dict[str, Any] = {"globs": globs, "files": len(files), "bytes": total}
     local = [g for g in globs if "://" not in g]
@@ -54,18 +61,22 @@ def check_split(cfg: Any, split: str, m: Machine, replicas: int | None) -> Check
                      "machine's disk", "copy the data to gs:// (gsutil -m cp), or use a TPU VM",
                      data)  # fmt: skip
     if cfg.data.features:
-        pipeline.check_first_record(files, cfg.data.features, cfg.data.compression)
+        records.check_first_record(files, cfg.data.features, cfg.data.compression)
         data["first_record"] = "matches data.features"
     found = f"{len(files)} file(s), {total / 1e6:.1f} MB; first record matches the features"
     if not cfg.data.features:
         found = f"{len(files)} file(s), {total / 1e6:.1f} MB (features from the schema file)"
+    rewrite = "write the data again from its source (CSV, arrays or images)"
     if split == "train" and replicas and len(files) < replicas:
         return Check(name, "warn", found + f"; fewer files than the {replicas} replicas",
-                     f"write >= {replicas} shards (tpurun data write --shards {replicas * 4}) so "
-                     "reads run in parallel", data)  # fmt: skip
+                     f"{rewrite} as a multiple of {replicas} shards, so that every replica reads "
+                     f"its own: `tpurun data write SOURCE OUT_PREFIX --shard-multiple {replicas}`",
+                     data)  # fmt: skip
     if split == "train" and len(files) == 1 and total > 100e6:
         return Check(name, "warn", found + "; one large file reads on one thread",
-                     "write 16+ shards (tpurun data write --shards 16)", data)  # fmt: skip
+                     f"{rewrite} as 8 or more shards of about 150 MB: "
+                     "`tpurun data write SOURCE OUT_PREFIX --shard-mb 150 --shard-multiple 8`",
+                     data)  # fmt: skip
     return Check(name, "ok", found, None, data)
 
 
@@ -77,41 +88,20 @@ def data_checks(cfg: Any, m: Machine, replicas: int | None) -> list[Check]:
             try:
                 return check_split(cfg, split, m, replicas)
             except TpurunError as exc:
-                return Check(
-                    f"data.{split}",
-                    "fail",
-                    exc.message,
-                    exc.hint or "fix the path or data.features as the message says",
-                )
+                return Check(f"data.{split}", "fail", exc.message,
+                             "fix the path or data.features as the message says")  # fmt: skip
 
         out += timed(f"data.{split}", one)
     return out
 
 
-def make_plan(cfg: Any, m: Machine, choice: Any, devices: dict) -> tuple[Any, Any, Any]:
-    """The plan ``train`` would derive, the prepared runtime when it ran on this CPU, and the
-    effective data section (features filled in from a schema).
-
-    On the CPU this is :func:`tpurun.runner.prepare` itself. On an accelerator, activating it
-    here would hold it (and the libtpu lock) in doctor's process, so the same pieces run without
-    activation, with the replica count from the device probe.
-    """
-    from tpurun.plan import make_plan as plan_for
-
-    if choice.accelerator == "cpu":
-        from tpurun.runner import prepare
-
-        prepared = prepare(cfg, machine=m)
-        return prepared.plan, prepared, prepared.data
-    from tpurun.data.resolve import resolve
-
-    replicas = choice.replicas
-    if replicas is None:
-        replicas = devices.get("jax", {}).get("platforms", {}).get("tpu")
+def _replicas(choice: Any, devices: dict) -> int:
+    """The replica count train would get, without activating an accelerator here: the choice's,
+    or the TPU core count from the device probe (which ran in a child process)."""
+    replicas = choice.replicas or devices.get("jax", {}).get("platforms", {}).get("tpu")
     if not replicas:
         raise TpurunError("the TPU core count is unknown (the device probe found no TPU core)")
-    resolved = resolve(cfg)
-    return plan_for(cfg, choice, replicas, resolved), None, resolved.data
+    return replicas
 
 
 def check_plan(plan: Any) -> Check:
@@ -125,17 +115,17 @@ def check_plan(plan: Any) -> Check:
     return Check("plan", "ok", finding, None, data)
 
 
-def check_model(prepared: Any) -> tuple[Check, int | None]:
-    """Build the model and run one training step on one real batch (on this CPU)."""
+def check_model(prepared: Any, runtime: Any) -> tuple[Check, int | None]:
+    """Build the model and run one training step on one real batch (on this CPU, activated)."""
     import keras
     import numpy as np
 
     from tpurun.data import pipeline
     from tpurun.model import build_model, compile_model
 
-    cfg, plan, runtime = prepared.config, prepared.plan, prepared.runtime
+    cfg, plan = prepared.config, prepared.plan
     try:
-        ds = pipeline.make_dataset(plan.train_files, prepared.data, plan.global_batch_size,
+        ds = pipeline.make_dataset(prepared.data.train_files, cfg.data, plan.global_batch_size,
                                    training=True, seed=cfg.seed)  # fmt: skip
         x, y = next(iter(ds.take(1)))
         with runtime.scope():
@@ -156,7 +146,7 @@ def check_model(prepared: Any) -> tuple[Check, int | None]:
             ), None
         step = time.monotonic() - started
     except TpurunError as exc:
-        return Check("model", "fail", exc.message, exc.hint or "fix the model section"), None
+        return Check("model", "fail", exc.message, "fix the model section"), None
     finally:
         runtime.release()
     params = int(model.count_params())
@@ -184,10 +174,13 @@ from dataclasses import asdict
 from pathlib import Path
 from tpurun.config import load_config
 from tpurun.doctor.config_checks import check_model
-from tpurun.runner import prepare
+from tpurun.prepare import choose_for, prepare
+from tpurun.process import activate
 cfg = load_config(__CONFIG__, ["runtime.accelerator=cpu", "runtime.cpu_devices=1"])
 cfg._base_dir = Path(__BASE_DIR__)
-check, params = check_model(prepare(cfg))
+choice = choose_for(cfg)
+runtime = activate(choice, cfg.seed)
+check, params = check_model(prepare(cfg, choice, runtime.replicas), runtime)
 print(__MARK__ + json.dumps({"check": asdict(check), "params": params}))
 """
 
@@ -210,24 +203,28 @@ def check_model_on_cpu(cfg: Any, timeout: float) -> tuple[Check, int | None]:
     return check, answer["params"]
 
 
-def check_resume(cfg: Any, plan: Any, effective_data: Any) -> Check:
+def check_resume(cfg: Any, prepared: Any) -> Check:
     """What ``tpurun train`` will do with the run directory: start, resume, or refuse to resume.
 
-    ``plan`` and ``effective_data`` (the data section, features filled in) come from the plan check; None without one.
+    ``prepared`` comes from the plan check; None without one.
     """
     from tpurun import resume as resume_lib
+    from tpurun.rundir import RunDir, run_path
 
-    run_dir = Path(cfg.output.dir) / cfg.name
-    point = resume_lib.latest(run_dir / resume_lib.CHECKPOINTS)
+    run_dir = run_path(cfg.output.dir, cfg.name)
+    run = RunDir(run_dir)
+    if run.is_locked():
+        return Check("resume", "warn", f"{run_dir} is being trained right now by another process",
+                     "wait for it to finish, or train this config elsewhere (--output)")  # fmt: skip
+    point = resume_lib.latest(run)
     if point is None:
         return Check("resume", "ok", f"no checkpoint in {run_dir}: training starts at epoch 1")
     data = {"state": str(point.source), "epoch": point.position[0], "step": point.position[1]}
-    if plan is None:
+    if prepared is None:
         return Check("resume", "skip", f"{point.describe()}; not compared with the config (no "
                      "plan, see the plan check)", None, data)  # fmt: skip
-    effective = {**cfg.to_dict(), "data": effective_data.model_dump(mode="json")}
     try:
-        resume_lib.check_unchanged(point, resume_lib.identity(effective, plan))
+        resume_lib.check_unchanged(point, resume_lib.identity(prepared.effective(), prepared.plan))
     except TpurunError as exc:
         return Check("resume", "fail", exc.message, "undo the change, or train with --restart",
                      data)  # fmt: skip
@@ -309,18 +306,18 @@ def check_advice(cfg: Any, choice: Any, plan: Any) -> Check:
 def run(cfg: Any, m: Machine, holder: list, devices: dict, with_model: bool) -> list[Check]:
     import os
 
-    from tpurun.process import import_tensorflow
+    from tpurun.prepare import prepare
+    from tpurun.process import activate, import_tensorflow
 
     choice = holder[0] if holder else None
-    if choice is not None and choice.accelerator == "cpu" and "keras" not in sys.modules:
+    runtime = activation_error = None
+    if choice is not None and choice.accelerator == "cpu":
         # Set the process up as train would, before the data checks start TensorFlow: TF imports
         # Keras (fixing its backend) and fixes its CPU device count when it first runs an op.
-        from tpurun.process import activate
-
         try:
-            activate(choice, cfg.seed)
-        except TpurunError:
-            pass  # the plan check reports it
+            runtime = activate(choice, cfg.seed)
+        except TpurunError as exc:
+            activation_error = exc  # the plan check reports it
     elif choice is not None and "keras" not in sys.modules:
         os.environ["KERAS_BACKEND"] = choice.backend  # never activate an accelerator here
     import_tensorflow()  # quietly, before the data checks import it
@@ -330,7 +327,7 @@ def run(cfg: Any, m: Machine, holder: list, devices: dict, with_model: bool) -> 
         replicas = devices.get("jax", {}).get("platforms", {}).get("tpu")
     data = data_checks(cfg, m, replicas)
     checks += data
-    plan = prepared = effective_data = None
+    prepared = None
     if choice is None:
         checks.append(Check("plan", "skip", "no runtime was chosen (see the choice check)"))
     elif any(c.status == "fail" for c in data):
@@ -338,37 +335,36 @@ def run(cfg: Any, m: Machine, holder: list, devices: dict, with_model: bool) -> 
     else:
 
         def plan_check():
-            nonlocal plan, prepared, effective_data
+            nonlocal prepared
             try:
-                plan, prepared, effective_data = make_plan(cfg, m, choice, devices)
+                if activation_error is not None:
+                    raise activation_error
+                prepared = prepare(
+                    cfg, choice, runtime.replicas if runtime else _replicas(choice, devices)
+                )
             except TpurunError as exc:
-                return Check("plan", "fail", exc.message, exc.hint or "fix the train section")
-            return check_plan(plan)
+                return Check("plan", "fail", exc.message, "fix the train section")
+            return check_plan(prepared.plan)
 
         checks += timed("plan", plan_check)
     params = None
     if not with_model:
         checks.append(Check("model", "skip", "skipped (with_model=False)"))
     elif prepared is None:
-        if plan is None:
-            checks.append(Check("model", "skip", "no plan (see the plan check)"))
-        else:
-
-            def model_on_cpu():
-                nonlocal params
-                check, params = check_model_on_cpu(cfg, MODEL_TIMEOUT)
-                return check
-
-            checks += timed("model", model_on_cpu)
+        checks.append(Check("model", "skip", "no plan (see the plan check)"))
     else:
 
         def model_check():
             nonlocal params
-            check, params = check_model(prepared)
+            if runtime is not None:
+                check, params = check_model(prepared, runtime)
+            else:
+                check, params = check_model_on_cpu(cfg, MODEL_TIMEOUT)
             return check
 
         checks += timed("model", model_check)
-    checks += timed("resume", lambda: check_resume(cfg, plan, effective_data))
+    plan = prepared.plan if prepared else None
+    checks += timed("resume", lambda: check_resume(cfg, prepared))
     checks += timed("output", lambda: check_output(cfg, params))
     checks += timed("advice", lambda: check_advice(cfg, choice, plan))
     return checks
