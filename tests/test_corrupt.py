@@ -15,7 +15,7 @@ import yaml
 from conftest import make_records, run_cli, toy_config, write_toy_data
 
 from tpurun.config import load_config
-from tpurun.data import pipeline, resolve
+from tpurun.data import records, resolve
 from tpurun.data.write import write_dataset, write_shards
 from tpurun.errors import DataError
 
@@ -69,7 +69,7 @@ def test_truncated_mid_record_names_the_offset_and_the_good_records(tmp_path):
     shard = toy(tmp_path) / "train-00001-of-00004.tfrecord"
     start = cut_inside_record(shard, 10)
     with pytest.raises(DataError) as info:
-        pipeline.count_records([str(shard)])
+        records.count_records([str(shard)])
     assert str(info.value) == message(
         shard, f"truncated record at byte {start}, after 10 good records"
     )
@@ -79,7 +79,7 @@ def test_a_cut_inside_a_record_header_is_caught(tmp_path):
     # TF's reader takes a header cut short by the end of file for a clean end: 10 records, no error.
     shard = toy(tmp_path) / "train-00001-of-00004.tfrecord"
     start = cut_inside_record(shard, 10, into=5)
-    [found] = pipeline.find_corrupt([str(shard)], "none")
+    [found] = records.find_corrupt([str(shard)], "none")
     assert (found.offset, found.good_records, found.reason) == (start, 10, "truncated record")
 
 
@@ -87,7 +87,7 @@ def test_flipped_byte_in_a_middle_record(tmp_path):
     shard = toy(tmp_path) / "train-00002-of-00004.tfrecord"
     start = flip_byte_in_record(shard, 16)
     with pytest.raises(DataError) as info:
-        pipeline.count_records([str(shard)], "none")
+        records.count_records([str(shard)], "none")
     problem = f"corrupted record (checksum mismatch) at byte {start}, after 16 good records"
     assert str(info.value) == message(shard, problem)
 
@@ -100,10 +100,10 @@ def test_gzip_truncated_mid_stream(tmp_path):
     starts = record_starts(zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(compressed))
     good, offset = len(starts) - 1, starts[-1]
     assert 0 < good < 32
-    [found] = pipeline.find_corrupt([str(shard)], "auto")
+    [found] = records.find_corrupt([str(shard)], "auto")
     assert (found.offset, found.good_records, found.compression) == (offset, good, "gzip")
     with pytest.raises(DataError) as info:
-        pipeline.count_records([str(shard)], "gzip")
+        records.count_records([str(shard)], "gzip")
     assert str(info.value) == message(
         shard,
         f"truncated record at byte {offset} of the decompressed data, after {good} good records",
@@ -115,22 +115,22 @@ def test_gzip_flipped_byte(tmp_path):
     raw = bytearray(shard.read_bytes())
     raw[len(raw) // 2] ^= 0x55
     shard.write_bytes(bytes(raw))
-    [found] = pipeline.find_corrupt([str(shard)], "gzip")
+    [found] = records.find_corrupt([str(shard)], "gzip")
     # zlib inflates this small file in one read, so its check fails before any record is out.
     assert (found.reason, found.offset, found.good_records) == (
         "GZIP data error (incorrect data check)", None, 0,
     )  # fmt: skip
     with pytest.raises(DataError, match=r"train-00003-of-00004\.tfrecord: cannot read it as "
                        r"TFRecords: GZIP data error \(incorrect data check\)\. Re-copy"):  # fmt: skip
-        pipeline.count_records([str(shard)], "gzip")
+        records.count_records([str(shard)], "gzip")
 
 
 def test_a_gzip_file_missing_only_its_trailer_keeps_every_record(tmp_path):
     # TF's reader does not check the gzip trailer; no record is lost, so the file is not damaged.
     shard = toy(tmp_path, "gzip") / "train-00000-of-00004.tfrecord"
     shard.write_bytes(shard.read_bytes()[:-8])
-    assert pipeline.find_corrupt([str(shard)], "gzip") == []
-    assert pipeline.count_records([str(shard)], "gzip") == 32
+    assert records.find_corrupt([str(shard)], "gzip") == []
+    assert records.count_records([str(shard)], "gzip") == 32
 
 
 def test_several_damaged_files_are_named_in_one_error(tmp_path):
@@ -139,7 +139,7 @@ def test_several_damaged_files_are_named_in_one_error(tmp_path):
     start = cut_inside_record(shards[0], 4)
     flip_byte_in_record(shards[1], 0)
     with pytest.raises(DataError) as info:
-        pipeline.count_records(sorted(str(p) for p in data.glob("train-*")))
+        records.count_records(sorted(str(p) for p in data.glob("train-*")))
     assert str(info.value) == (
         f"{shards[0]}: cannot read it as TFRecords: truncated record at byte {start}, after 4 "
         f"good records. 1 more file cannot be read either: {shards[1]}. Re-copy or re-write the "
@@ -150,16 +150,16 @@ def test_several_damaged_files_are_named_in_one_error(tmp_path):
 def test_find_corrupt_rereads_files_the_cache_calls_good(tmp_path):
     data = toy(tmp_path)
     files = sorted(str(p) for p in data.glob("train-*"))
-    assert pipeline.count_records(files) == 128  # now cached as good
+    assert records.count_records(files) == 128  # now cached as good
     shard = Path(files[2])
     stat = shard.stat()
     start = flip_byte_in_record(shard, 7)  # damaged in place: same size, same mtime
     os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    assert pipeline.count_records(files) == 128  # the cache cannot tell
-    [found] = pipeline.find_corrupt(files, "none")
+    assert records.count_records(files) == 128  # the cache cannot tell
+    [found] = records.find_corrupt(files, "none")
     assert (found.path, found.offset, found.good_records) == (str(shard), start, 7)
     with pytest.raises(DataError, match=f"{shard}: cannot read it as TFRecords: corrupted"):
-        pipeline.count_records(files)  # find_corrupt's verdict replaced the cached count
+        records.count_records(files)  # find_corrupt's verdict replaced the cached count
 
 
 # ---------------------------------------------------------------------------- default: stop
@@ -226,7 +226,7 @@ def test_skip_corrupt_drops_the_files_and_their_records(tmp_path, monkeypatch):
     assert json.loads(json.dumps(resolved.skipped[1].to_dict()))["split"] == "validation"
 
     # The verdicts are cached by path, size and mtime: a rerun reads no file again.
-    monkeypatch.setattr(pipeline, "_count_one", lambda *a: pytest.fail("read again"))
+    monkeypatch.setattr(records, "_count_one", lambda *a: pytest.fail("read again"))
     again = resolve.resolve(config)
     assert again.skipped == resolved.skipped and again.train_records == 96
 
@@ -274,13 +274,13 @@ def write_with_schema(tmp_path: Path) -> tuple[Path, dict]:
 
 
 def spy_reads(monkeypatch) -> list[str]:
-    read, count_one = [], pipeline._count_one
+    read, count_one = [], records._count_one
 
     def spy(path, compression):
         read.append(path)
         return count_one(path, compression)
 
-    monkeypatch.setattr(pipeline, "_count_one", spy)
+    monkeypatch.setattr(records, "_count_one", spy)
     return read
 
 
@@ -339,7 +339,7 @@ def test_an_old_schema_without_sizes_is_trusted_until_find_corrupt(tmp_path, mon
     resolved = resolve.resolve(load_config(config))
     assert (resolved.train_records, resolved.counts_from, read) == (96, "schema", [])
     # Training would fail mid-epoch with TF's DataLossError; the runner then asks which file.
-    [found] = pipeline.find_corrupt(resolved.train_files + resolved.validation_files, "none")
+    [found] = records.find_corrupt(resolved.train_files + resolved.validation_files, "none")
     assert (found.path, found.offset, found.good_records) == (str(shard), start, 12)
 
 

@@ -3,9 +3,41 @@
 from __future__ import annotations
 
 import json
+import re
+import shlex
 
 import yaml
 from conftest import run_cli, toy_config
+
+from tpurun.config import load_config
+from tpurun.doctor import config_checks as cc
+from tpurun.runtime import Machine
+
+_QUOTED = re.compile(r"`(tpurun [^`]*)`")
+
+
+def suggested_commands(text: str) -> list[str]:
+    """Every ``tpurun ...`` command a message suggests, each parsed by the real Typer app.
+
+    A command must be in backticks (so that it can be found), and must parse: its subcommands
+    exist, its options exist and its values convert. Placeholders such as SOURCE are arguments.
+    """
+    from typer.main import get_command
+
+    from tpurun.cli import app
+
+    root = get_command(app)
+    mentioned = re.findall(rf"\btpurun (?:{'|'.join(root.commands)})\b", text)
+    commands = _QUOTED.findall(text)
+    assert len(commands) == len(mentioned), f"a tpurun command outside backticks in: {text}"
+    for command in commands:
+        args, cmd, name = shlex.split(command)[1:], root, "tpurun"
+        while hasattr(cmd, "commands"):
+            name = args.pop(0)
+            assert name in cmd.commands, f"{command}: no command {name!r}"
+            cmd = cmd.commands[name]
+        cmd.make_context(name, args)  # a usage error for an unknown option or a bad value
+    return commands
 
 
 def write_config(tmp_path, config):
@@ -90,3 +122,53 @@ def test_write_bad_source_is_a_clear_error(tmp_path):
     result = run_cli("data", "write", str(tmp_path / "notes.txt"), str(tmp_path / "out" / "x"))
     assert result.returncode == 2 and str(tmp_path / "notes.txt") in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------ commands that messages suggest
+def test_suggested_commands_are_checked():
+    assert suggested_commands("write shards: `tpurun data write SRC OUT --shard-mb 9`") == [
+        "tpurun data write SRC OUT --shard-mb 9"
+    ]
+    for bad in (
+        "write shards (tpurun data write SRC OUT --shard-mb 9)",  # not quoted: not checked
+        "write shards: `tpurun data write SRC OUT --shards 32`",  # no such option
+        "write shards: `tpurun data write SRC OUT --shard-multiple many`",  # not an integer
+        "write shards: `tpurun data rewrite SRC OUT`",  # no such command
+    ):
+        try:
+            suggested_commands(bad)
+        except Exception:
+            continue
+        raise AssertionError(f"accepted: {bad}")
+
+
+def test_every_command_doctors_data_checks_suggest_exists(toy_data, tmp_path, monkeypatch):
+    config = load_config(toy_config(toy_data, tmp_path / "runs"))
+    few = cc.check_split(config, "train", Machine(), 8)  # 4 shards for 8 replicas
+    assert few.status == "warn"
+    assert suggested_commands(few.fix) == ["tpurun data write SOURCE OUT_PREFIX --shard-multiple 8"]
+    one = load_config(
+        toy_config(toy_data, tmp_path / "runs"), [f"data.train={toy_data}/val-00000-*"]
+    )
+    monkeypatch.setattr(cc, "_size", lambda path: 200 * 10**6)  # one 200 MB file
+    large = cc.check_split(one, "train", Machine(), 1)
+    assert large.status == "warn" and "one large file" in large.finding
+    assert suggested_commands(large.fix)
+    for check in cc.data_checks(config, Machine(), 8) + cc.data_checks(one, Machine(), 1):
+        suggested_commands(f"{check.finding} {check.fix or ''}")
+
+
+def test_commands_in_data_error_messages_exist(tmp_path):
+    from tpurun.data.resolve import resolve
+    from tpurun.data.write import write_shards
+    from tpurun.errors import TpurunError
+
+    write_shards(str(tmp_path / "bare"), [{"y": 1}] * 4, 1)  # no schema file
+    config = toy_config(tmp_path, tmp_path / "runs")
+    config["data"] = {"train": str(tmp_path / "bare-*.tfrecord"), "inputs": "y", "targets": "y"}
+    try:
+        resolve(load_config(config))
+    except TpurunError as exc:
+        assert len(suggested_commands(str(exc))) == 2
+    else:
+        raise AssertionError("features left out without a schema resolved")

@@ -258,7 +258,10 @@ def test_data_mismatch_and_tpu_node_local_paths(toy_data, tmp_path):
     check = cc.check_split(good, "train", node, 8)
     assert check.status == "fail" and "gs://" in check.fix
     few = cc.check_split(good, "train", Machine(), 8)
-    assert few.status == "warn" and "shards" in few.fix
+    assert few.status == "warn" and "fewer files than the 8 replicas" in few.finding
+    from test_data_cli import suggested_commands  # parses each with the real CLI
+
+    assert suggested_commands(few.fix) == ["tpurun data write SOURCE OUT_PREFIX --shard-multiple 8"]
     missing = load_config(toy_config(toy_data, tmp_path / "out"), ["data.train=nowhere-*.rec"])
     assert cc.data_checks(missing, Machine(), 1)[0].status == "fail"
 

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tpurun.config import DataConfig
-from tpurun.data import pipeline
+from tpurun.data import pipeline, records
 from tpurun.data.write import write_shards
 from tpurun.errors import DataError
 
@@ -149,7 +149,7 @@ def test_validation_is_ordered_and_repeats_the_same_batches(tmp_path):
 def test_gzip_records(tmp_path):
     files = write_shards(str(tmp_path / "d"), [{"i": i} for i in range(8)], 2, compression="gzip")
     data = data_config({"i": {"type": "int64"}}, "i", "i", compression="gzip")
-    assert pipeline.count_records(files, "gzip") == 8
+    assert records.count_records(files, "gzip") == 8
     x, _ = first_batch(files, data, 4)
     assert x.shape == (4,)
 
@@ -157,41 +157,41 @@ def test_gzip_records(tmp_path):
 def test_globs_expand_sorted_and_missing_globs_name_themselves(tmp_path):
     write_shards(str(tmp_path / "a"), [{"i": 1}] * 4, 2)
     write_shards(str(tmp_path / "b"), [{"i": 1}] * 4, 2)
-    files = pipeline.expand([str(tmp_path / "b-*"), str(tmp_path / "a-*")])
+    files = records.expand([str(tmp_path / "b-*"), str(tmp_path / "a-*")])
     assert [f.rsplit("/", 1)[1][0] for f in files] == ["b", "b", "a", "a"]
     with pytest.raises(DataError, match=r"nothing-\*\.tfrecord: no file matches this glob"):
-        pipeline.expand(str(tmp_path / "nothing-*.tfrecord"))
+        records.expand(str(tmp_path / "nothing-*.tfrecord"))
 
 
 def test_remote_ram_paths_work(tmp_path):
     files = write_shards("ram://tpurun-test/d", [{"i": i} for i in range(6)], 2)
-    assert pipeline.expand("ram://tpurun-test/d-*") == files
-    assert pipeline.count_records(files) == 6
+    assert records.expand("ram://tpurun-test/d-*") == files
+    assert records.count_records(files) == 6
 
 
 def test_record_counts_are_cached_by_path_size_and_mtime(tmp_path, monkeypatch):
     files = write_shards(str(tmp_path / "d"), [{"i": i} for i in range(30)], 3)
-    assert pipeline.count_records(files) == 30
-    cache = json.loads(pipeline._cache_file().read_text())
+    assert records.count_records(files) == 30
+    cache = json.loads(records._cache_file().read_text())
     assert sorted(cache.values()) == [10, 10, 10]
 
     def fail(*_):
         raise AssertionError("counted again")
 
-    monkeypatch.setattr(pipeline, "_count_one", fail)
-    assert pipeline.count_records(files) == 30  # from the cache: not read again
+    monkeypatch.setattr(records, "_count_one", fail)
+    assert records.count_records(files) == 30  # from the cache: not read again
     write_shards(str(tmp_path / "d"), [{"i": i} for i in range(3)], 3)  # rewritten: size changes
     with pytest.raises(AssertionError, match="counted again"):
-        pipeline.count_records(files)
+        records.count_records(files)
 
 
 def test_first_record_mismatches_name_feature_file_declared_and_found(tmp_path):
-    records = [{"x": np.zeros(6, np.float32).tobytes(), "y": 1, "img": b"not an image"}]
-    files = write_shards(str(tmp_path / "d"), records, 1)
+    rows = [{"x": np.zeros(6, np.float32).tobytes(), "y": 1, "img": b"not an image"}]
+    files = write_shards(str(tmp_path / "d"), rows, 1)
 
     def check(features):
         with pytest.raises(DataError) as info:
-            pipeline.check_first_record(files, features, "none")
+            records.check_first_record(files, features, "none")
         assert files[0] in str(info.value)
         return str(info.value)
 
@@ -219,7 +219,7 @@ def test_unreadable_and_empty_files(tmp_path):
     bad.write_bytes(b"this is not a tfrecord file at all")
     data = data_config({"i": {"type": "int64"}}, "i", "i")
     with pytest.raises(DataError, match="cannot read it as TFRecords"):
-        pipeline.check_first_record([str(bad)], data.features, "none")
+        records.check_first_record([str(bad)], data.features, "none")
     empty = write_shards(str(tmp_path / "e"), [], 1)
     with pytest.raises(DataError, match="the file holds no records"):
-        pipeline.check_first_record(empty, data.features, "none")
+        records.check_first_record(empty, data.features, "none")

@@ -12,7 +12,7 @@ from conftest import make_records, toy_config
 
 import tpurun
 from tpurun.config import load_config
-from tpurun.data import pipeline, resolve
+from tpurun.data import pipeline, records, resolve
 from tpurun.data import schema as schema_lib
 from tpurun.data.write import write_shards
 from tpurun.errors import ConfigError, DataError
@@ -48,9 +48,7 @@ def schema_config(folder, out, **data):
 def test_schema_fills_features_and_counts_without_reading(tmp_path, monkeypatch):
     folder = write_with_schema(tmp_path / "d")
     config = load_config(schema_config(folder, tmp_path / "runs"))
-    monkeypatch.setattr(
-        pipeline, "_count_one", lambda *a: pytest.fail("counted despite the schema")
-    )
+    monkeypatch.setattr(records, "_count_one", lambda *a: pytest.fail("counted despite the schema"))
     resolved = resolve.resolve(config)
     assert (resolved.train_records, resolved.validation_records, resolved.counts_from) == (
         256,
@@ -130,6 +128,31 @@ def test_kaggle_dataset_paths(tmp_path, toy_data, monkeypatch):
     assert resolved.train_records == 512 and all(
         f.startswith(str(toy_data)) for f in resolved.train_files
     )
+
+
+def test_doctor_reads_the_kaggle_dataset_train_reads(tmp_path, toy_data, monkeypatch):
+    from tpurun.doctor import config_checks as cc
+    from tpurun.runtime import Machine
+
+    config = toy_config(toy_data, tmp_path / "runs")
+    config["data"].update(
+        kaggle_dataset="naic-dataset", train="train-*.tfrecord", validation="val-*.tfrecord"
+    )
+    outside = cc.data_checks(load_config(config), Machine(), 1)
+    assert [c.status for c in outside] == ["fail", "fail"]
+    assert "needs the kaggle_datasets module" in outside[0].finding
+
+    class KaggleDatasets:
+        def get_gcs_path(self, name):
+            return str(toy_data)
+
+    monkeypatch.setitem(
+        sys.modules, "kaggle_datasets", types.SimpleNamespace(KaggleDatasets=KaggleDatasets)
+    )
+    train, validation = cc.data_checks(load_config(config), Machine(), 1)
+    assert (train.status, validation.status) == ("ok", "ok"), (train.finding, validation.finding)
+    assert train.data["globs"] == [f"{toy_data}/train-*.tfrecord"] and train.data["files"] == 4
+    assert validation.data["files"] == 2
 
 
 @pytest.mark.parametrize("cache", ["memory", "file"])

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tpurun.config import DataConfig
-from tpurun.data import pipeline, schema, write
+from tpurun.data import pipeline, records, schema, write
 from tpurun.data.sources import Source
 from tpurun.data.write import balanced_sizes, shard_count, write_dataset
 from tpurun.errors import DataError, TpurunError
@@ -29,7 +29,7 @@ def read_back(report, split: str = "all") -> dict[str, np.ndarray]:
             "compression": written["compression"],
         }
     )
-    total = pipeline.count_records(files, written["compression"])
+    total = records.count_records(files, written["compression"])
     assert total == written["splits"][split]["records"]
     x, _ = next(iter(pipeline.make_dataset(files, data, total, training=False)))
     return {name: value.numpy() for name, value in x.items()}

@@ -1,7 +1,7 @@
 """``tpurun data inspect``: what a set of TFRecord files holds, and a ``features:`` block to paste.
 
 Record counts come from the schema file written beside the shards when it lists every file, else
-from reading the files once (cached by :func:`tpurun.data.pipeline.count_records`). Features are
+from reading the files once (cached: see :mod:`tpurun.data.records`). Features are
 inferred from the first records: how a key is stored (list kind, number of values) is a fact; a raw
 tensor's dtype and shape are guesses from its byte length and values, and say so. Keys the schema
 describes take its entry, since the writer knew the dtype.
@@ -16,17 +16,14 @@ from typing import Any
 
 import yaml
 
-from tpurun.data import pipeline
+from tpurun.data import records
 from tpurun.data import schema as schema_file
 from tpurun.data.features import image_format
+from tpurun.data.write import SHARD_MB, SHARD_MULTIPLE, shard_count
 from tpurun.errors import DataError
 
 VERSION = 1
-#: One input stream per TPU core of a host; shard counts are advised in multiples of it.
-TPU_CORES = 8
-_TARGET_SHARD_BYTES = 150 * 10**6
 _MAX_RECORD_BYTES = 2**31 - 1  # protobuf cannot parse a message larger than this
-_COUNT_BATCH = 8  # files per count_records call, which reads them in parallel
 _ITEMSIZE = {"float32": 4, "float64": 8, "uint8": 1}
 _NUMBER_LISTS = {"int64": "int64_list", "float": "float_list"}  # other types are one bytes_list
 
@@ -93,15 +90,15 @@ def inspect(
         raise ValueError(f"sample must be at least 1; received sample={sample}")
     import tensorflow as tf
 
-    paths = pipeline.expand(patterns)
+    paths = records.expand(patterns)
     sizes = [int(tf.io.gfile.stat(p).length) for p in paths]
     # An empty first shard says nothing about the compression of the others.
     first = next((p for p, s in zip(paths, sizes, strict=True) if s), paths[0])
-    compression = pipeline.detect_compression(first)
+    compression = records.detect_compression(first)
     # Sampling first: a glob that matched the wrong files fails in a second, not after a count.
     samples = _read_samples(paths, compression, sample)
     schemas = schema_file.find_for(paths)
-    counts, counts_from = _count(paths, schemas, compression, progress)
+    counts, from_schema = records.record_counts(paths, schemas, compression, progress=progress)
     files = [FileInfo(p, s, n) for p, s, n in zip(paths, sizes, counts, strict=True)]
     for f in files:
         # TensorFlow reads a file shorter than one record header as empty, without an error.
@@ -117,7 +114,7 @@ def inspect(
         files=files,
         total_bytes=sum(sizes),
         total_records=sum(counts),
-        counts_from=counts_from,
+        counts_from="schema" if from_schema else "counted",
         compression=compression,
         sampled_records=len(samples),
         largest_sampled_record=largest,
@@ -161,21 +158,6 @@ def _read_samples(paths: Sequence[str], compression: str, sample: int) -> list[t
         if len(samples) >= sample:
             break
     return samples
-
-
-def _count(paths, schemas, compression, progress) -> tuple[list[int], str]:
-    if schemas and all(p in schemas for p in paths):
-        return [schema_file.record_count(schemas[p][1], p) or 0 for p in paths], "schema"
-    # A schema naming only some files is from another write in the same folder: count them all.
-    counts: list[int] = []
-    for start in range(0, len(paths), _COUNT_BATCH):
-        chunk = paths[start : start + _COUNT_BATCH]
-        pipeline.count_records(chunk, compression)  # reads the chunk in parallel, then caches
-        for path in chunk:
-            counts.append(pipeline.count_records([path], compression))  # from the cache
-            if progress is not None:
-                progress(len(counts), len(paths))
-    return counts, "counted"
 
 
 # ---------------------------------------------------------------------------------- inference
@@ -355,11 +337,6 @@ def format_bytes(size: float) -> str:
 
 
 # ------------------------------------------------------------------------------------ advice
-def _suggested_shards(total_bytes: int) -> int:
-    wanted = math.ceil(total_bytes / _TARGET_SHARD_BYTES)
-    return max(TPU_CORES, math.ceil(wanted / TPU_CORES) * TPU_CORES)
-
-
 def _image_like(shape: list[int]) -> list[int] | None:
     """The image shape a raw uint8 tensor may have: its own if [H, W, C], else a square one."""
     if len(shape) == 3 and shape[2] in (1, 3, 4):
@@ -379,19 +356,24 @@ def advise(
 ) -> list[str]:
     """Actionable lines about sharding, storage dtypes, record sizes and config settings."""
     n, total = len(files), sum(f.bytes for f in files)
-    shards = _suggested_shards(total)
-    rewrite = f"rewrite them into {shards} shards of ~{format_bytes(total / shards)}"
+    records_total = sum(f.records for f in files)
+    # The count `tpurun data write` would write with its defaults.
+    shards = shard_count(records_total, total, SHARD_MB, SHARD_MULTIPLE)
+    rewrite = (
+        f"rewrite them into {shards} shard{'s' if shards > 1 else ''} of "
+        f"~{format_bytes(total / shards)}"
+    )
     average = total / n if n else 0
     advice = []
-    if not any(f.records for f in files):
-        advice.append("the files hold no records: check the glob, or rewrite the data")
     if compression == "gzip":
         advice.append(
             "the files are GZIP-compressed (data.compression: auto detects it): decompressing "
-            "costs host CPU; if `tpurun data bench` shows the input is the bottleneck, write "
+            "costs host CPU; if `tpurun data bench CONFIG` shows the input is the bottleneck, write "
             "uncompressed shards"
         )
-    if n < TPU_CORES:
+    if not records_total:
+        advice.append("the files hold no records: check the glob, or rewrite the data")
+    elif n < SHARD_MULTIPLE and shards > n:
         advice.append(
             f"{n} file{'s' if n > 1 else ''}: use a multiple of 8 shards (one stream per TPU "
             f"core) so every core reads its own file in parallel; {rewrite}"
@@ -401,7 +383,7 @@ def advise(
             f"{n} files average {format_bytes(average)}: too many small files (each open is a "
             f"request, slow on gs://); {rewrite} (100-200 MB is the target)"
         )
-    elif n % TPU_CORES:
+    elif n % SHARD_MULTIPLE and shards != n:
         advice.append(
             f"{n} files is not a multiple of 8: TPU cores and hosts get uneven shares; {rewrite}"
         )

@@ -86,6 +86,10 @@ def _options(compression: str):
 # ------------------------------------------------------------------------------ tpurun data write
 #: The most bytes of records one chunk holds, whatever ``chunk_records`` asks (large images).
 CHUNK_BYTES = 256 * 2**20
+#: Defaults of ``tpurun data write``, which ``data inspect`` advises too: shards of 100-200 MB
+#: stream well, and a multiple of 8 gives each core of a TPU host its own files.
+SHARD_MB = 150.0
+SHARD_MULTIPLE = 8
 _MB = 10**6
 
 
@@ -128,8 +132,8 @@ def write_dataset(
     source: str | os.PathLike | Source,
     out_prefix: str,
     *,
-    shard_mb: float = 150.0,
-    shard_multiple: int = 8,
+    shard_mb: float = SHARD_MB,
+    shard_multiple: int = SHARD_MULTIPLE,
     compression: str = "none",
     validation_fraction: float = 0.0,
     seed: int = 0,
