@@ -6,8 +6,7 @@ to do; only ``cli.py`` turns them into ``error: ...`` and an exit code, with no 
 
 from __future__ import annotations
 
-#: Exit codes, as documented in the README.
-EXIT_OK = 0
+#: Exit codes, as documented in the README (``tpurun doctor`` exits 1 when a check fails).
 EXIT_UNEXPECTED = 1
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 3
@@ -18,26 +17,21 @@ class TpurunError(Exception):
 
     exit_code = EXIT_USER_ERROR
 
-    def __init__(self, message: str, *, hint: str | None = None):
+    def __init__(self, message: str):
         super().__init__(message)
         self.message = message
-        self.hint = hint
-
-    def __str__(self) -> str:
-        return self.message if not self.hint else f"{self.message}\n{self.hint}"
 
 
 class ConfigError(TpurunError):
     """The config file, or a --set override, is invalid. ``problems`` holds one line per problem."""
 
-    def __init__(self, problems: list[str], *, source: str = "config"):
+    def __init__(self, problems: list[str]):
         self.problems = list(problems)
-        self.source = source
         if len(self.problems) == 1:
-            message = f"invalid {source}: {self.problems[0]}"
+            message = f"invalid config: {self.problems[0]}"
         else:
             lines = "\n".join(f"  {p}" for p in self.problems)
-            message = f"invalid {source} ({len(self.problems)} problems):\n{lines}"
+            message = f"invalid config ({len(self.problems)} problems):\n{lines}"
         super().__init__(message)
 
 

@@ -164,7 +164,7 @@ def check_choice(cfg: Any, m: Machine, holder: list) -> Check:
         choice = choose(runtime_cfg, spe, m)
     except TpurunError as exc:
         return Check("choice", "fail", f"train cannot run here: {exc.message}",
-                     exc.hint or "change the runtime section as the message says")  # fmt: skip
+                     "change the runtime section as the message says")  # fmt: skip
     holder.append(choice)
     data = asdict(choice)
     status, fix = "ok", None
