@@ -30,7 +30,8 @@ KERAS_19246 = "keras-team/keras#19246"
 _TF_BUILDS = ("tensorflow-tpu", "tensorflow", "tensorflow-cpu", "tf-nightly", "tf-nightly-cpu")
 
 
-def _version(dist: str) -> str | None:
+def installed_version(dist: str) -> str | None:
+    """The version of an installed distribution (``tensorflow-cpu``, ``jax``), without importing it."""
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
@@ -95,7 +96,7 @@ def probe(env: Mapping[str, str] | None = None, dev_root: str = "/dev") -> Machi
     env = dict(os.environ if env is None else env)
     tpu_files = sorted(glob.glob(f"{dev_root}/accel*") + glob.glob(f"{dev_root}/vfio/[0-9]*"))
     gpus = [p for p in glob.glob(f"{dev_root}/nvidia*") if p[len(dev_root) + 7 :].isdigit()]
-    build = next((b for b in _TF_BUILDS if _version(b)), None)
+    build = next((b for b in _TF_BUILDS if installed_version(b)), None)
     loaded = None
     if "keras" in sys.modules:
         with contextlib.suppress(Exception):
@@ -104,14 +105,15 @@ def probe(env: Mapping[str, str] | None = None, dev_root: str = "/dev") -> Machi
         env=env,
         tpu_device_files=tuple(tpu_files),
         gpu_count=len(gpus),
-        tensorflow=_version(build) if build else None,
+        tensorflow=installed_version(build) if build else None,
         tensorflow_build=build,
-        jax=_version("jax") if importlib.util.find_spec("jax") else None,
-        jax_tpu=bool(_version("libtpu") or _version("libtpu-nightly")),
+        jax=installed_version("jax") if importlib.util.find_spec("jax") else None,
+        jax_tpu=bool(installed_version("libtpu") or installed_version("libtpu-nightly")),
         jax_gpu=any(
-            _version(p) for p in ("jax-cuda12-plugin", "jax-cuda13-plugin", "jax-rocm-plugin")
+            installed_version(p)
+            for p in ("jax-cuda12-plugin", "jax-cuda13-plugin", "jax-rocm-plugin")
         ),
-        keras=_version("keras"),
+        keras=installed_version("keras"),
         keras_loaded_backend=loaded,
     )
 

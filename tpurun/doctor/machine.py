@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import glob
-import importlib.metadata
 import os
 import platform as platform_lib
 import struct
@@ -18,16 +17,9 @@ from typing import Any
 
 from tpurun import __version__
 from tpurun.doctor import Check
-from tpurun.runtime import Machine
+from tpurun.runtime import Machine, installed_version
 
 JAX_TPU_INSTALL = "pip install -U 'jax[tpu]'"
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 # ------------------------------------------------------------------------------------- platform
@@ -83,8 +75,8 @@ def check_versions(m: Machine) -> Check:
         "tensorflow_build": m.tensorflow_build,
         "keras": m.keras,
         "jax": m.jax,
-        "jaxlib": _version("jaxlib"),
-        "libtpu": _version("libtpu") or _version("libtpu-nightly"),
+        "jaxlib": installed_version("jaxlib"),
+        "libtpu": installed_version("libtpu") or installed_version("libtpu-nightly"),
         "tpurun": __version__,
     }
     shown = ", ".join(
