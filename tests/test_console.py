@@ -41,8 +41,11 @@ def test_pipes_and_the_flag_are_plain():
 
 
 def plan() -> Plan:
-    return Plan("jax", "cpu", "data_parallel", 8, "float32", "test", 16, 128, 2e-3, 1.0, ["a"], ["b"],
-                1437, 360, "counted", "none", 11, 2, 11, 0, 330, "val_accuracy")  # fmt: skip
+    return Plan(backend="jax", accelerator="cpu", distribution="data_parallel", replicas=8,
+                precision="float32", reason="test", per_core_batch_size=16, global_batch_size=128,
+                learning_rate=2e-3, learning_rate_factor=1.0, steps_per_epoch=11,
+                validation_steps=2, steps_per_execution=11, warmup_steps=0, total_steps=330,
+                monitor="val_accuracy")  # fmt: skip
 
 
 def drive(reporter):
