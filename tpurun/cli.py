@@ -1,4 +1,6 @@
-"""The ``tpurun`` command. The only module that prints to the user or chooses an exit code.
+"""The ``tpurun`` command: it parses the arguments, calls one library function, hands the result to
+:mod:`tpurun.reports` (training's own output is :mod:`tpurun.console`), and is the only module that
+chooses an exit code.
 
 Exit codes: 0 success; 2 a user error (config, data, usage, an environment that cannot run the
 config), one short paragraph and no traceback; 1 anything unexpected, with the traceback written to
@@ -8,7 +10,6 @@ a file whose path is printed.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 import tempfile
@@ -205,6 +206,7 @@ def config_command(
 ) -> None:
     """Print the resolved config with its derived values (replicas, batch, LR, steps), without training."""
     with _exit_codes():
+        from tpurun import reports
         from tpurun.config import load_config
 
         cfg = load_config(config, set_ or [])
@@ -214,12 +216,7 @@ def config_command(
             from tpurun.prepare import prepare_here
 
             data = prepare_here(cfg).effective()
-    if as_json:
-        typer.echo(json.dumps(data, indent=2))
-    else:
-        import yaml
-
-        typer.echo(yaml.safe_dump(data, sort_keys=False), nl=False)
+        reports.show_config(data, as_json=as_json)
 
 
 @app.command()
@@ -236,38 +233,14 @@ def doctor(
 ) -> None:
     """Say whether this machine can train CONFIG, and what to fix. Exit 1 if a check fails."""
     with _exit_codes():
-        from tpurun.console import want_plain
-        from tpurun.doctor import exit_code, report, run_checks
+        from tpurun import reports
+        from tpurun.doctor import exit_code, run_checks
 
-        plain = want_plain(plain)
         if not as_json:
-            typer.echo("running checks (about 10 s; none can hang)...", err=True)
+            reports.note("running checks (about 10 s; none can hang)...")
         checks = run_checks(str(config) if config else None, overrides=set_ or [])
-    code = exit_code(checks)
-    if as_json:
-        typer.echo(json.dumps(report(checks), indent=2))
-        raise typer.Exit(code=code)
-    if plain:
-        width = max(len(c.name) for c in checks)
-        for c in checks:
-            typer.echo(f"{c.status:<5} {c.name:<{width}}  {c.finding}  ({c.seconds:.1f}s)")
-            if c.fix and c.status != "ok":
-                typer.echo(f"{'':<5} {'':<{width}}  fix: {c.fix}")
-    else:
-        from rich.console import Console
-        from rich.table import Table
-
-        styles = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
-        table = Table(show_header=True, header_style="bold", box=None)
-        for column in ("status", "check", "finding", "s"):
-            table.add_column(column)
-        for c in checks:
-            finding = (
-                c.finding if not (c.fix and c.status != "ok") else f"{c.finding}\nfix: {c.fix}"
-            )
-            table.add_row(f"[{styles[c.status]}]{c.status}[/]", c.name, finding, f"{c.seconds:.1f}")
-        Console().print(table)
-    raise typer.Exit(code=code)
+        reports.show_checks(checks, as_json=as_json, plain=plain)
+    raise typer.Exit(code=exit_code(checks))
 
 
 data_app = typer.Typer(
@@ -277,28 +250,6 @@ data_app = typer.Typer(
     rich_markup_mode=None,
 )
 app.add_typer(data_app)
-
-
-def _print_rows(rows: list[tuple[str, str]], title: str | None = None) -> None:
-    """A two-column listing: a Rich table on a terminal, aligned plain text elsewhere."""
-    from tpurun.console import want_plain
-
-    if want_plain():
-        if title:
-            typer.echo(title)
-        width = max((len(k) for k, _ in rows), default=0)
-        for key, value in rows:
-            typer.echo(f"  {key.ljust(width)}  {value}")
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title, show_header=False, box=None, pad_edge=False)
-    table.add_column(style="bold")
-    table.add_column()
-    for key, value in rows:
-        table.add_row(key, value)
-    Console().print(table)
 
 
 @data_app.command("bench")
@@ -315,35 +266,14 @@ def data_bench(
 ) -> None:
     """Measure the configured training input pipeline alone: is the input the bottleneck?"""
     with _exit_codes():
+        from tpurun import reports
         from tpurun.config import load_config
 
         cfg = load_config(config, set_ or [])
         from tpurun.data.bench import bench
 
         result = bench(cfg, steps=steps, warmup=warmup)
-    if as_json:
-        typer.echo(json.dumps(result, indent=2))
-        return
-    _print_rows(
-        [
-            ("examples/s", f"{result['examples_per_sec']:,.0f}"),
-            (
-                "batches/s",
-                f"{result['batches_per_sec']:,.1f}  (global batch {result['global_batch_size']})",
-            ),
-            (
-                "MB/s",
-                f"{result['mb_per_sec']:,.1f}  ({result['bytes_per_record']:,.0f} bytes/record as stored)",
-            ),
-            (
-                "timed",
-                f"{result['steps']} batches in {result['seconds']:.2f}s after {result['warmup_steps']} warm-up",
-            ),
-            ("CPU cores", str(result["cpu_cores"])),
-            ("files", f"{result['train_files']} ({result['train_records']:,} records)"),
-        ],
-        title=f"input pipeline: {config}",
-    )
+        reports.show_bench(result, str(config), as_json=as_json)
 
 
 @data_app.command("write")
@@ -407,8 +337,10 @@ def data_write(
 
     if compression not in ("none", "gzip"):
         raise _fail(TpurunError(f"--compression: expected none or gzip, got {compression!r}."))
-    progress = TaskProgress("writing", "records", plain=want_plain(plain) or as_json)
+    plain = want_plain(plain)
+    progress = TaskProgress("writing", "records", plain=plain or as_json)
     with _exit_codes(interrupted="interrupted: nothing was left half-written"):
+        from tpurun import reports
         from tpurun.process import import_tensorflow
 
         import_tensorflow()  # first: without its start-up notices
@@ -420,25 +352,7 @@ def data_write(
                 compression=compression, validation_fraction=validation_fraction, seed=seed,
                 image_size=image_size, chunk_records=chunk_records, progress=progress,
             )  # fmt: skip
-    if as_json:
-        typer.echo(json.dumps(report.to_dict(), indent=2))
-        return
-    rows = []
-    for split, shards in report.splits.items():
-        records = sum(n for _, n, _ in shards)
-        size = sum(b for _, _, b in shards)
-        rows.append((split, f"{len(shards)} shards · {records:,} records · {size / 1e6:,.1f} MB"))
-    rows.append(("features", ", ".join(f"{k} ({v['type']})" for k, v in report.features.items())))
-    if report.class_names:
-        rows.append(("classes", ", ".join(report.class_names)))
-    rows.append(("schema", report.schema_path))
-    rows.append(
-        (
-            "time",
-            f"{report.seconds:.1f}s ({report.records / max(report.seconds, 1e-9):,.0f} records/s)",
-        )
-    )
-    _print_rows(rows, title=f"wrote {report.records:,} records from {source}")
+        reports.show_written(report, source, as_json=as_json, plain=plain)
 
 
 @data_app.command("inspect")
@@ -458,46 +372,18 @@ def data_inspect(
     """List files, bytes and records, infer the features, and print a ready-to-paste features: block."""
     from tpurun.console import TaskProgress, want_plain
 
-    progress = TaskProgress("counting records", "files", plain=want_plain(plain) or as_json)
+    plain = want_plain(plain)
+    progress = TaskProgress("counting records", "files", plain=plain or as_json)
     with _exit_codes():
+        from tpurun import reports
         from tpurun.process import import_tensorflow
 
         import_tensorflow()  # first: without its start-up notices
-        from tpurun.data.inspect import format_bytes, inspect
+        from tpurun.data.inspect import inspect
 
         with progress:
             report = inspect(globs, sample=sample, progress=progress)
-    if as_json:
-        typer.echo(json.dumps(report.to_dict(), indent=2))
-        return
-    source = f"from {report.schema_path}" if report.counts_from == "schema" else "counted"
-    rows = [
-        ("files", f"{len(report.files)} · {format_bytes(report.total_bytes)} · "
-                  f"{report.total_records:,} records ({source})"),
-        ("compression", report.compression),
-    ]  # fmt: skip
-    if report.class_names:
-        rows.append(("classes", ", ".join(report.class_names)))
-    for info in report.files[:10]:
-        rows.append(("", f"{info.path}  {format_bytes(info.bytes)}  {info.records:,} records"))
-    if len(report.files) > 10:
-        rows.append(("", f"... {len(report.files) - 10} more"))
-    _print_rows(rows, title=f"dataset: {' '.join(globs)}")
-    typer.echo(
-        f"\nfeatures (from {report.sampled_records} sampled records; largest "
-        f"{format_bytes(report.largest_sampled_record)}):"
-    )
-    for feature in report.features:
-        spec = feature.spec or {}
-        described = " ".join(str(v) for k, v in spec.items() if k not in ("key",)) or feature.stored
-        notes = "".join(f"  · {note}" for note in feature.notes)
-        typer.echo(f"  {feature.name:<16} {described}{notes}")
-    typer.echo("\npaste into data: in the config")
-    typer.echo(report.features_yaml.rstrip())
-    if report.advice:
-        typer.echo("\nadvice:")
-        for line in report.advice:
-            typer.echo(f"  - {line}")
+        reports.show_inspected(report, globs, as_json=as_json, plain=plain)
 
 
 def main() -> None:
