@@ -31,6 +31,22 @@ def test_help_and_version():
     assert result.exit_code == 0 and result.output.strip() == "tpurun 0.1.0"
 
 
+def test_every_exit_code_is_in_the_readme_table_and_the_cli_docstring():
+    """One table, one column per kind of command: doctor's 1 (a check failed) is documented."""
+    import tpurun.cli
+    from tpurun import errors
+
+    codes = {0} | {v for k, v in vars(errors).items() if k.startswith("EXIT_")}
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("### Exit codes") :].split("\n\n")[2]
+    rows = [line.split(" | ") for line in table.splitlines()[2:]]
+    assert {int(row[0].strip("| ")) for row in rows} == codes == {0, 1, 2, 3, 130}
+    assert table.splitlines()[0] == "| code | `train`, `config`, `data ...` | `doctor` |"
+    assert "a check failed" in dict((int(r[0].strip("| ")), r[2]) for r in rows)[1]
+    for code in codes:
+        assert f" {code} " in tpurun.cli.__doc__.replace("\n", " "), code
+
+
 def test_help_imports_no_framework():
     code = (
         "import sys; sys.argv = ['tpurun', '--help'];\n"

@@ -2,9 +2,11 @@
 :mod:`tpurun.reports` (training's own output is :mod:`tpurun.console`), and is the only module that
 chooses an exit code.
 
-Exit codes: 0 success; 2 a user error (config, data, usage, an environment that cannot run the
-config), one short paragraph and no traceback; 1 anything unexpected, with the traceback written to
-a file whose path is printed.
+Exit codes (the README's table): 0 success; 1 anything unexpected, with the traceback written to a
+file whose path is printed (for ``doctor``: a check failed); 2 a user error (config, data, usage, an
+environment that cannot run the config), one short paragraph and no traceback; 3 ``train`` stopped by
+SIGTERM or SIGINT, its checkpoint saved, so rerunning continues; 130 a second signal (stop at once),
+or Ctrl-C in the other commands.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import typer
 
 from tpurun import __version__
 from tpurun.errors import (
+    EXIT_AT_ONCE,
     EXIT_UNEXPECTED,
     EXIT_USER_ERROR,
     EnvironmentSetupError,
@@ -128,7 +131,7 @@ def _exit_codes(interrupted: str = "interrupted"):
         raise _fail(exc) from None
     except KeyboardInterrupt:
         typer.echo(interrupted, err=True)
-        raise typer.Exit(code=130) from None
+        raise typer.Exit(code=EXIT_AT_ONCE) from None
     except Exception as exc:
         broken = _broken_framework(exc)
         if broken is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 EXIT_UNEXPECTED = 1
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 3
+EXIT_AT_ONCE = 130  # a second signal: stop without saving (the shell's code for SIGINT)
 
 
 class TpurunError(Exception):
