@@ -379,23 +379,20 @@ def test_model_check_for_an_accelerator_runs_in_a_cpu_child(tmp_path):
 def test_resume_check_says_where_train_continues_or_why_it_would_refuse(toy_data, tmp_path):
     import tpurun
     from tpurun.config import load_config
-    from tpurun.runner import prepare
+    from tpurun.prepare import prepare_here as prepare
 
     config = toy_config(toy_data, tmp_path / "out", train={"epochs": 1})
     fresh = load_config(config)
-    prepared = prepare(fresh)
-    check = cc.check_resume(fresh, prepared.plan, prepared.data)
+    check = cc.check_resume(fresh, prepare(fresh))
     assert check.status == "ok" and "training starts at epoch 1" in check.finding
     tpurun.train(config, verbose=False)
 
     config["train"]["epochs"] = 3
     cfg = load_config(config)
-    prepared = prepare(cfg)
-    check = cc.check_resume(cfg, prepared.plan, prepared.data)
+    check = cc.check_resume(cfg, prepare(cfg))
     assert check.status == "ok" and check.finding.startswith("train will be resuming at epoch 2")
     config["model"]["kwargs"] = {"units": 4}
     cfg = load_config(config)
-    prepared = prepare(cfg)
-    check = cc.check_resume(cfg, prepared.plan, prepared.data)
+    check = cc.check_resume(cfg, prepare(cfg))
     assert check.status == "fail" and "model.kwargs.units: unset -> 4" in check.finding
     assert "--restart" in check.fix

@@ -19,6 +19,7 @@ import yaml
 from conftest import ROOT, toy_config, write_toy_data
 
 from tpurun import resume as resume_lib
+from tpurun.rundir import RunDir
 
 pytestmark = pytest.mark.slow
 
@@ -90,7 +91,7 @@ def test_sigkill_at_random_points_then_finish(longer):
         else:  # at a random instant after this session's first new save
             before = positions[-1] if positions else None
             while proc.poll() is None:
-                point = resume_lib.latest(run_dir / "checkpoints")
+                point = resume_lib.latest(RunDir(str(run_dir)))
                 if point is not None and point.position != before:
                     break
                 time.sleep(0.02)
@@ -99,10 +100,10 @@ def test_sigkill_at_random_points_then_finish(longer):
             break  # it finished before this kill
         proc.kill()
         proc.wait()
-        point = resume_lib.latest(run_dir / "checkpoints")
+        point = resume_lib.latest(RunDir(str(run_dir)))
         positions.append(point.position if point else None)
         if point:  # after any kill, the resume point is complete and loads
-            assert point.weights.exists() and point.state["weights"] == point.weights.name
+            assert Path(point.weights).exists() and point.state["weights"] == Path(point.weights).name
     finish(path)
     summary = check_finished(run_dir, 3, reference)
     kills = [p for p in positions if p is not None]
@@ -140,7 +141,7 @@ main()
     killed = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True,
                             cwd=ROOT, env=clean_env(), timeout=600)  # fmt: skip
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    point = resume_lib.latest(run_dir / "checkpoints")
+    point = resume_lib.latest(RunDir(str(run_dir)))
     assert point is not None  # the previous (4th) resume point is whole
     assert point.position == (0, 16)  # saves at steps 4, 8, 12, 16; the 5th (20) was torn
     import h5py
@@ -165,7 +166,7 @@ def test_sigterm_mid_epoch_on_tensorflow_resumes_at_the_step(tmp_path):
     run_dir = tmp_path / "runs" / "tf-stopped"
     proc = subprocess.Popen([EXE, "train", str(path)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=ROOT, env=clean_env())  # fmt: skip
-    while resume_lib.latest(run_dir / "checkpoints") is None and proc.poll() is None:
+    while resume_lib.latest(RunDir(str(run_dir))) is None and proc.poll() is None:
         time.sleep(0.02)  # training is under way once the first mid-epoch save is there
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
@@ -193,7 +194,7 @@ def test_a_second_sigint_exits_at_once_and_keeps_the_last_checkpoint(tmp_path):
     assert "Traceback" not in done.stderr
     run_dir = tmp_path / "runs" / "twice"
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
-    point = resume_lib.latest(run_dir / "checkpoints")
+    point = resume_lib.latest(RunDir(str(run_dir)))
     assert point is not None and point.position == (1, 0)  # epoch 1's end: nothing lost
     finish(path)
     assert epochs_in_log(run_dir) == ["0", "1", "2"]

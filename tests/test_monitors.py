@@ -8,7 +8,8 @@ import json
 
 import keras
 import pytest
-from conftest import FACTORIES, toy_config
+import yaml
+from conftest import FACTORIES, run_cli, toy_config
 
 import tpurun
 from tpurun.callbacks import logged_metrics, monitor_mode
@@ -120,3 +121,16 @@ def test_an_unknown_direction_asks_for_mode(toy_data, tmp_path):
         tpurun.train(config, verbose=False)
     config["callbacks"]["checkpoint"]["mode"] = "max"
     assert tpurun.train(config, verbose=False)["status"] == "completed"
+
+
+def test_doctor_reports_a_monitor_typo_before_any_training(toy_data, tmp_path):
+    config = toy_config(
+        toy_data, tmp_path / "runs", callbacks={"checkpoint": {"monitor": "val_acuracy"}}
+    )
+    path = tmp_path / "toy.yaml"
+    path.write_text(yaml.safe_dump(config))
+    done = run_cli("doctor", str(path), "--json", timeout=300)
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+    assert checks["model"]["status"] == "fail", checks["model"]
+    assert "did you mean 'val_accuracy'?" in checks["model"]["finding"]
+    assert done.returncode == 1

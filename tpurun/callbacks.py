@@ -272,9 +272,23 @@ def monitor_mode(metrics: Mapping[str, Any], monitor: str, mode: str) -> str | N
     return {"up": "max", "down": "min"}.get(direction)
 
 
-def check_monitors(model: Any, config: Config, control: RunControl, stateful: list) -> None:
-    """Check every monitor against the metrics the compiled model will log, and settle each
-    ``mode: auto``, before the first step: a typo found after epoch 1 costs an epoch.
+def _monitors(config: Config) -> dict[str, tuple[str, str]]:
+    """``{callbacks section: (monitor, mode)}`` for the sections that watch a metric."""
+    cb = config.callbacks
+    out = {}
+    if cb.checkpoint is not None:
+        out["checkpoint"] = (resolve_monitor(config, cb.checkpoint.monitor), cb.checkpoint.mode)
+    for key in ("early_stopping", "reduce_lr_on_plateau"):
+        section = getattr(cb, key)
+        if section is not None:
+            out[key] = (resolve_monitor(config, section.monitor), section.mode)
+    return out
+
+
+def resolve_monitors(model: Any, config: Config) -> dict[str, str]:
+    """Check every monitor against the metrics the compiled (and built) model will log, and settle
+    each ``mode: auto``: ``{callbacks section: "min" | "max"}``. ``train`` calls it before the first
+    step (a typo found after epoch 1 costs an epoch), ``doctor`` after its model step.
 
     Raises:
         ConfigError: a monitor that will never be logged (with "did you mean", or naming the
@@ -283,17 +297,8 @@ def check_monitors(model: Any, config: Config, control: RunControl, stateful: li
     metrics = logged_metrics(model)
     has_validation = bool(config.data.validation)
     logged = [*metrics, *(f"val_{m}" for m in metrics if has_validation)]
-    cb = config.callbacks
-    ck = control.checkpointer
-    sections: list[tuple[str, str, str, Any]] = []  # (key, monitor, mode, target)
-    if ck.save_best:
-        sections.append(("checkpoint", ck.monitor, cb.checkpoint.mode, ck))
-    for callback in stateful:
-        key = "early_stopping" if isinstance(callback, EarlyStopping) else "reduce_lr_on_plateau"
-        section = getattr(cb, key)
-        sections.append((key, resolve_monitor(config, section.monitor), section.mode, callback))
-    problems = []
-    for key, monitor, mode, target in sections:
+    problems, modes = [], {}
+    for key, (monitor, mode) in _monitors(config).items():
         where = f"callbacks.{key}.monitor: '{monitor}'"
         if monitor not in logged:
             if monitor.startswith("val_") and not has_validation and monitor[4:] in metrics:
@@ -306,16 +311,26 @@ def check_monitors(model: Any, config: Config, control: RunControl, stateful: li
             hint = f"did you mean '{close[0]}'?" if close else f"the model logs {', '.join(logged)}"
             problems.append(f"{where} is not a metric this model logs; {hint}")
             continue
-        resolved = monitor_mode(metrics, monitor, mode)
-        if resolved is None:
+        modes[key] = monitor_mode(metrics, monitor, mode)
+        if modes[key] is None:
             problems.append(
                 f"callbacks.{key}.mode: auto cannot tell whether '{monitor}' improves up or down "
                 "(its metric does not say); set mode: max or mode: min"
             )
-            continue
-        target.mode = resolved  # Keras' callbacks read it at their first epoch end
     if problems:
         raise ConfigError(problems)
+    return modes
+
+
+def apply_monitor_modes(modes: Mapping[str, str], control: RunControl) -> None:
+    """Give the checkpoint and the stateful callbacks their settled direction (Keras' own read it
+    at their first epoch end)."""
+    checkpointer = control.checkpointer
+    if checkpointer.save_best:
+        checkpointer.mode = modes["checkpoint"]
+    for callback in checkpointer.stateful.values():
+        key = "early_stopping" if isinstance(callback, EarlyStopping) else "reduce_lr_on_plateau"
+        callback.mode = modes[key]
 
 
 def build_callbacks(
@@ -352,7 +367,7 @@ def build_callbacks(
         run,
         steps_per_epoch=plan.steps_per_epoch,
         monitor=plan.monitor,
-        mode=None,  # settled by check_monitors from the compiled model
+        mode=None,  # settled by resolve_monitors from the compiled model
         save_best=ck is not None,
         save_best_only=ck.save_best_only if ck else True,
         filename=ck.filename if ck else None,

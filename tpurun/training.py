@@ -104,7 +104,6 @@ def train(job: TrainJob) -> TrainResult:
         config, plan, run, reporter, stop, job.identity
     )
     checkpoint = control.checkpointer
-    stateful = list(checkpoint.stateful.values())
 
     def sample():
         return next(iter(train_data(0, 0).take(1)))[0]
@@ -123,7 +122,7 @@ def train(job: TrainJob) -> TrainResult:
     def on_train_begin(logs=None) -> None:
         # Keras has built the model and its metrics against the data by now (symbolic build): the
         # monitors can be checked, and the run's first writes made.
-        cbs.check_monitors(model, config, control, stateful)
+        cbs.apply_monitor_modes(cbs.resolve_monitors(model, config), control)
         if log is not None and point is not None:
             run.carry_log(point.run, log)
         if log is not None:  # rows past the resume point are redone; none at all on a fresh run

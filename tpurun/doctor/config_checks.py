@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tpurun.doctor import Check, timed
-from tpurun.errors import TpurunError
+from tpurun.errors import ConfigError, TpurunError
 from tpurun.runtime import KERAS_19246, Machine
 
 BYTES_PER_PARAM = 4  # float32 weights in a checkpoint
@@ -145,6 +145,11 @@ def check_model(prepared: Any, runtime: Any) -> tuple[Check, int | None]:
                 "match the model's inputs/outputs to data.inputs / data.targets",
             ), None
         step = time.monotonic() - started
+        from tpurun.callbacks import resolve_monitors
+
+        resolve_monitors(model, cfg)  # the same check train makes before its first step
+    except ConfigError as exc:
+        return Check("model", "fail", exc.message, "fix the callbacks' monitor or mode"), None
     except TpurunError as exc:
         return Check("model", "fail", exc.message, "fix the model section"), None
     finally:
