@@ -109,19 +109,23 @@ def test_csv_glob_infers_int_float_and_string_columns(tmp_path):
     (tmp_path / "a.csv").write_text(header + "0,1.5,Oslo,3\n1,-2,Lima,\n2,3e2,Rome,4\n")
     (tmp_path / "b.csv").write_text(header + '3,0.25,"Kyiv, UA",5\n\n4,7,10,6\n')
 
-    report = write_dataset(str(tmp_path / "*.csv"), str(tmp_path / "out" / "c"), chunk_records=2)
+    with pytest.raises(DataError, match=r"missing values .* in 1 column\(s\): 'ratio' \(1 row\)"):
+        write_dataset(str(tmp_path / "*.csv"), str(tmp_path / "out" / "c"))
+    report = write_dataset(
+        str(tmp_path / "*.csv"), str(tmp_path / "out" / "c"), chunk_records=2, fill_missing=-1
+    )
 
     assert report.features == {
         "id": {"type": "int64", "shape": []},
         "score": {"type": "float", "shape": []},
         "city": {"type": "bytes", "shape": []},
-        "ratio": {"type": "float", "shape": []},  # an empty cell: float, read as NaN
+        "ratio": {"type": "int64", "shape": []},  # an integer fill keeps integers
     }
     got = by_id(read_back(report))
     assert got["id"].tolist() == [0, 1, 2, 3, 4]
     assert got["score"].tolist() == [1.5, -2.0, 300.0, 0.25, 7.0]
     assert got["city"].tolist() == [b"Oslo", b"Lima", b"Rome", b"Kyiv, UA", b"10"]
-    assert np.isnan(got["ratio"][1]) and got["ratio"][[0, 2, 3, 4]].tolist() == [3, 4, 5, 6]
+    assert got["ratio"].tolist() == [3, -1, 4, 5, 6]
 
 
 def make_image_folder(root) -> None:
@@ -265,7 +269,7 @@ def test_a_prefix_without_folder_writes_in_the_working_folder(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     np.save("id.npy", np.arange(16))
     write_dataset("id.npy", "d", shard_multiple=16)
-    report = write_dataset("id.npy", "d")
+    report = write_dataset("id.npy", "d", overwrite=True)
     assert [path for path, _, _ in report.splits["all"]][:1] == ["d-00000-of-00008.tfrecord"]
     assert tfrecords(tmp_path) == [f"d-{i:05d}-of-00008.tfrecord" for i in range(8)]
     assert by_id(read_back(report))["id"].tolist() == list(range(16))
@@ -333,7 +337,9 @@ def test_remote_ram_output(tmp_path):
     np.save(tmp_path / "id.npy", np.arange(40))
     prefix = f"ram://tpurun-write-{tmp_path.name}/sub/d"
     write_dataset(str(tmp_path / "id.npy"), prefix)  # the second write replaces the first
-    report = write_dataset(str(tmp_path / "id.npy"), prefix, validation_fraction=0.25)
+    report = write_dataset(
+        str(tmp_path / "id.npy"), prefix, validation_fraction=0.25, overwrite=True
+    )
 
     listed = tf.io.gfile.listdir(f"ram://tpurun-write-{tmp_path.name}/sub")
     assert sorted(listed) == [
@@ -393,7 +399,7 @@ def test_an_interrupted_write_leaves_the_previous_dataset_intact(tmp_path, how):
 
     with pytest.raises(RuntimeError if how == "source error" else KeyboardInterrupt):
         if how == "source error":
-            write_dataset(FailingSource(), str(out / "d"), chunk_records=10)
+            write_dataset(FailingSource(), str(out / "d"), chunk_records=10, overwrite=True)
         else:
             write_dataset(
                 str(tmp_path / "id.npy"),
@@ -401,6 +407,7 @@ def test_an_interrupted_write_leaves_the_previous_dataset_intact(tmp_path, how):
                 validation_fraction=0.5,
                 chunk_records=10,
                 progress=interrupt_after_first_chunk,
+                overwrite=True,
             )
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no partial file either
 
@@ -421,7 +428,9 @@ def test_a_new_write_replaces_old_shards_and_stale_partial_files(tmp_path):
     (out / ".d-00003-of-00008.tfrecord.partial").write_bytes(b"left by a killed write")
     (out / "d2-00000-of-00001.tfrecord").write_bytes(b"another prefix: kept")
 
-    report = write_dataset(str(tmp_path / "id.npy"), str(out / "d"), validation_fraction=0.25)
+    report = write_dataset(
+        str(tmp_path / "id.npy"), str(out / "d"), validation_fraction=0.25, overwrite=True
+    )
 
     names = sorted(p.name for p in out.iterdir())
     assert names == sorted(

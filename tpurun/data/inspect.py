@@ -4,12 +4,14 @@ Record counts come from the schema file written beside the shards when it lists 
 from reading the files once (cached: see :mod:`tpurun.data.records`). Features are
 inferred from the first records: how a key is stored (list kind, number of values) is a fact; a raw
 tensor's dtype and shape are guesses from its byte length and values, and say so. Keys the schema
-describes take its entry, since the writer knew the dtype.
+describes take its entry, since the writer knew the dtype, and its order (the source's columns);
+without a schema, numbered keys come in number order (f2 before f10).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -108,7 +110,7 @@ def inspect(
     features = _infer([example for example, _ in samples])
     schema_path, schema = schemas.get(paths[0]) or next(iter(schemas.values()), (None, None))
     if schema:
-        _apply_schema(features, schema.get("features") or {})
+        features = _apply_schema(features, schema.get("features") or {})
     largest = max((size for _, size in samples), default=0)
     return InspectReport(
         files=files,
@@ -163,7 +165,8 @@ def _read_samples(paths: Sequence[str], compression: str, sample: int) -> list[t
 # ---------------------------------------------------------------------------------- inference
 def _infer(examples: Sequence[Any]) -> list[FeatureInfo]:
     infos = []
-    for key in sorted({key for example in examples for key in example.features.feature}):
+    keys = {key for example in examples for key in example.features.feature}
+    for key in sorted(keys, key=_natural):
         present = [ex.features.feature[key] for ex in examples if key in ex.features.feature]
         kinds = sorted({f.WhichOneof("kind") for f in present} - {None})
         if len(kinds) == 1:
@@ -186,6 +189,11 @@ def _infer(examples: Sequence[Any]) -> list[FeatureInfo]:
             )
         infos.append(FeatureInfo(key, key, stored, spec, notes=notes))
     return infos
+
+
+def _natural(key: str) -> list:
+    """Sort key reading digit runs as numbers: f2 before f10, as columns are numbered."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", key)]
 
 
 def _infer_key(kind: str, values: list[list[Any]]) -> tuple[dict | None, list[str]]:
@@ -289,9 +297,17 @@ def _plausible_floats(values: Any) -> bool:
         return nonzero.size == 0 or float(np.mean(nonzero < 1e-20)) < 0.1
 
 
-def _apply_schema(features: list[FeatureInfo], declared: dict[str, dict[str, Any]]) -> None:
-    """Let the schema's entries replace the guesses for the keys it describes."""
+def _apply_schema(
+    features: list[FeatureInfo], declared: dict[str, dict[str, Any]]
+) -> list[FeatureInfo]:
+    """Let the schema's entries replace the guesses for the keys it describes, in its order.
+
+    A record does not keep the order of its keys (``tf.train.Example`` holds them in a map), but
+    the schema keeps the source's column order; keys it does not describe follow.
+    """
     by_key = {spec.get("key") or name: (name, spec) for name, spec in declared.items()}
+    order = {key: i for i, key in enumerate(by_key)}
+    features = sorted(features, key=lambda info: order.get(info.key, len(order)))
     for info in features:
         if info.spec is None or info.key not in by_key:
             continue  # tpurun cannot read what the records hold, whatever the schema says
@@ -302,6 +318,7 @@ def _apply_schema(features: list[FeatureInfo], declared: dict[str, dict[str, Any
         if info.spec["type"] != "image":  # image size notes still hold; raw guesses do not
             info.notes = []
         info.name, info.spec, info.source = name, dict(spec), "schema"
+    return features
 
 
 # --------------------------------------------------------------------------------- rendering

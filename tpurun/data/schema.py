@@ -17,12 +17,17 @@ Layout (``version`` 1)::
       "splits": {"train": {"records": 9000, "shards": {"x-train-00000-of-00008.tfrecord": 1125, ...},
                            "shard_bytes": {"x-train-00000-of-00008.tfrecord": 1712330, ...}},
                  "validation": {...}},           # a dataset written without a split has one "all"
-      "source": "flowers/", "created": "2026-11-22T05:50:00Z"
+      "source": "flowers/", "created": "2026-11-22T05:50:00Z",
+      "label": "species",                        # CSV only, each key when it applies:
+      "packed": {"x": ["f0", "f1", "f2"]},       #   the columns of each packed vector, in order
+      "fill_missing": {"f1": 0.25}               #   the value written for a column's empty cells
     }
 
 Shard names are relative to the schema file's folder. Feature entries use the config's own keys,
-so they can be pasted into ``data.features`` as they are. ``shard_bytes`` (each shard's size, a
-cheap check for truncated copies) is absent from schema files written before it existed.
+so they can be pasted into ``data.features`` as they are, in the source's column order.
+``class_names`` come from an image folder's class folders or a CSV's text label. ``shard_bytes``
+(each shard's size, a cheap check for truncated copies) is absent from schema files written before
+it existed.
 """
 
 from __future__ import annotations
@@ -62,12 +67,14 @@ def make(
     class_names: list[str] | None = None,
     source: str | None = None,
     shard_bytes: Mapping[str, Mapping[str, int]] | None = None,
+    layout: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build a schema dict.
 
     Args:
         splits: maps a split name to ``{shard basename: record count}``.
         shard_bytes: the same, with each shard's size in bytes, when known.
+        layout: how a CSV's columns became features (``label``, ``packed``, ``fill_missing``).
     """
     made = {
         split: {"records": sum(shards.values()), "shards": dict(shards)}
@@ -84,6 +91,7 @@ def make(
         "splits": made,
         "source": source,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **(layout or {}),
     }
 
 

@@ -5,27 +5,29 @@ the first record is read, and yields records a chunk at a time, as ``{feature: c
 column is a numpy array or a list of bytes that ``write.example_bytes`` accepts row by row. Only
 one chunk is held in memory, so a source larger than RAM can be written.
 
-Sources are local files; copy a remote one here first (``gsutil -m cp -r``).
+Sources are local files; copy a remote one here first (``gsutil -m cp -r``). CSV files have their
+own module, ``tabular``, for their options (label, packed columns, missing values).
 """
 
 from __future__ import annotations
 
-import csv
 import glob
 import math
 import os
-import re
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 import numpy as np
 
 from tpurun.config import RawDType
 from tpurun.data.features import image_format
 from tpurun.errors import DataError
+
+if TYPE_CHECKING:
+    from tpurun.data.tabular import TableOptions
 
 ACCEPTED = (
     "a .npz file, a .npy file, a folder of .npy files, CSV files with a header row (a path or a "
@@ -45,7 +47,9 @@ class Source:
         records: how many records ``chunks`` yields in total.
         features: ``{name: feature spec}`` in the config's form, e.g. ``{"type": "float"}``.
         nbytes: the estimated size of all records once serialized, to size the shards.
-        class_names: the class of each label value, for image folders.
+        class_names: the class of each label value (image folders, a CSV's text label).
+        layout: what the schema file should also say of how records were made from the source
+            (a CSV's label, packed columns and fills); ``{}`` for most sources.
     """
 
     path: str
@@ -53,24 +57,33 @@ class Source:
     features: dict[str, dict[str, Any]]
     nbytes: int
     class_names: list[str] | None = None
+    layout: dict[str, Any] = {}  # read only here; a source that fills it sets its own
 
     def chunks(self, size: int) -> Iterator[dict[str, Any]]:
         """Yield ``{feature: column}`` dicts of at most ``size`` records each, in order."""
         raise NotImplementedError
 
 
-def open_source(path: str, *, image_size: tuple[int, int] | None = None, seed: int = 0) -> Source:
+def open_source(
+    path: str,
+    *,
+    image_size: tuple[int, int] | None = None,
+    seed: int = 0,
+    table: TableOptions | None = None,
+) -> Source:
     """Recognize what ``path`` is and open it as a source.
 
     Args:
         path: a .npz or .npy file, a folder of .npy files, a CSV file or glob, or an image folder.
         image_size: for image folders, re-encode every image at this ``(height, width)``.
         seed: for image folders, the seed of the shuffled file order.
+        table: for CSV files, the label, packed columns and missing-value fill.
 
     Raises:
-        DataError: the path is missing, empty, or none of the accepted kinds.
+        DataError: the path is missing, empty, or none of the accepted kinds, or an option does
+            not apply to its kind.
     """
-    source = _open(str(path), image_size, seed)
+    source = _open(str(path), image_size, seed, table)
     if image_size is not None and not isinstance(source, ImageFolderSource):
         raise DataError(
             f"{path}: image_size={tuple(image_size)} resizes images, but this source holds "
@@ -79,7 +92,16 @@ def open_source(path: str, *, image_size: tuple[int, int] | None = None, seed: i
     return source
 
 
-def _open(path: str, image_size: tuple[int, int] | None, seed: int) -> Source:
+def _open(
+    path: str, image_size: tuple[int, int] | None, seed: int, table: TableOptions | None
+) -> Source:
+    from tpurun.data.tabular import CsvSource
+
+    if table and not (any(c in path for c in "*?[") or path.lower().endswith(".csv")):
+        raise DataError(
+            f"{path}: --label, --pack and --fill-missing apply to CSV files, and this source is "
+            "not one; leave them out."
+        )
     if "://" in path:
         raise DataError(
             f"{path}: sources are read from local files; copy it to this machine first "
@@ -90,7 +112,7 @@ def _open(path: str, image_size: tuple[int, int] | None, seed: int) -> Source:
         if not files:
             raise DataError(f"{path}: no file matches this path; expected {ACCEPTED}.")
         if all(f.lower().endswith(".csv") for f in files):
-            return CsvSource(path, files)
+            return CsvSource(path, files, table)
         others = [f for f in files if not f.lower().endswith(".csv")]
         raise DataError(
             f"{path}: matches {others[0]}, which is not a .csv file; a glob names CSV files."
@@ -253,115 +275,6 @@ class ArraySource(Source):
                 else:
                     chunk[array.name] = np.asarray(block)
             yield chunk
-
-
-# ------------------------------------------------------------------------------------------- CSV
-_INT = re.compile(r"[+-]?\d+")
-_INT64_MAX = 2**63 - 1
-
-
-def _is_int64(text: str) -> bool:
-    return bool(_INT.fullmatch(text)) and abs(int(text)) <= _INT64_MAX
-
-
-def _is_float(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return "_" not in text  # Python accepts 1_000; a CSV writer meant a string
-
-
-class CsvSource(Source):
-    """CSV files with one header row; numeric columns become int64 or float, others bytes.
-
-    A first pass counts the rows and infers each column's type from every value (an empty cell in
-    a numeric column makes it float, read as NaN); the second pass yields the records. Neither
-    holds more than one chunk of rows.
-    """
-
-    def __init__(self, path: str, files: list[str]):
-        self.path, self._files = path, files
-        self.nbytes = sum(os.path.getsize(f) for f in files)
-        self._header: list[str] = []
-        self.records, self._kinds = self._scan()
-        types = {"int": "int64", "float": "float", "bytes": "bytes"}
-        self.features = {name: {"type": types[k], "shape": []} for name, k in self._kinds.items()}
-
-    def _rows(self) -> Iterator[list[str]]:
-        """Every data row of every file, checking the headers and the number of values."""
-        for file in self._files:
-            with open(file, newline="", encoding="utf-8-sig") as f:
-                reader = csv.reader(f)
-                names = [name.strip() for name in next(reader, [])]
-                if not names or not all(names) or len(set(names)) != len(names):
-                    raise DataError(
-                        f"{file}: the first row must be a header of distinct, non-empty column "
-                        f"names; found {names or 'an empty file'}."
-                    )
-                self._header = self._header or names
-                if names != self._header:
-                    raise DataError(
-                        f"{file}: its header {names} differs from {self._files[0]}'s "
-                        f"{self._header}; every file of a CSV glob needs the same columns."
-                    )
-                for cells in reader:
-                    if cells and len(cells) != len(names):  # [] is a blank line: skipped
-                        raise DataError(
-                            f"{file}:{reader.line_num}: {len(cells)} values, but the header has "
-                            f"{len(names)} columns; quote values that contain commas."
-                        )
-                    if cells:
-                        yield cells
-
-    def _scan(self) -> tuple[int, dict[str, str]]:
-        kinds: list[str] = []  # per column: "int", then "float", then "bytes" as values demand
-        seen: list[bool] = []
-        empty: list[bool] = []
-        records = 0
-        for cells in self._rows():
-            if not records:
-                n = len(cells)
-                kinds, seen, empty = ["int"] * n, [False] * n, [False] * n
-            records += 1
-            for j, cell in enumerate(cells):
-                text = cell.strip()
-                if not text:
-                    empty[j] = True
-                elif kinds[j] != "bytes":
-                    seen[j] = True
-                    if kinds[j] == "float" or not _is_int64(text):
-                        kinds[j] = "float" if _is_float(text) else "bytes"
-        if not records:
-            raise DataError(f"{self.path}: the CSV holds a header but no row.")
-        for j in range(len(kinds)):
-            if not seen[j]:
-                kinds[j] = "bytes"  # no value at all: nothing says it is a number
-            elif empty[j] and kinds[j] == "int":
-                kinds[j] = "float"  # NaN marks the empty cells
-        return records, dict(zip(self._header, kinds, strict=True))
-
-    def chunks(self, size: int) -> Iterator[dict[str, Any]]:
-        columns: list[list[str]] = [[] for _ in self._kinds]
-        for cells in self._rows():
-            for column, cell in zip(columns, cells, strict=True):
-                column.append(cell)
-            if len(columns[0]) == size:
-                yield self._convert(columns)
-                columns = [[] for _ in self._kinds]
-        if columns[0]:
-            yield self._convert(columns)
-
-    def _convert(self, columns: list[list[str]]) -> dict[str, Any]:
-        chunk: dict[str, Any] = {}
-        for (name, kind), cells in zip(self._kinds.items(), columns, strict=True):
-            if kind == "int":
-                chunk[name] = np.array([int(c) for c in cells], np.int64)
-            elif kind == "float":
-                chunk[name] = np.array([float(c) if c.strip() else math.nan for c in cells])
-            else:
-                chunk[name] = [c.encode() for c in cells]
-        return chunk
 
 
 # ---------------------------------------------------------------------------------------- images

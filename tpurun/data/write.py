@@ -1,23 +1,20 @@
 """Writing ``tf.train.Example`` records: ``tpurun data write``, the example data generators, tests.
 
-``write_dataset`` turns a source (arrays, CSV, an image folder: see ``sources``) into TFRecord
-shards and a schema file, holding one chunk of records in memory at a time. A write is all or
-nothing: shards are written under hidden ``.<name>.partial`` names (which no ``*.tfrecord`` glob
-matches), renamed once every shard is complete, and the schema file comes last.
+``write_dataset`` turns a source (arrays, CSV, an image folder: see ``sources`` and ``tabular``)
+into TFRecord shards and a schema file, holding one chunk of records in memory at a time. A write
+is all or nothing (``shards``), and the schema file comes last.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import re
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tpurun.data import schema
+from tpurun.data import schema, shards
 from tpurun.errors import DataError, TpurunError
 
 if TYPE_CHECKING:
@@ -67,7 +64,7 @@ def write_shards(
     import tensorflow as tf
 
     paths = schema.shard_names(prefix, None, num_shards)
-    writers = [tf.io.TFRecordWriter(p, _options(compression)) for p in paths]
+    writers = [tf.io.TFRecordWriter(p, shards.tf_options(compression)) for p in paths]
     try:
         for i, record in enumerate(records):
             writers[i % num_shards].write(example_bytes(record))
@@ -75,12 +72,6 @@ def write_shards(
         for w in writers:
             w.close()
     return paths
-
-
-def _options(compression: str):
-    import tensorflow as tf
-
-    return tf.io.TFRecordOptions(compression_type="GZIP" if compression == "gzip" else "")
 
 
 # ------------------------------------------------------------------------------ tpurun data write
@@ -100,13 +91,15 @@ class WriteReport:
     Attributes:
         schema_path: the schema file, ``<OUT_PREFIX>.schema.json``.
         source: the source as given.
-        features: ``{name: feature spec}``, as a config's ``data.features`` takes them.
-        class_names: the class of each label value (image folders), else None.
+        features: ``{name: feature spec}``, as a config's ``data.features`` takes them, in the
+            source's column order.
+        class_names: the class of each label value (image folders, a CSV's text label), else None.
         splits: ``{split: [(shard path, records, bytes), ...]}``; the split is "all" when the
             records were not split, else "train" and "validation".
         compression: "none" or "gzip".
         records: the records written, in all splits.
         seconds: how long the whole write took.
+        layout: for CSV sources, the label, packed columns and fills (as in the schema file).
     """
 
     schema_path: str
@@ -117,13 +110,14 @@ class WriteReport:
     compression: str
     records: int
     seconds: float
+    layout: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict, for ``--json``."""
         report = asdict(self)
         report["splits"] = {
-            split: [{"path": path, "records": n, "bytes": size} for path, n, size in shards]
-            for split, shards in self.splits.items()
+            split: [{"path": path, "records": n, "bytes": size} for path, n, size in written]
+            for split, written in self.splits.items()
         }
         return report
 
@@ -140,11 +134,16 @@ def write_dataset(
     image_size: tuple[int, int] | None = None,
     chunk_records: int = 4096,
     progress: Callable[[int, int], None] | None = None,
+    label: str | None = None,
+    pack: Mapping[str, Sequence[str] | None] | Sequence[str] | None = None,
+    fill_missing: float | str | None = None,
+    overwrite: bool = False,
 ) -> WriteReport:
     """Write a source as TFRecord shards plus ``<out_prefix>.schema.json``.
 
-    An interrupted write (an error, Ctrl-C) removes its partial files, so the dataset written
-    before under this prefix, if any, stays as it was; a successful one replaces it.
+    A dataset already written under ``out_prefix`` is replaced only with ``overwrite``. An
+    interrupted write (an error, Ctrl-C) removes its partial files, so that dataset, if any, stays
+    as it was.
 
     Args:
         source: a .npz/.npy file, a folder of .npy files, CSV file(s), an image folder (see
@@ -162,17 +161,24 @@ def write_dataset(
             PNG); None keeps the image files' bytes.
         chunk_records: records read and held at a time (fewer when they exceed ``CHUNK_BYTES``).
         progress: called as ``progress(records_done, records_total)`` after each chunk.
+        label: CSV only: the label column; text labels become class indices (see ``tabular``).
+        pack: CSV only: ``{name: columns}`` or ``NAME=COL,COL`` texts: numeric columns packed
+            into one float vector feature each.
+        fill_missing: CSV only: a number or "mean" for empty cells; None makes them an error.
+        overwrite: replace the shards and schema file of a dataset written under this prefix.
 
     Returns:
         What was written, where.
 
     Raises:
-        DataError: the source cannot be read, holds no record, or changed while being read.
+        DataError: the source cannot be read, holds no record, has missing values without a fill,
+            or changed while being read; or ``out_prefix`` holds a dataset and not ``overwrite``.
         TpurunError: an option is out of range.
     """
     import tensorflow as tf
 
     from tpurun.data.sources import open_source
+    from tpurun.data.tabular import table_options
 
     started = time.monotonic()
     _check_options(
@@ -184,8 +190,17 @@ def write_dataset(
         chunk_records,
         image_size,
     )
+    table = table_options(label, pack, fill_missing)
+    folder, base = shards.split_prefix(out_prefix)
+    if not overwrite:
+        shards.refuse_existing(out_prefix, folder, base)
     if isinstance(source, (str, os.PathLike)):
-        source = open_source(os.fspath(source), image_size=image_size, seed=seed)
+        source = open_source(os.fspath(source), image_size=image_size, seed=seed, table=table)
+    elif table:
+        raise TpurunError(
+            "label, pack and fill_missing apply when the source is a CSV path; an opened "
+            "Source lays out its own features."
+        )
     total = source.records
     is_validation = split_mask(total, validation_fraction, seed)
     if is_validation is None:
@@ -197,16 +212,15 @@ def write_dataset(
     for split, records in split_records.items():
         count = shard_count(records, source.nbytes * records / total, shard_mb, shard_multiple)
         paths = schema.shard_names(out_prefix, None if split == "all" else split, count)
-        shard_sets[split] = _ShardSet(paths, balanced_sizes(records, count), compression)
+        shard_sets[split] = shards.ShardSet(paths, balanced_sizes(records, count), compression)
 
-    folder, base = _split_prefix(out_prefix)
     chunk_size = max(1, min(chunk_records, CHUNK_BYTES * total // max(1, source.nbytes)))
     committed = False
     try:
-        _prepare_folder(folder, base)
+        shards.prepare_folder(folder, base)
         _write_records(source, shard_sets, is_validation, chunk_size, progress)
         splits = {split: shard_set.finish() for split, shard_set in shard_sets.items()}
-        _commit(out_prefix, folder, base, list(shard_sets.values()))
+        shards.commit(out_prefix, folder, base, list(shard_sets.values()))
         committed = True
     except tf.errors.OpError as exc:
         raise DataError(f"{out_prefix}: cannot write the shards there: {exc.message}") from None
@@ -215,7 +229,8 @@ def write_dataset(
             for shard_set in shard_sets.values():
                 shard_set.abandon()
     shard_counts = {
-        split: {_basename(path): n for path, n, _ in shards} for split, shards in splits.items()
+        split: {shards.basename(path): n for path, n, _ in written}
+        for split, written in splits.items()
     }
     schema_file = schema.schema_path(out_prefix)
     schema.write(
@@ -227,9 +242,10 @@ def write_dataset(
             class_names=source.class_names,
             source=source.path,
             shard_bytes={
-                split: {_basename(path): size for path, _, size in shards}
-                for split, shards in splits.items()
+                split: {shards.basename(path): size for path, _, size in written}
+                for split, written in splits.items()
             },
+            layout=source.layout,
         ),
     )
     return WriteReport(
@@ -241,6 +257,7 @@ def write_dataset(
         compression=compression,
         records=total,
         seconds=time.monotonic() - started,
+        layout=dict(source.layout),
     )
 
 
@@ -332,120 +349,3 @@ def shard_count(records: int, nbytes: float, shard_mb: float, multiple: int) -> 
 def balanced_sizes(records: int, shards: int) -> list[int]:
     """Records per shard for contiguous ranges whose sizes differ by at most one."""
     return [(k + 1) * records // shards - k * records // shards for k in range(shards)]
-
-
-# --------------------------------------------------------------------------------- shard files
-class _ShardSet:
-    """One split's shards, filled one after another with contiguous ranges of its records.
-
-    Only one file is open at a time, however many shards, and each is first written as a
-    ``.<name>.partial`` file beside its final name.
-    """
-
-    def __init__(self, paths: list[str], sizes: list[int], compression: str):
-        self.paths, self.sizes, self.compression = paths, sizes, compression
-        self.partials = [_partial_path(p) for p in paths]
-        self.index, self.count, self.writer = 0, 0, None
-
-    def write(self, record: bytes) -> None:
-        import tensorflow as tf
-
-        if self.writer is None:
-            if self.index == len(self.paths):
-                raise DataError("the source yielded more records than it counted.")
-            self.writer = tf.io.TFRecordWriter(
-                self.partials[self.index], _options(self.compression)
-            )
-        self.writer.write(record)
-        self.count += 1
-        if self.count == self.sizes[self.index]:
-            self.writer.close()
-            self.writer, self.index, self.count = None, self.index + 1, 0
-
-    def finish(self) -> list[tuple[str, int, int]]:
-        """Check every shard is complete; return ``(path, records, bytes)`` for each."""
-        import tensorflow as tf
-
-        if self.index != len(self.paths):
-            raise DataError("the source yielded fewer records than it counted.")
-        sizes = [tf.io.gfile.stat(p).length for p in self.partials]
-        return list(zip(self.paths, self.sizes, sizes, strict=True))
-
-    def abandon(self) -> None:
-        """Close and remove whatever this set wrote; used when the write fails."""
-        import tensorflow as tf
-
-        # Best effort: the error that brought us here is the one to report, not a cleanup one.
-        if self.writer is not None:
-            with contextlib.suppress(Exception):
-                self.writer.close()
-            self.writer = None
-        for partial in self.partials:
-            with contextlib.suppress(tf.errors.OpError):
-                _remove(partial)
-
-
-def _commit(out_prefix: str, folder: str, base: str, shard_sets: list[_ShardSet]) -> None:
-    """Replace the dataset of this prefix: old schema out, new shards in, old shards out.
-
-    Renames are atomic one file at a time only: a kill between them leaves shards without a schema
-    file, which readers handle by counting records.
-    """
-    import tensorflow as tf
-
-    new = {_basename(path) for s in shard_sets for path in s.paths}
-    old = [path for path in _files_of(folder, base, partial=False) if _basename(path) not in new]
-    # The old schema may name shards that the new set reuses with other counts: without a schema,
-    # readers count records instead of trusting a wrong number.
-    _remove(schema.schema_path(out_prefix))
-    for shard_set in shard_sets:
-        for partial, path in zip(shard_set.partials, shard_set.paths, strict=True):
-            tf.io.gfile.rename(partial, path, overwrite=True)
-    for path in old:
-        _remove(path)
-
-
-def _split_prefix(out_prefix: str) -> tuple[str, str]:
-    folder, _, base = out_prefix.rpartition("/")
-    return folder or ".", base
-
-
-def _basename(path: str) -> str:
-    return path.rpartition("/")[2]
-
-
-def _partial_path(path: str) -> str:
-    folder, _, name = path.rpartition("/")
-    return f"{folder}/.{name}.partial" if folder else f".{name}.partial"
-
-
-def _prepare_folder(folder: str, base: str) -> None:
-    """Create the output folder; remove partial shards that a killed write left behind."""
-    import tensorflow as tf
-
-    if not tf.io.gfile.isdir(folder):
-        tf.io.gfile.makedirs(folder)
-    for stale in _files_of(folder, base, partial=True):
-        _remove(stale)
-
-
-def _files_of(folder: str, base: str, *, partial: bool) -> list[str]:
-    """The shards (or partial shards) of prefix ``folder/base``, with or without a split."""
-    import tensorflow as tf
-
-    name = rf"{re.escape(base)}(-train|-validation)?-\d{{5,}}-of-\d{{5,}}\.tfrecord"
-    pattern = re.compile(rf"\.{name}\.partial" if partial else name)
-    return [
-        f"{folder}/{entry}"
-        for entry in sorted(tf.io.gfile.listdir(folder))
-        if pattern.fullmatch(entry.rstrip("/"))
-    ]
-
-
-def _remove(path: str) -> None:
-    import tensorflow as tf
-
-    try:
-        tf.io.gfile.remove(path)
-    except tf.errors.NotFoundError:
-        pass

@@ -1,0 +1,391 @@
+"""CSV sources for ``tpurun data write``: typed columns, packed vectors, missing values, labels.
+
+By default every column becomes one scalar feature, in column order: integers int64, other numbers
+float, anything else bytes. :class:`TableOptions` changes that the way a tabular model wants it:
+
+- ``pack``: numeric columns packed into one float vector feature (``x`` of shape ``[20]`` rather
+  than 20 scalars, so the model needs one ``keras.Input``). The vector keeps the columns' order.
+- ``label``: the label column. It is never packed with "every other column", and a label of text
+  values becomes class indices 0..K-1, the class names (sorted, as Keras orders class folders) kept
+  in the schema file.
+- ``fill_missing``: empty (or ``nan``) cells of numeric columns are an error unless a fill is
+  chosen: a number, or ``"mean"`` (each column's mean over its present values). A silent NaN
+  would only surface later, as a NaN loss.
+
+Two passes over the files, neither holding more than one chunk of rows: the first counts rows and
+infers each column's type, missing cells, sums (for means) and label values; the second yields the
+records.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import math
+import os
+import re
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tpurun.data.sources import Source
+from tpurun.errors import DataError, TpurunError
+
+_INT = re.compile(r"[+-]?\d+")
+_INT64_MAX = 2**63 - 1
+_MISSING = ("", "nan")  # what a cell holds when it has no value (pandas writes NaN as "")
+_TYPES = {"int": "int64", "float": "float", "bytes": "bytes"}
+
+
+@dataclass(frozen=True)
+class TableOptions:
+    """How the columns of a CSV source become features.
+
+    Attributes:
+        label: the label column, or None.
+        pack: ``{feature: columns}``; each column is a name or an inclusive ``FIRST:LAST`` range
+            in the header's order. ``None`` as the columns: every numeric column that is not the
+            label nor in another pack.
+        fill_missing: None (missing values are an error), a number, or "mean".
+    """
+
+    label: str | None = None
+    pack: Mapping[str, Sequence[str] | None] = field(default_factory=dict)
+    fill_missing: float | str | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.label or self.pack or self.fill_missing is not None)
+
+
+def table_options(
+    label: str | None = None,
+    pack: Mapping[str, Sequence[str] | None] | Sequence[str] | None = None,
+    fill_missing: float | str | None = None,
+) -> TableOptions:
+    """Check and parse the CSV options as ``tpurun data write`` takes them.
+
+    Args:
+        label: the label column.
+        pack: ``{name: columns}``, or ``--pack`` texts: ``NAME=COL,COL,...``, ``NAME=FIRST:LAST``,
+            or ``NAME`` alone (every numeric column but the label).
+        fill_missing: a number (or its text), or "mean".
+
+    Raises:
+        TpurunError: an option that cannot be read, naming it and what it takes.
+    """
+    if pack is None or isinstance(pack, Mapping):
+        packs = dict(pack or {})
+    else:
+        packs = {}
+        for text in pack:
+            name, has_columns, columns = text.partition("=")
+            name = name.strip()
+            if not name.isidentifier() or name in packs:
+                what = "repeated" if name in packs else "not a feature name"
+                raise TpurunError(
+                    f"Invalid option --pack {text!r}: {name!r} is {what}. Expected NAME=COL,COL,..."
+                    ", NAME=FIRST:LAST or NAME alone (every numeric column but --label)."
+                )
+            packs[name] = [c.strip() for c in columns.split(",")] if has_columns else None
+    if sum(columns is None for columns in packs.values()) > 1:
+        raise TpurunError(
+            "Invalid option --pack: only one pack can take 'every other numeric column' (a NAME "
+            "without =COLUMNS); list the columns of the others."
+        )
+    fill = fill_missing
+    if isinstance(fill, str) and fill.strip().lower() != "mean":
+        try:
+            fill = float(fill)
+        except ValueError:
+            fill = None
+        if fill is None or not math.isfinite(fill):
+            raise TpurunError(
+                f"Invalid option --fill-missing {fill_missing!r}. Expected a number (e.g. 0) or "
+                "'mean' (each column's mean)."
+            ) from None
+    elif isinstance(fill, str):
+        fill = "mean"
+    return TableOptions(label, packs, fill)
+
+
+def _is_int64(text: str) -> bool:
+    return bool(_INT.fullmatch(text)) and abs(int(text)) <= _INT64_MAX
+
+
+def _is_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return "_" not in text  # Python accepts 1_000; a CSV writer meant a string
+
+
+def _rows(n: int) -> str:
+    return "1 row" if n == 1 else f"{n} rows"
+
+
+def _missing(text: str) -> bool:
+    return text.lower() in _MISSING
+
+
+_MAX_CLASSES = 65536  # more distinct label texts than this are not classes
+
+
+@dataclass
+class _Column:
+    """What the first pass learned of one column."""
+
+    name: str
+    kind: str = "int"  # "int", then "float", then "bytes" as the values demand
+    present: int = 0  # cells with a value
+    missing: int = 0  # empty or nan cells
+    total: float = 0.0  # sum of the numeric values, for a mean
+    text: str | None = None  # the first value that is not a number
+    values: set[str] | None = None  # the label's distinct values, while they may be classes
+
+    def see(self, text: str) -> None:
+        if _missing(text):
+            self.missing += 1
+            return
+        self.present += 1
+        if self.values is not None:
+            self.values.add(text)
+            if len(self.values) > _MAX_CLASSES:
+                self.values = None
+        if self.kind == "bytes":
+            return
+        if self.kind == "float" or not _is_int64(text):
+            self.kind = "float" if _is_float(text) else "bytes"
+        if self.kind == "bytes":
+            self.text = text
+        else:
+            self.total += float(text)
+
+
+class CsvSource(Source):
+    """CSV files with one header row, laid out as :class:`TableOptions` says."""
+
+    def __init__(self, path: str, files: list[str], options: TableOptions | None = None):
+        self.path, self._files = path, files
+        self._options = options or TableOptions()
+        self.nbytes = sum(os.path.getsize(f) for f in files)
+        self._header: list[str] = []
+        self._label: int | None = None
+        self._packs: dict[str, list[int]] = {}
+        self._columns = self._scan()
+        self._layout()
+
+    def _rows(self) -> Iterator[list[str]]:
+        """Every data row of every file, checking the headers and the number of values."""
+        for file in self._files:
+            with open(file, newline="", encoding="utf-8-sig") as f:
+                reader = csv.reader(f)
+                names = [name.strip() for name in next(reader, [])]
+                if not names or not all(names) or len(set(names)) != len(names):
+                    raise DataError(
+                        f"{file}: the first row must be a header of distinct, non-empty column "
+                        f"names; found {names or 'an empty file'}."
+                    )
+                if not self._header:
+                    self._header = names
+                    self._resolve_names()  # before a long first pass, not after it
+                if names != self._header:
+                    raise DataError(
+                        f"{file}: its header {names} differs from {self._files[0]}'s "
+                        f"{self._header}; every file of a CSV glob needs the same columns."
+                    )
+                for cells in reader:
+                    if cells and len(cells) != len(names):  # [] is a blank line: skipped
+                        raise DataError(
+                            f"{file}:{reader.line_num}: {len(cells)} values, but the header has "
+                            f"{len(names)} columns; quote values that contain commas."
+                        )
+                    if cells:
+                        yield cells
+
+    def _scan(self) -> list[_Column]:
+        columns: list[_Column] = []
+        self.records = 0
+        for cells in self._rows():
+            if not columns:
+                columns = [_Column(name) for name in self._header]
+                if self._label is not None:
+                    columns[self._label].values = set()
+            self.records += 1
+            for column, cell in zip(columns, cells, strict=True):
+                column.see(cell.strip())
+        if not self.records:
+            raise DataError(f"{self.path}: the CSV holds a header but no row.")
+        for column in columns:
+            if not column.present:
+                column.kind = "bytes"  # no value at all: nothing says it is a number
+        return columns
+
+    # ------------------------------------------------------------------------------- layout
+    def _find(self, name: str, what: str) -> int:
+        if name in self._header:
+            return self._header.index(name)
+        close = difflib.get_close_matches(name, self._header, n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else f"; the columns are {self._header}."
+        raise DataError(f"{self.path}: {what} names column '{name}', which the header lacks{hint}")
+
+    def _resolve_names(self) -> None:
+        """The label's and the listed packs' column indices (ranges in the header's order)."""
+        options = self._options
+        self._label = self._find(options.label, "--label") if options.label else None
+        for name, specs in options.pack.items():
+            indices = []
+            for spec in specs or ():
+                first, is_range, last = (part.strip() for part in spec.partition(":"))
+                start = self._find(first, f"--pack {name}")
+                stop = self._find(last, f"--pack {name}") if is_range else start
+                if stop < start:
+                    raise DataError(
+                        f"{self.path}: --pack {name}: in '{spec}', column '{last}' comes before "
+                        f"'{first}' in the header; write the range as FIRST:LAST."
+                    )
+                indices.extend(range(start, stop + 1))
+            self._packs[name] = indices
+        taken = [j for indices in self._packs.values() for j in indices]
+        repeated = sorted({self._header[j] for j in taken if taken.count(j) > 1})
+        if repeated:
+            raise DataError(
+                f"{self.path}: --pack names column(s) {repeated} more than once; each column goes "
+                "into one feature."
+            )
+        if self._label in taken:
+            raise DataError(
+                f"{self.path}: the label column '{options.label}' is also packed; leave it out "
+                "of --pack."
+            )
+        for name in self._packs:
+            if name in self._header and self._header.index(name) not in taken:
+                raise DataError(
+                    f"{self.path}: --pack {name}: a column of that name is written as its own "
+                    "feature already; choose another name for the packed vector."
+                )
+
+    def _layout(self) -> None:
+        """Features (in column order), class names and fills, from the first pass."""
+        columns, label = self._columns, self._label
+        for name, indices in self._packs.items():
+            if self._options.pack[name] is None:  # every other numeric column
+                taken = {j for other in self._packs.values() for j in other}
+                indices[:] = [
+                    j for j, c in enumerate(columns) if c.kind != "bytes" and j != label
+                    and j not in taken
+                ]  # fmt: skip
+                if not indices:
+                    raise DataError(
+                        f"{self.path}: --pack {name}: no numeric column is left to pack (the "
+                        "label and the other packs take them all)."
+                    )
+            for j in indices:
+                if columns[j].kind == "bytes":
+                    found = f"text such as '{columns[j].text}'" if columns[j].text else "no value"
+                    raise DataError(
+                        f"{self.path}: --pack {name}: column '{columns[j].name}' holds {found}; "
+                        "only numeric columns can be packed into a vector."
+                    )
+        self._fills = self._fill_values()
+        self.class_names = None
+        self._classes: dict[str, int] | None = None
+        if label is not None and columns[label].kind == "bytes":
+            if columns[label].values is None:
+                raise DataError(
+                    f"{self.path}: the label column '{self._options.label}' holds more than "
+                    f"{_MAX_CLASSES} distinct texts; that is not a class label."
+                )
+            self.class_names = sorted(columns[label].values)
+            self._classes = {name: i for i, name in enumerate(self.class_names)}
+            columns[label].kind = "int"
+        # Each feature's source: a column index, or a pack's indices; a pack takes the place of
+        # its first column, so the features keep the CSV's order.
+        first_of = {min(indices): name for name, indices in self._packs.items()}
+        packed = {j for indices in self._packs.values() for j in indices}
+        self._sources: dict[str, int | list[int]] = {}
+        self.features = {}
+        for j, column in enumerate(columns):
+            if j in first_of:
+                name = first_of[j]
+                self._sources[name] = self._packs[name]
+                self.features[name] = {"type": "float", "shape": [len(self._packs[name])]}
+            elif j not in packed:
+                self._sources[column.name] = j
+                self.features[column.name] = {"type": _TYPES[column.kind], "shape": []}
+        self.layout = {
+            "label": self._options.label,
+            "packed": {name: [self._header[j] for j in ix] for name, ix in self._packs.items()},
+            "fill_missing": {self._header[j]: value for j, value in self._fills.items()},
+        }
+        self.layout = {key: value for key, value in self.layout.items() if value}
+
+    def _fill_values(self) -> dict[int, float | int]:
+        """The value of each numeric column's missing cells, by column index.
+
+        Raises:
+            DataError: missing values without a fill (or in the label), naming columns and rows.
+        """
+        columns, fill = self._columns, self._options.fill_missing
+        if self._label is not None and columns[self._label].missing:
+            raise DataError(
+                f"{self.path}: the label column '{self._options.label}' is empty in "
+                f"{_rows(columns[self._label].missing)} of {self.records}; remove those rows (a "
+                "fill would invent labels)."
+            )
+        missing = [j for j, c in enumerate(columns) if c.kind != "bytes" and c.missing]
+        if missing and fill is None:
+            named = ", ".join(
+                f"'{columns[j].name}' ({_rows(columns[j].missing)})" for j in missing[:5]
+            )
+            more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            raise DataError(
+                f"{self.path}: missing values (empty or nan cells) in {len(missing)} column(s): "
+                f"{named}{more}. Choose a fill with --fill-missing 0 (or another number) or "
+                "--fill-missing mean (each column's mean), or fill the cells in the CSV."
+            )
+        fills: dict[int, float | int] = {}
+        for j in missing:
+            column = columns[j]
+            value = column.total / column.present if fill == "mean" else float(fill)
+            if column.kind == "int" and fill != "mean" and value.is_integer():
+                fills[j] = int(value)  # an integer column filled with an integer stays int64
+            else:
+                fills[j], column.kind = value, "float"
+        return fills
+
+    # ------------------------------------------------------------------------------ records
+    def chunks(self, size: int) -> Iterator[dict[str, Any]]:
+        cells: list[list[str]] = [[] for _ in self._header]
+        for row in self._rows():
+            for column, cell in zip(cells, row, strict=True):
+                column.append(cell)
+            if len(cells[0]) == size:
+                yield self._convert(cells)
+                cells = [[] for _ in self._header]
+        if cells[0]:
+            yield self._convert(cells)
+
+    def _convert(self, cells: list[list[str]]) -> dict[str, Any]:
+        values: list[Any] = []
+        for j, (column, texts) in enumerate(zip(self._columns, cells, strict=True)):
+            fill = self._fills.get(j)
+            if column.kind == "bytes":
+                values.append([t.encode() for t in texts])
+                continue
+            texts = [t.strip() for t in texts]
+            if j == self._label and self._classes is not None:
+                values.append(np.array([self._classes[t] for t in texts], np.int64))
+            elif column.kind == "int":
+                values.append(np.array([fill if _missing(t) else int(t) for t in texts], np.int64))
+            else:
+                values.append(np.array([fill if _missing(t) else float(t) for t in texts]))
+        chunk: dict[str, Any] = {}
+        for name, source in self._sources.items():
+            if isinstance(source, list):
+                chunk[name] = np.stack([values[j].astype(np.float32) for j in source], axis=1)
+            else:
+                chunk[name] = values[source]
+        return chunk
