@@ -259,8 +259,9 @@ def test_the_python_api_refuses_too(tmp_path):
     write_dataset(str(csv), str(tmp_path / "d"), label="species", pack={"x": ["f0", "f1"]})
     with pytest.raises(DataError, match="Pass --overwrite to replace it"):
         write_dataset(str(csv), str(tmp_path / "d"))
-    report = write_dataset(str(csv), str(tmp_path / "d"), pack=["x=f0:f1"], overwrite=True)
-    assert report.layout == {"packed": {"x": ["f0", "f1"]}}
+    for pack in (["x=f0:f1"], "x=f0:f1", {"x": "f0,f1"}):
+        report = write_dataset(str(csv), str(tmp_path / "d"), pack=pack, overwrite=True)
+        assert report.layout == {"packed": {"x": ["f0", "f1"]}}
 
 
 # ------------------------------------------------------------------------------------ training

@@ -75,8 +75,13 @@ def table_options(
     Raises:
         TpurunError: an option that cannot be read, naming it and what it takes.
     """
+    if isinstance(pack, str):
+        pack = [pack]
     if pack is None or isinstance(pack, Mapping):
-        packs = dict(pack or {})
+        packs = {
+            name: columns.split(",") if isinstance(columns, str) else columns
+            for name, columns in (pack or {}).items()
+        }
     else:
         packs = {}
         for text in pack:
