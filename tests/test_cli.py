@@ -115,6 +115,38 @@ def test_a_broken_tensorflow_is_a_message_not_a_traceback(tmp_path, toy_data, co
     assert "python -c 'import tensorflow'" in result.stderr and "tpurun doctor" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "meant"),
+    [
+        (["config", "$CONFIG", "--set", "train.epochs", "3"], "--set train.epochs=3"),
+        (["train", "$CONFIG", "-s", "data.train", "[a, b]"], "--set 'data.train=[a, b]'"),
+        (["doctor", "--set=train.epochs", "3", "$CONFIG"], "--set train.epochs=3"),
+        (["train", "--set", "train.epochs", "$CONFIG"], "--set train.epochs=VALUE"),
+        (["data", "bench", "$CONFIG", "--set", "train.epochs"], "--set train.epochs=VALUE"),
+        (["config", "$CONFIG", "--set", "train.epochs", "--json"], "--set train.epochs=VALUE"),
+    ],
+)
+def test_set_without_equals_says_key_equals_value(tmp_path, args, meant):
+    """`--set KEY VALUE` would be Typer's "unexpected extra argument"; say what --set takes."""
+    path = write_config(tmp_path, toy_config(tmp_path, tmp_path / "runs"))
+    result = runner.invoke(app, [str(path) if a == "$CONFIG" else a for a in args])
+    assert result.exit_code == 2, result.output
+    assert "unexpected extra argument" not in result.output
+    key = meant.split()[1].strip("'").split("=")[0]
+    assert f"takes KEY=VALUE as one argument, and '{key}' has no '='; did you mean {meant}?" in (
+        result.output
+    )
+    assert not (tmp_path / "runs").exists()
+
+
+def test_set_with_equals_still_works_beside_a_bad_one(tmp_path):
+    path = write_config(tmp_path, toy_config(tmp_path, tmp_path / "runs"))
+    ok = runner.invoke(app, ["config", str(path), "--check", "--json", "-s", "train.epochs=3"])
+    assert ok.exit_code == 0 and json.loads(ok.output)["train"]["epochs"] == 3
+    bad = runner.invoke(app, ["config", str(path), "--set", "data.train=[a, b", "--check"])
+    assert bad.exit_code == 2 and "starts like a YAML list but does not parse" in bad.output
+
+
 def test_config_check_json_is_instant(tmp_path, toy_data):
     path = write_config(tmp_path, toy_config(toy_data, tmp_path / "runs"))
     result = runner.invoke(

@@ -230,6 +230,40 @@ def test_overrides_are_typed_and_located(tmp_path):
     )
 
 
+@pytest.mark.parametrize(
+    ("item", "kind", "problem"),
+    [
+        ("data.train=[a/*.tfrecord, b/*.tfrecord", "list", "expected ',' or ']'"),
+        ("model.kwargs={units: 3", "mapping", "expected ',' or '}'"),
+        ("model.kwargs={units: [3}", "mapping", "expected ',' or ']'"),
+        ("name='quoted", "quoted string", "unexpected end of stream"),
+        ('data.train="a/*.tfrecord', "quoted string", "unexpected end of stream"),
+    ],
+)
+def test_an_override_that_starts_like_yaml_and_does_not_parse_is_an_error(item, kind, problem):
+    with pytest.raises(ConfigError) as info:
+        load_config({"name": "x"}, [item])
+    [message] = info.value.problems
+    assert message.startswith(f"--set {item}: the value starts like a YAML {kind} but does not ")
+    assert problem in message and "quote the whole value" in message
+
+
+@pytest.mark.parametrize(
+    ("item", "value"),
+    [
+        ("data.train=*.tfrecord", "*.tfrecord"),  # YAML would read '*' as an alias
+        ("data.train=gs://bucket/x-*.tfrecord", "gs://bucket/x-*.tfrecord"),
+        ("data.train=a: b: c", "a: b: c"),
+        ("data.train=[a, b]", ["a", "b"]),
+        ("data.train='[a, b'", "[a, b"),  # quoted: the text itself
+    ],
+)
+def test_other_override_values_are_read_as_yaml_or_kept_as_text(item, value):
+    from tpurun.config import parse_override
+
+    assert parse_override(item) == (["data", "train"], value)
+
+
 def test_override_syntax_error():
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
         load_config({"name": "x"}, ["train.epochs"])

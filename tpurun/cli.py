@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import sys
 import tempfile
 import traceback
@@ -43,6 +44,42 @@ app = typer.Typer(
 ConfigArg = Annotated[
     Path, typer.Argument(help="The experiment's YAML file.", show_default=False, dir_okay=False)
 ]
+
+
+class _Command(typer.core.TyperCommand):
+    """A command that catches ``--set KEY VALUE`` (a space for the ``=``) before Typer calls the
+    VALUE an unexpected extra argument."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        _check_set_items(args)
+        return super().parse_args(ctx, args)
+
+
+def _check_set_items(args: list[str]) -> None:
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return
+        if arg in ("--set", "-s"):
+            item, following = (args[i + 1] if i + 1 < len(args) else "="), args[i + 2 : i + 3]
+        elif arg.startswith("--set="):
+            item, following = arg.removeprefix("--set="), args[i + 1 : i + 2]
+        else:
+            continue
+        if "=" in item or item.startswith("-"):
+            continue
+        # The next word is the value a user meant, unless it is an option or the config file.
+        meant = following[0] if following else ""
+        if not meant or meant.startswith("-") or meant.endswith((".yaml", ".yml")):
+            example = f"{item}=VALUE"
+        else:
+            example = shlex.quote(f"{item}={meant}")
+        raise typer.BadParameter(
+            f"takes KEY=VALUE as one argument, and '{item}' has no '='; "
+            f"did you mean --set {example}?",
+            param_hint="'--set'",
+        )
+
+
 SetOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -139,7 +176,7 @@ def _exit_codes(interrupted: str = "interrupted"):
         raise _unexpected(exc) from None
 
 
-@app.command()
+@app.command(cls=_Command)
 def train(
     config: ConfigArg,
     set_: SetOpt = None,
@@ -198,7 +235,7 @@ def _check_duration(value: str) -> None:
         raise ConfigError([f"--time-limit {value}: {exc}"]) from None
 
 
-@app.command("config")
+@app.command("config", cls=_Command)
 def config_command(
     config: ConfigArg,
     set_: SetOpt = None,
@@ -222,7 +259,7 @@ def config_command(
         reports.show_config(data, as_json=as_json)
 
 
-@app.command()
+@app.command(cls=_Command)
 def doctor(
     config: Annotated[
         Path | None,
@@ -255,7 +292,7 @@ data_app = typer.Typer(
 app.add_typer(data_app)
 
 
-@data_app.command("bench")
+@data_app.command("bench", cls=_Command)
 def data_bench(
     config: ConfigArg,
     set_: SetOpt = None,
@@ -330,38 +367,6 @@ def data_write(
     chunk_records: Annotated[
         int, typer.Option("--chunk-records", min=1, help="Records held in memory at a time.")
     ] = 4096,
-    label: Annotated[
-        str | None,
-        typer.Option(
-            "--label",
-            help="CSV: the label column. Text labels become class indices 0..K-1, their names "
-            "kept in the schema file (class_names).",
-            metavar="COL",
-        ),
-    ] = None,
-    pack: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--pack",
-            help="CSV: pack numeric columns into one float vector feature: NAME=COL,COL,... or "
-            "NAME=FIRST:LAST (a range in column order); NAME alone packs every numeric column "
-            "but --label. Repeatable.",
-            metavar="NAME[=COLS]",
-        ),
-    ] = None,
-    fill_missing: Annotated[
-        str | None,
-        typer.Option(
-            "--fill-missing",
-            help="CSV: write empty (or nan) cells of numeric columns as this number, or as "
-            "'mean' (each column's mean). Without it they are an error.",
-            metavar="NUMBER|mean",
-        ),
-    ] = None,
-    overwrite: Annotated[
-        bool,
-        typer.Option("--overwrite", help="Replace a dataset already written under OUT_PREFIX."),
-    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     plain: Annotated[
         bool, typer.Option("--plain", help="Plain lines instead of a live view.")
@@ -386,7 +391,6 @@ def data_write(
                 source, out_prefix, shard_mb=shard_mb, shard_multiple=shard_multiple,
                 compression=compression, validation_fraction=validation_fraction, seed=seed,
                 image_size=image_size, chunk_records=chunk_records, progress=progress,
-                label=label, pack=pack, fill_missing=fill_missing, overwrite=overwrite,
             )  # fmt: skip
         reports.show_written(report, source, as_json=as_json, plain=plain)
 

@@ -88,9 +88,21 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         )
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
+    except yaml.YAMLError as exc:
+        # A list, a mapping or a quoted string that does not parse is a mistake, not a string;
+        # anything else (`*.tfrecord`, `a: b: c`) stays the text as written.
+        if raw.lstrip().startswith(("[", "{", '"', "'")):
+            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+            raise ConfigError(
+                [f"--set {item}: the value starts like a YAML {_flow_kind(raw)} but does not parse "
+                 f"({problem}); close it, or quote the whole value to pass it as text"]
+            ) from None  # fmt: skip
         value = raw
     return key.strip().split("."), value
+
+
+def _flow_kind(raw: str) -> str:
+    return {"[": "list", "{": "mapping"}.get(raw.lstrip()[0], "quoted string")
 
 
 def apply_overrides(data: dict, overrides: list[str], located: _Located) -> None:
