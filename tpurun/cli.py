@@ -367,6 +367,38 @@ def data_write(
     chunk_records: Annotated[
         int, typer.Option("--chunk-records", min=1, help="Records held in memory at a time.")
     ] = 4096,
+    label: Annotated[
+        str | None,
+        typer.Option(
+            "--label",
+            help="CSV: the label column. Text labels become class indices 0..K-1, their names "
+            "kept in the schema file (class_names).",
+            metavar="COL",
+        ),
+    ] = None,
+    pack: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--pack",
+            help="CSV: pack numeric columns into one float vector feature: NAME=COL,COL,... or "
+            "NAME=FIRST:LAST (a range in column order); NAME alone packs every numeric column "
+            "but --label. Repeatable.",
+            metavar="NAME[=COLS]",
+        ),
+    ] = None,
+    fill_missing: Annotated[
+        str | None,
+        typer.Option(
+            "--fill-missing",
+            help="CSV: write empty (or nan) cells of numeric columns as this number, or as "
+            "'mean' (each column's mean). Without it they are an error.",
+            metavar="NUMBER|mean",
+        ),
+    ] = None,
+    overwrite: Annotated[
+        bool,
+        typer.Option("--overwrite", help="Replace a dataset already written under OUT_PREFIX."),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     plain: Annotated[
         bool, typer.Option("--plain", help="Plain lines instead of a live view.")
@@ -391,6 +423,7 @@ def data_write(
                 source, out_prefix, shard_mb=shard_mb, shard_multiple=shard_multiple,
                 compression=compression, validation_fraction=validation_fraction, seed=seed,
                 image_size=image_size, chunk_records=chunk_records, progress=progress,
+                label=label, pack=pack, fill_missing=fill_missing, overwrite=overwrite,
             )  # fmt: skip
         reports.show_written(report, source, as_json=as_json, plain=plain)
 
