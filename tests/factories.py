@@ -123,3 +123,11 @@ class RecordLearningRate(keras.callbacks.Callback):
 def mean_prediction(y_true, y_pred):
     """A custom metric function: Keras cannot know whether it should go up or down."""
     return keras.ops.mean(y_pred)
+
+
+def mlp_l2(units: int = 16) -> keras.Model:
+    """The mlp with a weight regulariser: its penalty is part of every batch's loss."""
+    inputs = keras.Input(shape=(8,), name="x")
+    hidden = keras.layers.Dense(units, activation="relu", kernel_regularizer="l2")(inputs)
+    outputs = keras.layers.Dense(1, activation="sigmoid", dtype="float32")(hidden)
+    return keras.Model(inputs, outputs)

@@ -44,7 +44,8 @@ def plan() -> Plan:
     return Plan(backend="jax", accelerator="cpu", distribution="data_parallel", replicas=8,
                 precision="float32", reason="test", per_core_batch_size=16, global_batch_size=128,
                 learning_rate=2e-3, learning_rate_factor=1.0, steps_per_epoch=11,
-                validation_steps=2, steps_per_execution=11, warmup_steps=0, total_steps=330,
+                validation_steps=2, validation_scored=256, steps_per_execution=11, warmup_steps=0,
+                total_steps=330,
                 monitor="val_accuracy")  # fmt: skip
 
 

@@ -37,7 +37,8 @@ def test_global_batch_and_linear_scaling_like_a_v3_8():
     p = plan(cfg, records=10_000, val=2100)
     assert (p.per_core_batch_size, p.global_batch_size) == (128, 1024)
     assert p.learning_rate == pytest.approx(8e-3)
-    assert (p.steps_per_epoch, p.validation_steps) == (9, 2)
+    # Validation scores every record: 2100 = 2 x 1024 + 52, so a third, padded batch.
+    assert (p.steps_per_epoch, p.validation_steps, p.validation_scored) == (9, 3, 2100)
 
 
 def test_sqrt_and_no_scaling():
@@ -73,7 +74,7 @@ def test_small_or_odd_per_core_batches_warn():
 
 def test_auto_steps_from_record_counts():
     p = plan(config(per_core_batch_size=16), records=1437, val=360)
-    assert (p.steps_per_epoch, p.validation_steps) == (11, 2)
+    assert (p.steps_per_epoch, p.validation_steps) == (11, 3)
     with pytest.raises(DataError, match="fewer than one global batch of 128"):
         plan(config(per_core_batch_size=16), records=100)
 
@@ -109,3 +110,19 @@ def test_warmup_and_total_steps():
 
 def test_monitor_auto_is_val_loss_with_validation():
     assert plan(config()).monitor == "val_loss"
+
+
+def test_validation_smaller_than_a_batch_is_scored_and_explicit_steps_are_capped():
+    p = plan(config(per_core_batch_size=16), records=1000, val=60)  # global batch 128
+    assert (p.validation_steps, p.validation_scored) == (1, 60)
+    p = plan(config(per_core_batch_size=16, validation_steps=5), records=1000, val=300)
+    assert (p.validation_steps, p.validation_scored) == (3, 300)  # only 3 batches exist
+    p = plan(config(per_core_batch_size=16, validation_steps=1), records=1000, val=300)
+    assert (p.validation_steps, p.validation_scored) == (1, 128)  # the first batch, as asked
+
+
+def test_too_few_training_records_names_the_fix_that_works():
+    with pytest.raises(
+        DataError, match=r"fewer than one global batch of 128.*Lower train.per_core_batch_size"
+    ):
+        plan(config(per_core_batch_size=16), records=100)

@@ -24,6 +24,7 @@ from tpurun.checkpoints import Checkpointer, step_offset
 from tpurun.config import Config
 from tpurun.console import Reporter
 from tpurun.errors import ConfigError, TpurunError
+from tpurun.evaluate import correctable, exact_logs
 from tpurun.model import import_object
 from tpurun.plan import Plan, resolve_monitor
 from tpurun.rundir import EARLY_STOPPING_WEIGHTS, RunDir
@@ -83,6 +84,30 @@ class Progress(keras.callbacks.Callback):
         self.epoch_seconds.append(seconds)
         self.epoch_rates.append(rate)
         self.reporter.epoch_end(epoch + 1, dict(logs or {}), seconds, rate)
+
+
+class ExactValidation(keras.callbacks.Callback):
+    """First in the list: turns the padded validation's loss means into means over the records
+    scored, before any other callback reads the epoch's logs (see :mod:`tpurun.evaluate`)."""
+
+    def __init__(self, scored: int, fed: int, reporter: Reporter):
+        super().__init__()
+        self.scored, self.fed, self.reporter = scored, fed, reporter
+        self.exact = True
+
+    def on_train_begin(self, logs=None):
+        self.exact = correctable(self._model)
+        if not self.exact and self.fed != self.scored:
+            self.reporter.message(
+                f"val_loss: a loss with a reduction other than Keras' default is averaged over "
+                f"{self.fed} validation records, {self.fed - self.scored} of them padding weighted "
+                "0; the val_ metrics are exact",
+                "warn",
+            )
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.exact and logs is not None and "val_loss" in logs:
+            exact_logs(logs, self.model, self.scored, self.fed)
 
 
 class RunControl(keras.callbacks.Callback):
@@ -381,7 +406,11 @@ def build_callbacks(
         run, checkpointer, stop, steps_per_epoch=plan.steps_per_epoch,
         watch_nan=cb.on_nan != "ignore", log=cb.csv_log.filename if cb.csv_log else None,
     )  # fmt: skip
-    return [progress, *stateful, *extra, control], progress, control
+    first = []
+    if plan.validation_steps:
+        fed = plan.validation_steps * plan.global_batch_size
+        first.append(ExactValidation(plan.validation_scored, fed, reporter))
+    return [*first, progress, *stateful, *extra, control], progress, control
 
 
 def _user_callback(spec: Any, config: Config) -> Any:

@@ -236,7 +236,10 @@ def compile_model(model: Any, config: Config, plan: Plan) -> None:
         model.compile(
             optimizer=optimizer,
             loss=loss,
-            metrics=metrics,
+            # Weighted: validation pads its last batch with records weighted 0, so that every
+            # record is scored once (tpurun.evaluate); training feeds no weights, so nothing
+            # else changes. Keras' plain `metrics` ignore sample weights.
+            weighted_metrics=metrics,
             steps_per_execution=plan.steps_per_execution,
         )
     except ValueError as exc:

@@ -32,6 +32,7 @@ class Plan:
     learning_rate_factor: float
     steps_per_epoch: int
     validation_steps: int | None
+    validation_scored: int | None  # records each validation scores (the last batch is padded)
     steps_per_execution: int
     warmup_steps: int
     total_steps: int
@@ -80,16 +81,33 @@ def auto_steps_per_execution(steps_per_epoch: int, limit: int | None) -> int:
     return max(d for d in range(1, cap + 1) if steps_per_epoch % d == 0)
 
 
-def _steps(value: int | str, records: int, global_batch: int, key: str, split: str) -> int:
+def _train_steps(value: int | str, records: int, global_batch: int) -> int:
+    """Steps per epoch. Training drops the last partial batch (a partial batch split over TPU
+    cores is a classic NaN), and its stream repeats, so an explicit count may pass a pass's end."""
     if value != "auto":
         return int(value)
     steps = records // global_batch
     if steps == 0:
         raise DataError(
-            f"train.{key}: auto found {records} {split} records, fewer than one global batch of "
-            f"{global_batch}. Lower the batch size, or set train.{key} explicitly."
+            f"train.steps_per_epoch: auto found {records} training records, fewer than one global "
+            f"batch of {global_batch}. Lower train.per_core_batch_size (or global_batch_size), or "
+            "set train.steps_per_epoch: the training stream repeats, so batches then span passes."
         )
     return steps
+
+
+def validation_steps(value: int | str, records: int, global_batch: int) -> int:
+    """Validation batches: every record scored once, the last batch padded with records weighted
+    0 (see ``pipeline.make_dataset(score_records=...)``), so any count of records works. An
+    explicit count scores the first ``value`` batches, never more than there are."""
+    whole = -(-records // global_batch)
+    return whole if value == "auto" else min(int(value), whole)
+
+
+def scored_records(records: int, steps: int, global_batch: int) -> tuple[int, int]:
+    """``(records scored, records fed)`` for ``steps`` validation batches: the difference is the
+    padding of the last batch."""
+    return min(records, steps * global_batch), steps * global_batch
 
 
 def resolve_monitor(config: Config, monitor: str) -> str:
@@ -109,16 +127,10 @@ def make_plan(
     per_core, global_batch, warnings = batch_sizes(config, replicas)
     warnings = [*choice.warnings, *warnings]
     train = config.train
-    steps = _steps(train.steps_per_epoch, train_records, global_batch, "steps_per_epoch", "train")
+    steps = _train_steps(train.steps_per_epoch, train_records, global_batch)
     val_steps = None
     if validation_records is not None:
-        val_steps = _steps(
-            train.validation_steps,
-            validation_records,
-            global_batch,
-            "validation_steps",
-            "validation",
-        )
+        val_steps = validation_steps(train.validation_steps, validation_records, global_batch)
     spe = train.steps_per_execution
     if spe == "auto":
         spe = auto_steps_per_execution(steps, choice.max_steps_per_execution)
@@ -152,6 +164,11 @@ def make_plan(
         learning_rate_factor=factor,
         steps_per_epoch=steps,
         validation_steps=val_steps,
+        validation_scored=(
+            None
+            if val_steps is None
+            else scored_records(validation_records, val_steps, global_batch)[0]
+        ),
         steps_per_execution=int(spe),
         warmup_steps=round(lr.warmup_epochs * steps),
         total_steps=steps * train.epochs,

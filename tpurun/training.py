@@ -94,7 +94,7 @@ def train(job: TrainJob) -> TrainResult:
     if data.validation_files:
         val_ds = pipeline.make_dataset(
             data.validation_files, config.data, plan.global_batch_size, training=False,
-            take_batches=plan.validation_steps, repeat_eval=runtime.strategy is not None,
+            score_records=plan.validation_scored, repeat_eval=runtime.strategy is not None,
             cache=_cache(config, "validation"),
         )  # fmt: skip
     with runtime.scope():
