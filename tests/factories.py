@@ -131,3 +131,9 @@ def mlp_l2(units: int = 16) -> keras.Model:
     hidden = keras.layers.Dense(units, activation="relu", kernel_regularizer="l2")(inputs)
     outputs = keras.layers.Dense(1, activation="sigmoid", dtype="float32")(hidden)
     return keras.Model(inputs, outputs)
+
+
+def softmax3() -> keras.Model:
+    """Three classes, one softmax unit each."""
+    inputs = keras.Input(shape=(8,), name="x")
+    return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(inputs))

@@ -77,7 +77,7 @@ def train(job: TrainJob) -> TrainResult:
 
     from tpurun import callbacks as cbs
     from tpurun.data import pipeline
-    from tpurun.model import build_model, compile_model
+    from tpurun.model import build_model, check_loss_fits, compile_model
 
     prepared, runtime, run, point, stop = job.prepared, job.runtime, job.run, job.point, job.stop
     config, plan, data, reporter = prepared.config, prepared.plan, prepared.data, job.reporter
@@ -105,12 +105,12 @@ def train(job: TrainJob) -> TrainResult:
     )
     checkpoint = control.checkpointer
 
-    def sample():
-        return next(iter(train_data(0, 0).take(1)))[0]
+    first_batch = next(iter(train_data(0, 0).take(1)))
+    check_loss_fits(model, config, first_batch[1])
 
     log = config.callbacks.csv_log.filename if config.callbacks.csv_log else None
     if point is not None:
-        _restore(model, sample, point.weights, runtime, str(point.source))
+        _restore(model, first_batch[0], point.weights, runtime, str(point.source))
         checkpoint.restore(point.state, point.folder)
         _apply_lr_scale(model, config, plan, checkpoint.lr_scale, saved=checkpoint.lr_scale)
         if point.state.get("warm_start"):
@@ -158,7 +158,7 @@ def train(job: TrainJob) -> TrainResult:
             break
         epoch, step = stop.nan_at
         scale = checkpoint.lr_scale * config.callbacks.nan_lr_factor  # cuts add up
-        _restore(model, sample, back.weights, runtime, back.source)
+        _restore(model, first_batch[0], back.weights, runtime, back.source)
         checkpoint.restore(back.state, back.folder)  # its lr_scale: the one it was saved with
         _apply_lr_scale(model, config, plan, scale, saved=checkpoint.lr_scale)
         checkpoint.lr_scale = scale
@@ -288,11 +288,11 @@ def _fit(model, train_ds, val_ds, val_steps, steps: int, epochs: int, initial_ep
         raise DataError(f"reading the training data failed: {first}") from None
 
 
-def _restore(model, sample, weights: str, runtime: Runtime, source: str) -> None:
+def _restore(model, inputs, weights: str, runtime: Runtime, source: str) -> None:
     """Build the model and optimizer variables, then load the weights and optimizer state."""
     with runtime.scope():
         if not model.built:
-            model(sample())
+            model(inputs)
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
         try:
