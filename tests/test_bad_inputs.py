@@ -200,8 +200,20 @@ ROWS = [
         id="set-unknown-key",
     ),
     pytest.param(
-        as_is, ["--set", "train.epochs"], ["--set 'train.epochs': expected KEY=VALUE"],
+        as_is, ["--set", "train.epochs"],
+        ["'train.epochs' has no '='; did you mean --set train.epochs=VALUE?"],
         id="set-without-value",
+    ),
+    pytest.param(
+        as_is, ["--set", "train.epochs", "3"],
+        ["'train.epochs' has no '='; did you mean --set train.epochs=3?"],
+        id="set-key-space-value",
+    ),
+    pytest.param(
+        as_is, ["--set", "data.train=[a/*.tfrecord, b/*.tfrecord"],
+        ["--set data.train=[a/*.tfrecord, b/*.tfrecord: the value starts like a YAML list but "
+         "does not parse"],
+        id="set-unclosed-list",
     ),
     pytest.param(
         as_is, ["--time-limit", "soon"], ["--time-limit soon: expected a duration such as 8h45m"],
