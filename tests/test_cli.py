@@ -13,6 +13,8 @@ from conftest import ROOT, run_cli, toy_config
 from typer.testing import CliRunner
 
 from tpurun.cli import app
+from tpurun.config import load_config
+from tpurun.errors import ConfigError
 
 runner = CliRunner()
 ANSI = re.compile(r"\x1b\[")
@@ -145,6 +147,35 @@ def test_set_with_equals_still_works_beside_a_bad_one(tmp_path):
     assert ok.exit_code == 0 and json.loads(ok.output)["train"]["epochs"] == 3
     bad = runner.invoke(app, ["config", str(path), "--set", "data.train=[a, b", "--check"])
     assert bad.exit_code == 2 and "starts like a YAML list but does not parse" in bad.output
+
+
+def test_config_check_says_valid_in_one_line(tmp_path):
+    path = write_config(tmp_path, toy_config(tmp_path, tmp_path / "runs"))
+    result = runner.invoke(app, ["config", str(path), "--check", "--set", "train.epochs=7"])
+    assert result.exit_code == 0 and result.output == f"{path}: valid\n"
+
+
+def test_config_errors_have_one_prefix(tmp_path):
+    """'invalid config: ' once, then where (a file's line) or the key itself: never 'config: '."""
+    import numpy as np
+
+    from tpurun.data.write import write_dataset
+
+    arrays = tmp_path / "arrays.npz"
+    np.savez(arrays, x=np.zeros((16, 2), np.float32), y=np.zeros(16, np.int64))
+    write_dataset(str(arrays), str(tmp_path / "data" / "toy"), shard_multiple=1)
+    config = toy_config(tmp_path, tmp_path / "runs")
+    config["data"] = {"train": "data/toy-*.tfrecord", "inputs": "x", "targets": "z"}
+    path = write_config(tmp_path, config)  # features come from the schema file, without 'z'
+    result = runner.invoke(app, ["config", str(path)])
+    assert result.exit_code == 2
+    assert result.output.startswith(
+        "error: invalid config: data.targets: 'z' is not a declared feature; declared: x, y"
+    ), result.output
+    # A config given as a dict (the Python API) has no file to name: its problems start with the key.
+    with pytest.raises(ConfigError) as info:
+        load_config({**config, "tran": {}})
+    assert str(info.value) == "invalid config: unknown key 'tran'; did you mean 'train'?"
 
 
 def test_config_check_json_is_instant(tmp_path, toy_data):

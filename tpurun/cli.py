@@ -241,7 +241,12 @@ def config_command(
     set_: SetOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of YAML.")] = False,
     check: Annotated[
-        bool, typer.Option("--check", help="Only validate the file: no data, no devices (instant).")
+        bool,
+        typer.Option(
+            "--check",
+            help="Only validate the file (instant: no data, no devices): print 'CONFIG: valid', "
+            "or with --json the validated config.",
+        ),
     ] = False,
 ) -> None:
     """Print the resolved config with its derived values (replicas, batch, LR, steps), without training."""
@@ -250,6 +255,9 @@ def config_command(
         from tpurun.config import load_config
 
         cfg = load_config(config, set_ or [])
+        if check and not as_json:
+            reports.show_valid(str(config))
+            return
         if check:
             data = cfg.to_dict()
         else:

@@ -75,6 +75,11 @@ def show_config(data: dict[str, Any], as_json: bool = False) -> None:
     sys.stdout.write(yaml.safe_dump(data, sort_keys=False))
 
 
+def show_valid(source: str) -> None:
+    """``tpurun config --check``: one line, the config having loaded."""
+    _out(f"{source}: valid")
+
+
 # ---------------------------------------------------------------------------------------- doctor
 def show_checks(checks: Sequence[Any], as_json: bool = False, plain: bool = False) -> None:
     """Doctor's checks: one line (or row) each, with the fix under any that is not ok."""

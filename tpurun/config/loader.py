@@ -18,24 +18,29 @@ from tpurun.errors import ConfigError
 
 # ---------------------------------------------------------------------------------------- loading
 class _Located:
-    """Where each key of a YAML document (or a --set override) came from."""
+    """Where each key of a YAML document (or a --set override) came from.
+
+    ``source`` is the file's path, or "" for a config given as a dict: its problems then start
+    with the key (ConfigError's "invalid config: " already says what was invalid).
+    """
 
     def __init__(self, source: str):
         self.source = source
         self.lines: dict[tuple, int] = {}
         self.overrides: dict[tuple, str] = {}
 
-    def where(self, path: tuple) -> str:
+    def at(self, path: tuple) -> str:
+        """The prefix of a problem with ``path``: ``"exp.yaml:12: "``, ``"--set k=v: "`` or ``""``."""
         for n in range(len(path), -1, -1):
             if path[:n] in self.overrides:
-                return f"--set {self.overrides[path[:n]]}"
+                return f"--set {self.overrides[path[:n]]}: "
         below = [item for key, item in self.overrides.items() if key[: len(path)] == path]
         if path and below:  # a --set that wrote inside this key made it what it is
-            return f"--set {below[-1]}"
+            return f"--set {below[-1]}: "
         for n in range(len(path), -1, -1):
             if path[:n] in self.lines:
-                return f"{self.source}:{self.lines[path[:n]]}"
-        return self.source
+                return f"{self.source}:{self.lines[path[:n]]}: "
+        return f"{self.source}: " if self.source else ""
 
 
 def _index_lines(node: yaml.Node, path: tuple, located: _Located, problems: list[str]) -> None:
@@ -178,30 +183,28 @@ def _format_error(err: dict, data: dict, located: _Located) -> str:
         allowed = sorted(parent_cls.model_fields) if parent_cls else []
         close = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
         hint = f"; did you mean '{close[0]}'?" if close else f"; allowed here: {', '.join(allowed)}"
-        return f"{located.where((*parent_path, key))}: unknown key '{dotted}'{hint}"
+        return f"{located.at((*parent_path, key))}unknown key '{dotted}'{hint}"
     if kind == "missing":
         _, parent = _model_at(loc[:-1], data)
         dotted = ".".join(map(str, (*parent, loc[-1])))
-        return f"{located.where(parent)}: '{dotted}' is required but missing"
+        return f"{located.at(parent)}'{dotted}' is required but missing"
     _, path = _model_at(loc, data)
     dotted = ".".join(map(str, path)) or "(top level)"
-    where = located.where(path)
+    at = located.at(path)
     if kind == "union_tag_invalid":
         tags = [t.strip(" '") for t in err["ctx"]["expected_tags"].split(",")]
         tag = str(err["ctx"]["tag"])
         close = difflib.get_close_matches(tag, tags, n=1)
         hint = f"did you mean '{close[0]}'?" if close else f"allowed: {', '.join(tags)}"
-        return (
-            f"{located.where((*path, 'type'))}: {dotted}.type: unknown feature type '{tag}'; {hint}"
-        )
+        return f"{located.at((*path, 'type'))}{dotted}.type: unknown feature type '{tag}'; {hint}"
     if kind == "union_tag_not_found":
         tags = ", ".join(_feature_types(loc))
-        return f"{where}: {dotted}: 'type' is required, one of: {tags}"
+        return f"{at}{dotted}: 'type' is required, one of: {tags}"
     msg = err["msg"].removeprefix("Value error, ")
     received = err.get("input")
     if isinstance(received, (dict, list)) and len(repr(received)) > 60:
-        return f"{where}: {dotted}: {msg}"
-    return f"{where}: {dotted}: {msg}; received {received!r}"
+        return f"{at}{dotted}: {msg}"
+    return f"{at}{dotted}: {msg}; received {received!r}"
 
 
 def _feature_types(loc: tuple) -> list[str]:
@@ -220,19 +223,21 @@ def _cross_checks(config: Config, located: _Located) -> list[str]:
     if config.callbacks.reduce_lr_on_plateau is not None and (
         lr.schedule != "constant" or lr.warmup_epochs > 0
     ):
-        where = located.where(("callbacks", "reduce_lr_on_plateau"))
         problems.append(
-            f"{where}: callbacks.reduce_lr_on_plateau cannot change a scheduled learning rate "
+            f"{located.at(('callbacks', 'reduce_lr_on_plateau'))}callbacks.reduce_lr_on_plateau cannot change a scheduled learning rate "
             f"(train.learning_rate.schedule: {lr.schedule}, warmup_epochs: {lr.warmup_epochs:g}); "
             "use schedule: constant with warmup_epochs: 0, or set reduce_lr_on_plateau: null"
         )
     if config.data.features:  # else they come from the schema file, checked once it is read
-        problems += reference_problems(config.data, located.where)
+        problems += reference_problems(config.data, located.at)
     return problems
 
 
-def reference_problems(data: DataConfig, where=lambda path: "config") -> list[str]:
-    """``inputs`` and ``targets`` must name declared features."""
+def reference_problems(data: DataConfig, at=lambda path: "") -> list[str]:
+    """``inputs`` and ``targets`` must name declared features.
+
+    ``at(path)`` gives each problem's prefix (a file's line); none for features read from a schema.
+    """
     problems = []
     declared = list(data.features)
     for key in ("inputs", "targets"):
@@ -243,7 +248,7 @@ def reference_problems(data: DataConfig, where=lambda path: "config") -> list[st
                     f"did you mean '{close[0]}'?" if close else f"declared: {', '.join(declared)}"
                 )
                 problems.append(
-                    f"{where(('data', key))}: data.{key}: '{name}' is not a declared feature; {hint}"
+                    f"{at(('data', key))}data.{key}: '{name}' is not a declared feature; {hint}"
                 )
     return problems
 
@@ -278,7 +283,7 @@ def load_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...
     if isinstance(source, dict):
         import copy
 
-        data, located, base_dir = copy.deepcopy(source), _Located("config"), Path.cwd()
+        data, located, base_dir = copy.deepcopy(source), _Located(""), Path.cwd()
         data.setdefault("name", "run")
     else:
         path = Path(source)
