@@ -47,8 +47,35 @@ class Prepared:
         }
 
     def effective(self) -> dict[str, Any]:
-        """The config as run, defaults and data filled in, plus ``derived``; loads back as a config."""
-        return {**self.config.to_dict(), "derived": self.derived()}
+        """The config as run, defaults and data filled in, plus ``derived``; loads back as a config.
+
+        Its relative input paths (data globs, ``file.py:name`` imports) are made absolute: the
+        file is written into the run directory, where relative paths would no longer lead to the
+        data and code they named.
+        """
+        config = self.config.to_dict()
+        data = config["data"]
+        if not data.get("kaggle_dataset"):  # those globs are relative to the dataset's root
+            for key in ("train", "validation"):
+                if isinstance(data.get(key), list):
+                    data[key] = [self.config.resolve_path(g) for g in data[key]]
+                elif data.get(key):
+                    data[key] = self.config.resolve_path(data[key])
+        for key in ("model", "callbacks"):
+            config[key] = _absolute_imports(config[key], self.config)
+        return {**config, "derived": self.derived()}
+
+
+def _absolute_imports(value: Any, config: Config) -> Any:
+    """``path/to/file.py:name`` strings made absolute, anywhere in a section."""
+    if isinstance(value, dict):
+        return {k: _absolute_imports(v, config) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_absolute_imports(v, config) for v in value]
+    if isinstance(value, str) and ".py:" in value:
+        path, _, name = value.rpartition(":")
+        return f"{config.resolve_path(path)}:{name}"
+    return value
 
 
 def choose_for(config: Config, machine: Machine | None = None) -> Choice:

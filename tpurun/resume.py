@@ -153,3 +153,27 @@ def changed_settings(previous: dict | None, now: dict) -> list[str]:
         for k in sorted(set(before) | set(after))
         if before.get(k) != after.get(k) and not k.startswith("derived.")
     ]
+
+
+_DATA_FACTS = (
+    ("train_records", "training records"),
+    ("steps_per_epoch", "steps per epoch"),
+    ("validation_records", "validation records"),
+    ("validation_steps", "validation steps"),
+    ("train_files", "training files"),
+    ("validation_files", "validation files"),
+)
+
+
+def changed_data(previous: dict | None, now: dict) -> list[str]:
+    """What changed in the data since the last session (``training records: 4000 -> 4500``), from
+    the ``derived`` sections of the two configs: rewritten data is announced, not silent."""
+    before = (previous or {}).get("derived") or {}
+    after = now.get("derived") or {}
+    if not before:
+        return []
+    return [
+        f"{label}: {_show(before.get(key))} -> {_show(after.get(key))}"
+        for key, label in _DATA_FACTS
+        if before.get(key) != after.get(key)
+    ]

@@ -40,8 +40,13 @@ STATUSES = ("running", "completed", "stopped_early", "interrupted", "nan", "fail
 
 
 def run_path(output_dir: str, name: str) -> str:
-    """Where a run lives: ``<output.dir>/<name>`` (the one place this is computed)."""
-    return fileio.join(str(output_dir), name)
+    """Where a run lives: ``<output.dir>/<name>``, absolute (the one place this is computed).
+
+    A relative ``output.dir`` is relative to the working directory, as ``--output`` is: on Kaggle
+    the config often sits in read-only ``/kaggle/input`` while runs belong in the working folder.
+    """
+    path = fileio.join(str(output_dir), name)
+    return path if fileio.is_remote(path) else os.path.abspath(path)
 
 
 def state_file(weights_name: str) -> str:

@@ -38,6 +38,17 @@ def _inside(path: str, folder: str) -> bool:
     return os.path.realpath(path).startswith(os.path.realpath(folder) + os.sep)
 
 
+def _unfinished_elsewhere(config: Config, run: RunDir) -> str | None:
+    """The run directory this config would have beside it (``output.dir`` read from the config's
+    folder), when that is not this run's and holds an unfinished run: the usual cause is running
+    the same command from another working directory."""
+    beside = RunDir(run_path(config.resolve_path(config.output.dir), config.name))
+    if beside.path == run.path or run.exists():
+        return None
+    summary = beside.read_summary()
+    return beside.path if summary and summary.get("status") != "completed" else None
+
+
 def _new_summary(prepared: Prepared, run: RunDir, point, previous: dict) -> Summary:
     plan, data = prepared.plan, prepared.data
     state = point.state if point else {}
@@ -110,13 +121,15 @@ def run(
     runtime = activate(choice, config.seed)
     run_dir = RunDir(run_path(output or config.output.dir, config.name))
     try:
-        return _run(config, runtime, run_dir, reporter, restart, resume, started)
+        return _run(config, output, runtime, run_dir, reporter, restart, resume, started)
     finally:
         run_dir.unlock()
         runtime.release()
 
 
-def _run(config, runtime, run: RunDir, reporter, restart, resume, started) -> dict[str, Any]:
+def _run(
+    config, output, runtime, run: RunDir, reporter, restart, resume, started
+) -> dict[str, Any]:
     # Environment and data are checked before anything is written.
     prepared = prepare(config, runtime.choice, runtime.replicas)
     for warning in prepared.plan.warnings:
@@ -132,6 +145,15 @@ def _run(config, runtime, run: RunDir, reporter, restart, resume, started) -> di
                 f"--restart moves {run.path} aside, and --resume {resume} is inside it: pass one "
                 "of them (to start over from that checkpoint, copy it out first)."
             )
+    elsewhere = _unfinished_elsewhere(config, run) if output is None else None
+    if elsewhere:
+        reporter.message(
+            f"this config has an unfinished run in {elsewhere}, but output.dir "
+            f"'{config.output.dir}' is relative to the working directory, so this run is "
+            f"{run.path}. To continue that one, run from {os.path.dirname(os.path.dirname(elsewhere))}"
+            f" or pass --output {os.path.dirname(elsewhere)}.",
+            "warn",
+        )
     aside = run.create(restart=restart)
     if aside:
         reporter.message(f"--restart: the previous run was moved to {aside}", "note")
@@ -159,9 +181,15 @@ def _run(config, runtime, run: RunDir, reporter, restart, resume, started) -> di
             "note",
         )
     if point is not None:
-        changes = resume_lib.changed_settings(run.read_config(), effective)
+        previous_config = run.read_config()
+        changes = resume_lib.changed_settings(previous_config, effective)
         if changes:
             reporter.message("changed since the last session: " + "; ".join(changes[:6]), "note")
+        data_changes = resume_lib.changed_data(previous_config, effective)
+        if data_changes:
+            reporter.message(
+                "the data changed since the last session: " + "; ".join(data_changes), "warn"
+            )
         epoch, step = point.position
         summary.resumes.append(
             {"epoch": epoch, "step": step, "from": point.source, "time": now_iso()}
