@@ -137,3 +137,14 @@ def softmax3() -> keras.Model:
     """Three classes, one softmax unit each."""
     inputs = keras.Input(shape=(8,), name="x")
     return keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(inputs))
+
+
+class NeedsAMissingPackage(keras.callbacks.Callback):
+    """A user callback that needs a package this machine lacks (as Keras' TensorBoard does
+    without tensorboard): it fails at the first epoch's end."""
+
+    def on_epoch_end(self, epoch, logs=None):
+        try:
+            import tpurun_test_package_that_does_not_exist  # noqa: F401
+        except ImportError as exc:
+            raise RuntimeError("cannot write the summary") from exc

@@ -312,3 +312,37 @@ def check_loss_fits(model: Any, config: Config, targets: Any) -> None:
             f"{hi:g} in the first batch. For {classes} use sparse_categorical_crossentropy with a "
             "softmax output of one unit per class."
         )
+
+
+# ------------------------------------------------------------------------- the final model file
+def custom_training_code(config: Config) -> list[str]:
+    """The loss, metrics and optimizer given by import path (``file.py:name``, ``module:name``):
+    code that plain ``keras.saving.load_model`` cannot find in another process."""
+    model = config.model
+    losses = model.loss if isinstance(model.loss, list) else (
+        list(model.loss.values()) if isinstance(model.loss, dict) else [model.loss]
+    )  # fmt: skip
+    specs = [("model.optimizer", model.optimizer), *(("model.loss", s) for s in losses),
+             *(("model.metrics", s) for s in model.metrics)]  # fmt: skip
+    return [f"{key} '{spec.name}'" for key, spec in specs if ":" in spec.name]
+
+
+def inference_saver(model: Any, config: Config):
+    """How to write ``model.keras`` so that plain ``keras.saving.load_model`` opens it anywhere.
+
+    With a custom loss, metric or optimizer, Keras would store the training setup (its compile
+    config) and then fail to load it without that code ("Could not locate function"). The final
+    model is for inference: it is then saved without its training setup, and training goes on
+    from the checkpoints, which keep everything.
+    """
+    if not custom_training_code(config):
+        return model.save
+
+    def save(path: str) -> None:
+        model.get_compile_config = lambda: None  # this save only
+        try:
+            model.save(path)
+        finally:
+            del model.get_compile_config
+
+    return save

@@ -19,6 +19,7 @@ from tpurun import resume as resume_lib
 from tpurun.config import Config
 from tpurun.console import Reporter
 from tpurun.errors import Interrupted, TpurunError
+from tpurun.model import custom_training_code, inference_saver
 from tpurun.prepare import Prepared, choose_for, prepare
 from tpurun.process import activate
 from tpurun.rundir import RunDir, Summary, now_iso, run_path
@@ -243,7 +244,15 @@ def _run(
             f"{stop.reason}: stopped at {where}; the checkpoint is saved in {run.checkpoints}. Run "
             "the same command again to continue."
         )
-    run.save_model(result.model.save)
+    run.save_model(inference_saver(result.model, config))
+    custom = custom_training_code(config)
+    if custom:
+        reporter.message(
+            f"model.keras is saved without its training setup ({', '.join(custom)} is your code), "
+            "so plain keras.saving.load_model opens it anywhere, for inference; to train on, "
+            "resume from the run's checkpoints.",
+            "note",
+        )
     final = finish("completed" if done >= epochs else "stopped_early")
     reporter.finish(final)
     return final

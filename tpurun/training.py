@@ -14,7 +14,7 @@ from tpurun import fileio
 from tpurun import resume as resume_lib
 from tpurun.config import Config, DataConfig
 from tpurun.console import Reporter
-from tpurun.errors import DataError, ModelError
+from tpurun.errors import DataError, ModelError, TpurunError
 from tpurun.plan import Plan
 from tpurun.process import Runtime
 from tpurun.rundir import RunDir, Summary
@@ -149,6 +149,19 @@ def train(job: TrainJob) -> TrainResult:
                 raise
             # Before the first step, a ValueError is the model not fitting the data's shapes.
             raise ModelError(_misfit(exc, model, config)) from None
+        except TpurunError:
+            raise
+        except Exception as exc:
+            missing = _missing_package(exc)
+            if missing is None:
+                raise
+            extra = ", ".join(spec.name for spec in config.callbacks.extra)
+            used_by = f" (callbacks.extra: {extra})" if extra else ""
+            raise TpurunError(
+                f"training stopped: a package is not installed: {missing}{used_by}. Install it "
+                "(pip install ...), or leave out what needs it. Nothing after the last checkpoint "
+                "was lost; rerunning continues."
+            ) from None
         if stop.nan_at is None or config.callbacks.on_nan != "restore":
             break
         if len(restores) + len(job.summary.nan_restores) >= config.callbacks.max_nan_restores:
@@ -181,6 +194,19 @@ def train(job: TrainJob) -> TrainResult:
         first_step_seconds=progress.first_step_seconds,
         nan_restores=restores,
     )
+
+
+def _missing_package(exc: BaseException) -> str | None:
+    """The "No module named ..." behind an exception, if a missing package caused it (TF's
+    TBNotInstalledError, raised mid-fit by Keras' TensorBoard callback, wraps one)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, ImportError):
+            return str(exc)
+        # __context__ even when suppressed: Keras re-raises callback errors "from None" to
+        # shorten their tracebacks, which hides the cause.
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
 def _once(fn):

@@ -1,0 +1,65 @@
+"""The user's own code in a run: custom losses and the final model file, callbacks that need a
+package this machine lacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+from conftest import FACTORIES, toy_config
+
+import tpurun
+from tpurun.errors import TpurunError
+
+_LOSSES = """
+import keras
+
+def focal(y_true, y_pred):
+    return keras.ops.mean(keras.ops.square(y_true - keras.ops.squeeze(y_pred, -1)))
+"""
+
+
+def test_a_model_trained_with_a_custom_loss_loads_with_plain_load_model(toy_data, tmp_path, capsys):
+    (tmp_path / "losses.py").write_text(_LOSSES)
+    config = toy_config(toy_data, tmp_path / "runs", model={"loss": f"{tmp_path / 'losses.py'}:focal"},
+                        train={"epochs": 1})  # fmt: skip
+    tpurun.train(config)
+    assert "model.keras is saved without its training setup (model.loss" in capsys.readouterr().out
+    model_file = tmp_path / "runs" / "toy" / "model.keras"
+    # A fresh process that has never seen losses.py: plain Keras, as on a GPU notebook.
+    code = (
+        "import os, sys; os.environ['KERAS_BACKEND'] = 'jax'\n"
+        "import keras, numpy as np\n"
+        f"m = keras.saving.load_model({str(model_file)!r})\n"
+        "print(m.predict(np.ones((2, 8), 'float32'), verbose=0).shape)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("(2, 1)")
+    # The checkpoints keep the whole training setup: the run resumes with its custom loss.
+    config["train"]["epochs"] = 2
+    assert tpurun.train(config, verbose=False)["epochs_completed"] == 2
+
+
+def test_a_model_with_keras_losses_keeps_its_training_setup(toy_data, tmp_path):
+    tpurun.train(toy_config(toy_data, tmp_path / "runs", train={"epochs": 1}), verbose=False)
+    model = keras.saving.load_model(tmp_path / "runs" / "toy" / "model.keras")
+    assert model.compiled and model.loss.fn.__name__ == "binary_crossentropy"
+    model.evaluate(np.ones((4, 8), "float32"), np.ones((4,), "float32"), verbose=0)
+
+
+def test_a_callback_that_needs_a_missing_package_is_a_clear_error(toy_data, tmp_path):
+    config = toy_config(toy_data, tmp_path / "runs",
+                        callbacks={"extra": [f"{FACTORIES}:NeedsAMissingPackage"]})  # fmt: skip
+    with pytest.raises(TpurunError, match=r"a package is not installed: No module named "
+                       r"'tpurun_test_package_that_does_not_exist' \(callbacks.extra: "):  # fmt: skip
+        tpurun.train(config, verbose=False)
+    summary = json.loads((tmp_path / "runs" / "toy" / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert not (tmp_path / "runs" / "toy" / "error.log").exists()  # a user error, not a crash
