@@ -1,36 +1,25 @@
 """The ``tpurun`` command: it parses the arguments, calls one library function, hands the result to
 :mod:`tpurun.reports` (training's own output is :mod:`tpurun.console`), and is the only module that
-chooses an exit code.
+chooses an exit code, through :mod:`tpurun.boundary`.
 
 Exit codes (the README's table): 0 success; 1 anything unexpected, with the traceback written to a
 file whose path is printed (for ``doctor``: a check failed); 2 a user error (config, data, usage, an
 environment that cannot run the config), one short paragraph and no traceback; 3 ``train`` stopped by
-SIGTERM or SIGINT, its checkpoint saved, so rerunning continues; 130 a second signal (stop at once),
-or Ctrl-C in the other commands.
+SIGTERM or SIGINT (during training with its checkpoint saved, before it with nothing to lose), so
+rerunning continues; 130 a second signal (stop at once), or Ctrl-C in the other commands.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shlex
 import sys
-import tempfile
-import traceback
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from tpurun import __version__
-from tpurun.errors import (
-    EXIT_AT_ONCE,
-    EXIT_UNEXPECTED,
-    EXIT_USER_ERROR,
-    EnvironmentSetupError,
-    Interrupted,
-    TpurunError,
-)
+from tpurun.boundary import SetCommand, StopSignals, exit_codes, fail
+from tpurun.errors import EXIT_USER_ERROR, TpurunError
 
 app = typer.Typer(
     name="tpurun",
@@ -44,40 +33,6 @@ app = typer.Typer(
 ConfigArg = Annotated[
     Path, typer.Argument(help="The experiment's YAML file.", show_default=False, dir_okay=False)
 ]
-
-
-class _Command(typer.core.TyperCommand):
-    """A command that catches ``--set KEY VALUE`` (a space for the ``=``) before Typer calls the
-    VALUE an unexpected extra argument."""
-
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
-        _check_set_items(args)
-        return super().parse_args(ctx, args)
-
-
-def _check_set_items(args: list[str]) -> None:
-    for i, arg in enumerate(args):
-        if arg == "--":
-            return
-        if arg in ("--set", "-s"):
-            item, following = (args[i + 1] if i + 1 < len(args) else "="), args[i + 2 : i + 3]
-        elif arg.startswith("--set="):
-            item, following = arg.removeprefix("--set="), args[i + 1 : i + 2]
-        else:
-            continue
-        if "=" in item or item.startswith("-"):
-            continue
-        # The next word is the value a user meant, unless it is an option or the config file.
-        meant = following[0] if following else ""
-        if not meant or meant.startswith("-") or meant.endswith((".yaml", ".yml")):
-            example = f"{item}=VALUE"
-        else:
-            example = shlex.quote(f"{item}={meant}")
-        raise typer.BadParameter(
-            f"takes KEY=VALUE as one argument, and '{item}' has no '='; "
-            f"did you mean --set {example}?",
-            param_hint="'--set'",
-        )
 
 
 SetOpt = Annotated[
@@ -106,77 +61,7 @@ def _root(
     """Train Keras 3 models from a YAML file, on TPUs, GPUs or CPUs."""
 
 
-def _fail(exc: TpurunError) -> typer.Exit:
-    label = "stopped" if isinstance(exc, Interrupted) else "error"
-    typer.echo(f"{label}: {exc}", err=True)
-    return typer.Exit(code=exc.exit_code)
-
-
-def _unexpected(exc: Exception) -> typer.Exit:
-    """Say where the traceback is: the run directory's ``error.log`` when the run wrote it there
-    (``exc.tpurun_error_log``), else a temporary file written here."""
-    text = traceback.format_exc()
-    path = getattr(exc, "tpurun_error_log", None)
-    if path is None:
-        try:
-            fd, name = tempfile.mkstemp(prefix="tpurun-error-", suffix=".log")
-            os.close(fd)
-            Path(name).write_text(text)
-            path = name
-        except OSError:
-            path = None
-    last = text.strip().splitlines()[-1]
-    where = f"; the traceback is in {path}" if path else f"\n{text}"
-    typer.echo(f"error: unexpected failure: {last}{where}", err=True)
-    return typer.Exit(code=EXIT_UNEXPECTED)
-
-
-_FRAMEWORKS = {"tensorflow": "TensorFlow", "keras": "Keras", "jax": "JAX", "jaxlib": "JAX"}
-
-
-def _broken_framework(exc: BaseException) -> TpurunError | None:
-    """A framework that is missing or fails its own import: the environment's fault (exit 2)."""
-    importing = []
-    tb = exc.__traceback__
-    while tb is not None:  # the framework modules whose top-level code was running
-        module = tb.tb_frame.f_globals.get("__name__", "")
-        if tb.tb_frame.f_code.co_name == "<module>" and module.split(".")[0] in _FRAMEWORKS:
-            importing.append(module.split(".")[0])
-        tb = tb.tb_next
-    missing = isinstance(exc, ImportError) and (exc.name or "").split(".")[0] in _FRAMEWORKS
-    if not importing and not missing:
-        return None
-    name = _FRAMEWORKS[importing[0] if importing else exc.name.split(".")[0]]
-    last = (str(exc).strip().splitlines() or [""])[-1]
-    return EnvironmentSetupError(
-        f"{name} cannot be imported ({type(exc).__name__}: {last}), and this command needs it. "
-        f"Check it with `python -c 'import {(importing or [exc.name])[0]}'` in this environment; "
-        "`tpurun doctor` lists the versions installed. Where no framework is installed, "
-        "pip install 'tpurun[cpu]' (or [gpu], [tpu]); on Kaggle and Colab, keep the image's own."
-    )
-
-
-@contextlib.contextmanager
-def _exit_codes(interrupted: str = "interrupted"):
-    """The one place library errors become exit codes: 2 with a message, 1 with a traceback file.
-
-    Heavy imports (TensorFlow, JAX, Keras) belong inside it, so a broken install is a message too.
-    """
-    try:
-        yield
-    except TpurunError as exc:
-        raise _fail(exc) from None
-    except KeyboardInterrupt:
-        typer.echo(interrupted, err=True)
-        raise typer.Exit(code=EXIT_AT_ONCE) from None
-    except Exception as exc:
-        broken = _broken_framework(exc)
-        if broken is not None:
-            raise _fail(broken) from None
-        raise _unexpected(exc) from None
-
-
-@app.command(cls=_Command)
+@app.command(cls=SetCommand)
 def train(
     config: ConfigArg,
     set_: SetOpt = None,
@@ -211,11 +96,11 @@ def train(
     ] = None,
 ) -> None:
     """Train a model as CONFIG describes; rerunning continues an unfinished run."""
-    with _exit_codes():
+    with exit_codes(), StopSignals() as signals:
         from tpurun.config import load_config
         from tpurun.console import make_reporter
 
-        reporter = make_reporter(plain)
+        reporter = signals.reporter = make_reporter(plain)
         if time_limit:
             _check_duration(time_limit)
         overrides = [*(set_ or []), *([f"train.time_limit={time_limit}"] if time_limit else [])]
@@ -235,7 +120,7 @@ def _check_duration(value: str) -> None:
         raise ConfigError([f"--time-limit {value}: {exc}"]) from None
 
 
-@app.command("config", cls=_Command)
+@app.command("config", cls=SetCommand)
 def config_command(
     config: ConfigArg,
     set_: SetOpt = None,
@@ -250,7 +135,7 @@ def config_command(
     ] = False,
 ) -> None:
     """Print the resolved config with its derived values (replicas, batch, LR, steps), without training."""
-    with _exit_codes():
+    with exit_codes():
         from tpurun import reports
         from tpurun.config import load_config
 
@@ -267,7 +152,7 @@ def config_command(
         reports.show_config(data, as_json=as_json)
 
 
-@app.command(cls=_Command)
+@app.command(cls=SetCommand)
 def doctor(
     config: Annotated[
         Path | None,
@@ -280,7 +165,7 @@ def doctor(
     plain: Annotated[bool, typer.Option("--plain", help="Plain text instead of a table.")] = False,
 ) -> None:
     """Say whether this machine can train CONFIG, and what to fix. Exit 1 if a check fails."""
-    with _exit_codes():
+    with exit_codes():
         from tpurun import reports
         from tpurun.doctor import exit_code, run_checks
 
@@ -300,7 +185,7 @@ data_app = typer.Typer(
 app.add_typer(data_app)
 
 
-@data_app.command("bench", cls=_Command)
+@data_app.command("bench", cls=SetCommand)
 def data_bench(
     config: ConfigArg,
     set_: SetOpt = None,
@@ -313,7 +198,7 @@ def data_bench(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object.")] = False,
 ) -> None:
     """Measure the configured training input pipeline alone: is the input the bottleneck?"""
-    with _exit_codes():
+    with exit_codes():
         from tpurun import reports
         from tpurun.config import load_config
 
@@ -416,10 +301,10 @@ def data_write(
     from tpurun.console import TaskProgress, want_plain
 
     if compression not in ("none", "gzip"):
-        raise _fail(TpurunError(f"--compression: expected none or gzip, got {compression!r}."))
+        raise fail(TpurunError(f"--compression: expected none or gzip, got {compression!r}."))
     plain = want_plain(plain)
     progress = TaskProgress("writing", "records", plain=plain or as_json)
-    with _exit_codes(interrupted="interrupted: nothing was left half-written"):
+    with exit_codes(interrupted="interrupted: nothing was left half-written"):
         from tpurun import reports
         from tpurun.process import import_tensorflow
 
@@ -455,7 +340,7 @@ def data_inspect(
 
     plain = want_plain(plain)
     progress = TaskProgress("counting records", "files", plain=plain or as_json)
-    with _exit_codes():
+    with exit_codes():
         from tpurun import reports
         from tpurun.process import import_tensorflow
 

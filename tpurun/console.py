@@ -68,6 +68,8 @@ def format_duration(seconds: float | None) -> str:
 class Reporter:
     """Receives a run's events. The base class stays silent (the Python API's default)."""
 
+    started = False  # set by start(): training has begun
+
     def message(self, text: str, level: str = "info") -> None:
         """A one-line notice: level is info, warn or note."""
 
@@ -116,6 +118,7 @@ class PlainReporter(Reporter):
         self._line(prefix + text)
 
     def start(self, plan: Any, run_dir: str, epochs: int, initial_epoch: int) -> None:
+        self.started = True
         self.epochs = epochs
         self._line(
             f"training {epochs - initial_epoch} epoch(s) x {plan.steps_per_epoch} steps, global batch "

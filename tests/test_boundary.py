@@ -1,0 +1,74 @@
+"""The command line's boundary: signals outside the training loop, and errors behind interrupts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from conftest import ROOT, toy_config
+
+from tpurun.boundary import Signalled, StopSignals, _broken_framework, _interrupt_in
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_before_training_starts_exits_3_in_one_line(tmp_path, toy_data, sig):
+    """Ctrl-C (or a session ending) during start-up is the README's exit 3, without log noise."""
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(toy_config(toy_data, tmp_path / "runs", train={"epochs": 50})))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("KERAS_BACKEND", "XLA_FLAGS", "JAX_PLATFORMS")
+    }
+    env["TPURUN_PLAIN"] = "1"
+    exe = str(ROOT / ".venv" / "bin" / "tpurun") if (ROOT / ".venv").exists() else "tpurun"
+    proc = subprocess.Popen([exe, "train", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=ROOT)  # fmt: skip
+    first = proc.stdout.readline()  # the backend line: start-up is under way, no step has run
+    assert first.startswith("[tpurun] CPU via "), first
+    proc.send_signal(getattr(signal, sig))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err
+    assert err == (
+        f"stopped: {sig} before training started: no step ran, nothing is lost. Run the same "
+        "command again to train.\n"
+    )
+    assert "training" not in out
+    assert not list((tmp_path / "runs").glob("toy/checkpoints/*"))
+
+
+def test_a_signal_during_an_import_waits_for_the_import_to_finish(tmp_path, monkeypatch):
+    """An extension module interrupted mid-initialisation would print a traceback and report a
+    broken install; the signal is raised once the import is done instead."""
+    (tmp_path / "slow_module.py").write_text(
+        "import os, signal, time\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "time.sleep(0.3)  # the handler runs in here, inside the import\n"
+        "FINISHED = True\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(Signalled) as info, StopSignals():
+        import slow_module  # noqa: F401
+
+        time.sleep(5)  # the deferred signal arrives within 0.05 s of the import's end
+    assert sys.modules["slow_module"].FINISHED
+    assert str(info.value).startswith("SIGINT before training started")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+
+
+def test_an_interrupt_inside_an_import_is_not_a_broken_install():
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise ImportError("Encountered an error while initializing the extension.") from exc
+    except ImportError as exc:
+        assert isinstance(_interrupt_in(exc), KeyboardInterrupt)
+    assert _interrupt_in(ValueError("x")) is None
+    missing = ModuleNotFoundError("No module named 'tensorflow'", name="tensorflow")
+    assert "TensorFlow cannot be imported" in str(_broken_framework(missing))
