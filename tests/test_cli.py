@@ -49,6 +49,16 @@ def test_every_exit_code_is_in_the_readme_table_and_the_cli_docstring():
         assert f" {code} " in tpurun.cli.__doc__.replace("\n", " "), code
 
 
+def test_the_readme_commands_table_is_one_table_naming_every_command():
+    """A blank line inside it split it: the rows after it rendered as raw pipe text."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| command | what it does |") :].split("\n\n")[0].splitlines()
+    assert all(line.startswith("|") for line in table)
+    commands = {line.split("`")[1].split()[1] for line in table[2:]}
+    registered = {c.name or c.callback.__name__ for c in app.registered_commands}
+    assert commands == registered | {"data", "--version"}, commands
+
+
 def test_help_imports_no_framework():
     code = (
         "import sys; sys.argv = ['tpurun', '--help'];\n"
