@@ -146,7 +146,8 @@ ROWS = [
     pytest.param(
         put("data.inputs", "X"), [],
         ["data.inputs: 'X' is not a declared feature", "declared: x, y"],
-        id="inputs-name-an-undeclared-feature",
+        # checked once the features are complete (a partial features: block merges with the schema)
+        id="inputs-name-an-undeclared-feature", marks=SLOW,
     ),
     pytest.param(
         put("data.features.x.type", "rawbytes"), [],
