@@ -195,3 +195,27 @@ def test_a_file_cache_left_half_written_by_a_killed_run_is_cleared(tmp_path, toy
     )
     assert tpurun.train(config, verbose=False)["status"] == "completed"
     assert (prefix.parent / "toy-train.index").exists()  # written whole this time
+
+
+def test_a_partial_features_block_merges_with_the_schema(tmp_path):
+    folder = write_with_schema(tmp_path / "d")
+    # Only the label is declared (cast to float, as a Kaggle user would for a sigmoid output);
+    # x comes from the schema, in its order.
+    config = load_config(schema_config(folder, tmp_path / "runs",
+                                       features={"y": {"type": "int64", "cast": "float32"}}))  # fmt: skip
+    resolved = resolve.resolve(config)
+    assert list(resolved.data.features) == ["x", "y"]
+    assert resolved.data.features["x"].shape == [8]  # from the schema
+    assert resolved.data.features["y"].cast == "float32"  # declared: it wins
+
+
+def test_inputs_and_targets_must_name_features_declared_or_in_the_schema(tmp_path):
+    folder = write_with_schema(tmp_path / "d")
+    config = load_config(
+        schema_config(folder, tmp_path / "runs", inputs=["x", "xx"], targets={"out": "z"})
+    )
+    with pytest.raises(ConfigError) as info:
+        resolve.resolve(config)
+    joined = "\n".join(info.value.problems)
+    assert "data.inputs: 'xx' is not a declared feature; did you mean 'x'?" in joined
+    assert "data.targets: 'z' is not a declared feature; declared: x, y" in joined

@@ -228,8 +228,8 @@ def _cross_checks(config: Config, located: _Located) -> list[str]:
             f"(train.learning_rate.schedule: {lr.schedule}, warmup_epochs: {lr.warmup_epochs:g}); "
             "use schedule: constant with warmup_epochs: 0, or set reduce_lr_on_plateau: null"
         )
-    if config.data.features:  # else they come from the schema file, checked once it is read
-        problems += reference_problems(config.data, located.at)
+    # data.inputs / data.targets are checked once the data is resolved (data.resolve): features
+    # left out, or a partial list, are completed from the schema file beside the shards.
     return problems
 
 

@@ -90,17 +90,17 @@ def resolve(config: Config) -> ResolvedData:
     schemas = schema_lib.find_for(train_files + val_files)
     first_schema = schemas.get(train_files[0], (None, None))[1]
 
-    features = data.features
+    # Declared features override the schema's; the rest come from it, in its (column) order.
+    declared = data.model_dump(mode="json")["features"]
+    features = {**(first_schema or {}).get("features", {}), **declared}
     if not features:
-        if first_schema is None:
-            raise ConfigError(
-                [
-                    f"data.features is left out, and no schema file beside {train_files[0]} "
-                    "describes the records. Declare the features (`tpurun data inspect GLOB` "
-                    "prints them), or write the data with `tpurun data write SOURCE OUT_PREFIX`."
-                ]
-            )
-        features = first_schema["features"]
+        raise ConfigError(
+            [
+                f"data.features is left out, and no schema file beside {train_files[0]} "
+                "describes the records. Declare the features (`tpurun data inspect GLOB` "
+                "prints them), or write the data with `tpurun data write SOURCE OUT_PREFIX`."
+            ]
+        )
     compression = data.compression
     if compression == "auto":
         compression = (first_schema or {}).get("compression") or records.detect_compression(
