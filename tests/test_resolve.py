@@ -8,6 +8,7 @@ import types
 
 import pytest
 import tensorflow as tf
+import yaml
 from conftest import make_records, toy_config
 
 import tpurun
@@ -219,3 +220,19 @@ def test_inputs_and_targets_must_name_features_declared_or_in_the_schema(tmp_pat
     joined = "\n".join(info.value.problems)
     assert "data.inputs: 'xx' is not a declared feature; did you mean 'x'?" in joined
     assert "data.targets: 'z' is not a declared feature; declared: x, y" in joined
+
+
+def test_class_names_from_the_schema_reach_the_run_directory(tmp_path):
+    folder = tmp_path / "d"
+    folder.mkdir()
+    prefix = str(folder / "toy")
+    train = write_shards(f"{prefix}-train", make_records(128, 0), 2)
+    splits = {"train": {p.rsplit("/", 1)[1]: 64 for p in train}}
+    schema_lib.write(schema_lib.schema_path(prefix),
+                     schema_lib.make(FEATURES, splits, class_names=["neg", "pos"]))  # fmt: skip
+    config = toy_config(folder, tmp_path / "runs", train={"epochs": 1})
+    config["data"] = {"train": f"{prefix}-train-*.tfrecord", "inputs": "x", "targets": "y",
+                      "features": {"y": {"type": "int64", "cast": "float32"}}}  # fmt: skip
+    tpurun.train(config, verbose=False)
+    written = yaml.safe_load((tmp_path / "runs" / "toy" / "config.yaml").read_text())
+    assert written["derived"]["class_names"] == ["neg", "pos"]

@@ -44,6 +44,8 @@ class Prepared:
             "validation_records": data.validation_records,
             "record_counts_from": data.counts_from,
             "compression": self.config.data.compression,
+            # Where predict and export find them: the label's class names, from the schema file.
+            "class_names": data.class_names,
         }
 
     def effective(self) -> dict[str, Any]:

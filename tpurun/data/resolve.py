@@ -32,6 +32,7 @@ class ResolvedData:
     counts_from: str  # "schema" | "counted"
     schema_files: list[str] = field(default_factory=list)
     skipped: list[records.CorruptShard] = field(default_factory=list)
+    class_names: list[str] | None = None  # from the schema file (an image folder, a text label)
 
 
 def kaggle_root(name: str) -> str:
@@ -130,4 +131,5 @@ def resolve(config: Config) -> ResolvedData:
         counts_from="schema" if all(c.from_schema for c in checked.values()) else "counted",
         schema_files=sorted({path for path, _ in schemas.values()}),
         skipped=[shard for c in checked.values() for shard in c.skipped],
+        class_names=(first_schema or {}).get("class_names"),
     )
