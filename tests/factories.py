@@ -148,3 +148,11 @@ class NeedsAMissingPackage(keras.callbacks.Callback):
             import tpurun_test_package_that_does_not_exist  # noqa: F401
         except ImportError as exc:
             raise RuntimeError("cannot write the summary") from exc
+
+
+def compiled_sgd_mse() -> keras.Model:
+    """A factory that compiles its model itself, as many notebooks do."""
+    model = mlp()
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.5, momentum=0.9), loss="mse",
+                  metrics=["mae"])  # fmt: skip
+    return model

@@ -163,7 +163,7 @@ ROWS = [
         id="value-not-allowed",
     ),
     pytest.param(
-        drop("model.loss"), [], ["'model.loss' is required but missing"], id="missing-required-key"
+        drop("model.factory"), [], ["'model.factory' is required but missing"], id="missing-required-key"
     ),
     pytest.param(
         put("model.factory", "models.py"), [],

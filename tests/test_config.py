@@ -185,9 +185,10 @@ def test_csv_log_append_false_is_refused_with_what_to_do(tmp_path):
 
 
 def test_missing_required_key(tmp_path):
-    text = GOOD.replace("  loss: binary_crossentropy\n", "")
+    # model.loss may be left out (the factory's own compile supplies it); model.factory may not.
+    text = GOOD.replace("  factory: models/recognizer.py:build\n", "")
     [problem] = problems(tmp_path, text)
-    assert "'model.loss' is required but missing" in problem
+    assert "'model.factory' is required but missing" in problem
 
 
 def test_invalid_yaml_reports_line_and_column(tmp_path):

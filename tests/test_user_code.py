@@ -28,7 +28,10 @@ def test_a_model_trained_with_a_custom_loss_loads_with_plain_load_model(toy_data
     config = toy_config(toy_data, tmp_path / "runs", model={"loss": f"{tmp_path / 'losses.py'}:focal"},
                         train={"epochs": 1})  # fmt: skip
     tpurun.train(config)
-    assert "model.keras is saved without its training setup (model.loss" in capsys.readouterr().out
+    assert (
+        "model.keras is saved without its training setup (focal: your code)"
+        in capsys.readouterr().out
+    )
     model_file = tmp_path / "runs" / "toy" / "model.keras"
     # A fresh process that has never seen losses.py: plain Keras, as on a GPU notebook.
     code = (
@@ -63,3 +66,44 @@ def test_a_callback_that_needs_a_missing_package_is_a_clear_error(toy_data, tmp_
     summary = json.loads((tmp_path / "runs" / "toy" / "summary.json").read_text())
     assert summary["status"] == "failed"
     assert not (tmp_path / "runs" / "toy" / "error.log").exists()  # a user error, not a crash
+
+
+def _factory_config(toy_data, tmp_path, **model):
+    config = toy_config(
+        toy_data, tmp_path / "runs", train={"epochs": 1, "learning_rate": {"base": 0.01}}
+    )
+    config["model"] = {"factory": f"{FACTORIES}:compiled_sgd_mse", **model}
+    return config
+
+
+def test_a_factory_compile_is_kept_where_the_config_leaves_it_out(toy_data, tmp_path, capsys):
+    summary = tpurun.train(_factory_config(toy_data, tmp_path))
+    out = capsys.readouterr().out
+    assert (
+        "the factory compiled its model (SGD, loss mse): the factory's optimizer/loss/metrics kept"
+        in out
+    )
+    assert {"loss", "mae", "val_mae"} <= set(summary["final_metrics"])
+    model = keras.saving.load_model(tmp_path / "runs" / "toy" / "model.keras")
+    assert model.optimizer.__class__.__name__ == "SGD"
+    assert model.optimizer.get_config()["momentum"] == pytest.approx(0.9)  # the factory's setting
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.01)  # tpurun's learning rate
+
+
+def test_what_the_config_sets_replaces_the_factory_compile(toy_data, tmp_path, capsys):
+    config = _factory_config(toy_data, tmp_path, loss="binary_crossentropy", metrics=["accuracy"],
+                             optimizer={"name": "adam"})  # fmt: skip
+    summary = tpurun.train(config)
+    out = capsys.readouterr().out
+    assert "the config's model.optimizer/loss/metrics replace(s) the factory's" in out
+    assert "accuracy" in summary["final_metrics"] and "mae" not in summary["final_metrics"]
+
+
+def test_no_loss_anywhere_is_a_clear_error(toy_data, tmp_path):
+    config = toy_config(toy_data, tmp_path / "runs")
+    del config["model"]["loss"]
+    with pytest.raises(
+        TpurunError,
+        match="model.loss is not set, and the factory returned a model it did not compile",
+    ):
+        tpurun.train(config, verbose=False)

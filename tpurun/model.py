@@ -228,10 +228,51 @@ def build_metrics(config: Config) -> list[Any]:
     return out
 
 
-def compile_model(model: Any, config: Config, plan: Plan) -> None:
-    loss = build_loss(config)
-    metrics = build_metrics(config)
-    optimizer = build_optimizer(config, plan)
+def _name(obj: Any) -> str:
+    """How to call a loss, metric or optimizer in one line."""
+    if isinstance(obj, str):
+        return obj
+    return getattr(obj, "name", None) or getattr(obj, "__name__", None) or type(obj).__name__
+
+
+def compile_model(model: Any, config: Config, plan: Plan) -> str | None:
+    """Compile with the config's optimizer (at tpurun's learning rate), loss and metrics.
+
+    A factory may compile its model itself. What the config's ``model`` section leaves out is then
+    the factory's (its optimizer class and settings at tpurun's scaled learning rate, its loss, its
+    metrics); what the config sets replaces the factory's. Returns one line saying which, when
+    the factory had compiled.
+
+    Raises:
+        ModelError: no loss anywhere, or Keras refuses the combination.
+    """
+    given = config.model.model_fields_set
+    factory = model._compile_config.config if getattr(model, "compiled", False) else None
+    theirs_optimizer = getattr(model, "optimizer", None)
+    if config.model.loss is not None:
+        loss = build_loss(config)
+    elif factory is not None:
+        loss = factory["loss"]
+    else:
+        raise ModelError(
+            "model.loss is not set, and the factory returned a model it did not compile: name a "
+            "Keras loss (binary_crossentropy, sparse_categorical_crossentropy, mse, ...), or "
+            "compile the model in the factory."
+        )
+    if factory is not None and "optimizer" not in given:
+        settings = {
+            **theirs_optimizer.get_config(),
+            "learning_rate": learning_rate_schedule(config, plan),
+        }
+        optimizer = _call(
+            type(theirs_optimizer), settings, "the factory's optimizer", _name(theirs_optimizer)
+        )
+    else:
+        optimizer = build_optimizer(config, plan)
+    if factory is not None and "metrics" not in given:
+        metrics = [*(factory.get("metrics") or []), *(factory.get("weighted_metrics") or [])]
+    else:
+        metrics = build_metrics(config)
     try:
         model.compile(
             optimizer=optimizer,
@@ -244,6 +285,21 @@ def compile_model(model: Any, config: Config, plan: Plan) -> None:
         )
     except ValueError as exc:
         raise ModelError(f"model.compile failed: {exc}") from None
+    if factory is None:
+        return None
+    kept = [k for k, set_ in (("optimizer", "optimizer" in given), ("loss", config.model.loss is not None),
+                              ("metrics", "metrics" in given)) if not set_]  # fmt: skip
+    replaced = [k for k in ("optimizer", "loss", "metrics") if k not in kept]
+    parts = []
+    if replaced:
+        parts.append(f"the config's model.{'/'.join(replaced)} replace(s) the factory's")
+    if kept:
+        parts.append(f"the factory's {'/'.join(kept)} kept (left out of the config)")
+    return (
+        f"the factory compiled its model ({type(theirs_optimizer).__name__}, loss "
+        f"{_name(factory.get('loss'))}): " + "; ".join(parts) + "; the learning rate is tpurun's "
+        "(train.learning_rate)"
+    )
 
 
 # ------------------------------------------------------------------------- does the loss fit?
@@ -315,19 +371,34 @@ def check_loss_fits(model: Any, config: Config, targets: Any) -> None:
 
 
 # ------------------------------------------------------------------------- the final model file
-def custom_training_code(config: Config) -> list[str]:
-    """The loss, metrics and optimizer given by import path (``file.py:name``, ``module:name``):
-    code that plain ``keras.saving.load_model`` cannot find in another process."""
-    model = config.model
-    losses = model.loss if isinstance(model.loss, list) else (
-        list(model.loss.values()) if isinstance(model.loss, dict) else [model.loss]
-    )  # fmt: skip
-    specs = [("model.optimizer", model.optimizer), *(("model.loss", s) for s in losses),
-             *(("model.metrics", s) for s in model.metrics)]  # fmt: skip
-    return [f"{key} '{spec.name}'" for key, spec in specs if ":" in spec.name]
+def _flat(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _flat(v)]
+    if isinstance(value, (list, tuple)):
+        return [x for v in value for x in _flat(v)]
+    return [] if value is None else [value]
 
 
-def inference_saver(model: Any, config: Config):
+def _user_code(obj: Any) -> bool:
+    """Whether a compiled loss, metric or optimizer is the user's code rather than Keras' own."""
+    if isinstance(obj, str):
+        return False
+    target = getattr(obj, "fn", obj)  # Keras wraps loss and metric functions
+    module = getattr(target, "__module__", None) or type(target).__module__
+    return not module.startswith("keras")
+
+
+def custom_training_code(model: Any) -> list[str]:
+    """The compiled loss, metrics and optimizer that are the user's code (from the config by
+    import path, or from the factory's own compile): plain ``keras.saving.load_model`` cannot
+    find them in another process."""
+    compiled = model._compile_config.config
+    objs = [model.optimizer, *_flat(compiled.get("loss")), *_flat(compiled.get("metrics")),
+            *_flat(compiled.get("weighted_metrics"))]  # fmt: skip
+    return [_name(o) for o in objs if _user_code(o)]
+
+
+def inference_saver(model: Any):
     """How to write ``model.keras`` so that plain ``keras.saving.load_model`` opens it anywhere.
 
     With a custom loss, metric or optimizer, Keras would store the training setup (its compile
@@ -335,7 +406,7 @@ def inference_saver(model: Any, config: Config):
     model is for inference: it is then saved without its training setup, and training goes on
     from the checkpoints, which keep everything.
     """
-    if not custom_training_code(config):
+    if not custom_training_code(model):
         return model.save
 
     def save(path: str) -> None:

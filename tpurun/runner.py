@@ -244,11 +244,11 @@ def _run(
             f"{stop.reason}: stopped at {where}; the checkpoint is saved in {run.checkpoints}. Run "
             "the same command again to continue."
         )
-    run.save_model(inference_saver(result.model, config))
-    custom = custom_training_code(config)
+    run.save_model(inference_saver(result.model))
+    custom = custom_training_code(result.model)
     if custom:
         reporter.message(
-            f"model.keras is saved without its training setup ({', '.join(custom)} is your code), "
+            f"model.keras is saved without its training setup ({', '.join(custom)}: your code), "
             "so plain keras.saving.load_model opens it anywhere, for inference; to train on, "
             "resume from the run's checkpoints.",
             "note",

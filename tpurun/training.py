@@ -99,7 +99,9 @@ def train(job: TrainJob) -> TrainResult:
         )  # fmt: skip
     with runtime.scope():
         model = build_model(config, plan.backend)
-        compile_model(model, config, plan)
+        note = compile_model(model, config, plan)
+    if note:
+        reporter.message(note, "note")
     callbacks, progress, control = cbs.build_callbacks(
         config, plan, run, reporter, stop, job.identity
     )

@@ -58,8 +58,10 @@ class ModelConfig(Section):
         default_factory=lambda: NamedObject(name="adam"),
         description="A Keras optimizer name or module:Class; other keys are its kwargs.",
     )
-    loss: NamedObject | list[NamedObject] | dict[str, NamedObject] = Field(
-        description="A Keras loss name, module:function, or {name: ..., kwarg: ...}."
+    loss: NamedObject | list[NamedObject] | dict[str, NamedObject] | None = Field(
+        None,
+        description="A Keras loss name, module:function, or {name: ..., kwarg: ...}; left out: "
+        "the loss the factory compiled its model with.",
     )
     metrics: list[NamedObject] = Field(default_factory=list, description="Keras metrics.")
 
