@@ -391,9 +391,15 @@ def test_time_limit_durations(tmp_path):
             load_config(path, [f"train.time_limit={bad}"])
 
 
-def test_a_remote_output_dir_is_refused_with_what_to_do_instead(tmp_path):
+def test_output_dir_takes_a_bucket_and_refuses_other_schemes(tmp_path):
     from conftest import toy_config
 
     config = toy_config(tmp_path, tmp_path, output={"dir": "gs://bucket/runs"})
-    with pytest.raises(ConfigError, match=r"output.dir: .*a local folder.*gsutil -m cp -r"):
-        load_config(config)
+    assert load_config(config).output.dir == "gs://bucket/runs"
+    for bad, says in (
+        ("s3://bucket/runs", "'s3://' is not supported"),
+        ("gs:///runs", "name the bucket"),
+    ):
+        config = toy_config(tmp_path, tmp_path, output={"dir": bad})
+        with pytest.raises(ConfigError, match=rf"output.dir: .*{says}"):
+            load_config(config)

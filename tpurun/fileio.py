@@ -7,26 +7,129 @@ TensorFlow's own GCS client, which the input pipeline uses anyway.
 
 Object stores cannot append or rename: an atomic write of a remote file is a local write, then one
 upload (an object appears whole or not at all), and :func:`rename` is a copy plus a delete.
+
+A remote operation that fails raises :class:`StorageError`, which says which bucket, why (not
+reachable, no permission, no such bucket) and what to do; a missing file still raises
+``NotFoundError`` for the reads that expect one. How long TF's GCS client retries before it gives
+up is bounded by :data:`GCS_DEFAULTS`, set wherever the user has not set them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob as globlib
 import json
 import os
 import shutil
+import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+
+from tpurun.errors import TpurunError
+
+#: TF's GCS client reads these once, at a process's first gs:// use. Its own defaults retry a
+#: refused connection 10 times with delays growing to 32 s (about 196 s before an error), and wait
+#: 120 s for each connection. tpurun's: 4 retries from 0.25 s, at most 2 s apart (a dead endpoint
+#: fails in about 6 s; blips of a few seconds are ridden out), 20 s to connect. Variables the user
+#: set are left as they are.
+GCS_DEFAULTS = {
+    "GCS_RETRY_CONFIG_MAX_RETRIES": "4",
+    "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "250000",
+    "GCS_RETRY_CONFIG_MAX_DELAY_TIME_US": "2000000",
+    "GCS_REQUEST_CONNECTION_TIMEOUT_SECS": "20",
+}
+
+
+def apply_gcs_defaults() -> None:
+    """Set :data:`GCS_DEFAULTS` where the environment has no value (before the first gs:// use)."""
+    for key, value in GCS_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+class StorageError(TpurunError):
+    """A bucket could not be read or written: unreachable, no permission, or no such bucket."""
 
 
 def is_remote(path: str) -> bool:
     return "://" in str(path)
 
 
+def bucket_of(path: str) -> str:
+    """``gs://bucket/a/b`` -> ``gs://bucket``."""
+    scheme, _, rest = str(path).partition("://")
+    return f"{scheme}://{rest.split('/', 1)[0]}"
+
+
+def storage_error(path: str, doing: str, exc: BaseException) -> StorageError:
+    """A clear error for a failed remote operation on ``path`` (``doing``: "writing it", ...).
+
+    TF's GCS client reports a refused or unreachable endpoint as ``AbortedError`` ("All N retry
+    attempts failed") or ``UnavailableError``, HTTP 401/403 as ``PermissionDeniedError``, and a
+    write into a bucket that does not exist as ``NotFoundError``.
+    """
+    name = type(exc).__name__
+    detail = (getattr(exc, "message", None) or str(exc)).strip().splitlines()
+    first = (detail[0] if detail else name)[:240]
+    bucket = bucket_of(path)
+    if name in ("PermissionDeniedError", "UnauthenticatedError"):
+        return StorageError(
+            f"{path}: permission denied while {doing} ({first}). The credentials in use cannot "
+            f"do this in {bucket}: grant them access (roles/storage.objectViewer to read data, "
+            "roles/storage.objectAdmin to write run directories), or set "
+            "GOOGLE_APPLICATION_CREDENTIALS to an account that has it. `tpurun doctor CONFIG` "
+            "checks the buckets a config uses."
+        )
+    if name == "NotFoundError":
+        return StorageError(
+            f"{path}: the bucket {bucket} does not exist (or this account may not see it), so "
+            f"{doing} failed. Create it (gcloud storage buckets create {bucket}) or fix the path."
+        )
+    if name in ("AbortedError", "UnavailableError", "DeadlineExceededError",
+                "FailedPreconditionError") or "HTTP request" in first:  # fmt: skip
+        retries = os.environ.get("GCS_RETRY_CONFIG_MAX_RETRIES", "10")
+        return StorageError(
+            f"{path}: Google Cloud Storage did not answer while {doing} ({first}); tpurun gave "
+            f"up after {retries} retries. Check the network (and HTTPS_PROXY, if one is needed), "
+            "then run the same command again; to wait longer for storage, set "
+            "GCS_RETRY_CONFIG_MAX_RETRIES (see the README's Google Cloud Storage section)."
+        )
+    return StorageError(f"{path}: {doing} failed: {name}: {first}")
+
+
+def as_storage_error(exc: BaseException, doing: str) -> StorageError | None:
+    """The :class:`StorageError` behind a TensorFlow error raised while reading or writing a
+    bucket (say, by ``tf.data`` mid-training), or None when ``exc`` is not one."""
+    tf = sys.modules.get("tensorflow")
+    if tf is None or not isinstance(exc, tf.errors.OpError):
+        return None
+    text = getattr(exc, "message", None) or str(exc)
+    start = text.find("gs://")
+    if start < 0 and "HTTP request" not in text:
+        return None
+    path = text[start:].split()[0].rstrip(".,:;'\"") if start >= 0 else "gs://"
+    return storage_error(path, doing, exc)
+
+
+@contextlib.contextmanager
+def _remote(path: str, doing: str, *, missing_is_error: bool = False) -> Iterator[None]:
+    """Turn TensorFlow's errors about ``path`` into :class:`StorageError`; a NotFoundError passes
+    through unless ``missing_is_error`` (writes: only a missing bucket makes one)."""
+    tf = sys.modules.get("tensorflow")
+    try:
+        yield
+    except Exception as exc:
+        if tf is None or not isinstance(exc, tf.errors.OpError):
+            raise
+        if isinstance(exc, tf.errors.NotFoundError) and not missing_is_error:
+            raise
+        raise storage_error(path, doing, exc) from None
+
+
 def _gfile():
     from tpurun.process import import_tensorflow
 
+    apply_gcs_defaults()
     return import_tensorflow().io.gfile
 
 
@@ -46,23 +149,37 @@ def dirname(path: str) -> str:
 
 
 def exists(path: str) -> bool:
-    return _gfile().exists(path) if is_remote(path) else os.path.exists(path)
+    if not is_remote(path):
+        return os.path.exists(path)
+    gfile = _gfile()
+    with _remote(path, "checking whether it exists"):
+        return gfile.exists(path)
 
 
 def isdir(path: str) -> bool:
-    return _gfile().isdir(path) if is_remote(path) else os.path.isdir(path)
+    if not is_remote(path):
+        return os.path.isdir(path)
+    gfile = _gfile()
+    with _remote(path, "checking whether it is a folder"):
+        return gfile.isdir(path)
 
 
 def makedirs(path: str) -> None:
-    if is_remote(path):
-        _gfile().makedirs(path)
-    else:
+    if not is_remote(path):
         os.makedirs(path, exist_ok=True)
+        return
+    gfile = _gfile()
+    with _remote(path, "creating it", missing_is_error=True):
+        gfile.makedirs(path)
 
 
 def glob(pattern: str) -> list[str]:
     """Sorted matches of a glob (remote globs are expanded by the store)."""
-    return sorted(_gfile().glob(pattern) if is_remote(pattern) else globlib.glob(pattern))
+    if not is_remote(pattern):
+        return sorted(globlib.glob(pattern))
+    gfile = _gfile()
+    with _remote(pattern, "listing it", missing_is_error=True):
+        return sorted(gfile.glob(pattern))
 
 
 def escape(path: str) -> str:
@@ -71,19 +188,27 @@ def escape(path: str) -> str:
 
 
 def mtime(path: str) -> float:
-    if is_remote(path):
-        return _gfile().stat(path).mtime_nsec / 1e9
-    return os.path.getmtime(path)
+    if not is_remote(path):
+        return os.path.getmtime(path)
+    gfile = _gfile()
+    with _remote(path, "reading its metadata"):
+        return gfile.stat(path).mtime_nsec / 1e9
 
 
 def size(path: str) -> int:
-    return _gfile().stat(path).length if is_remote(path) else os.path.getsize(path)
+    if not is_remote(path):
+        return os.path.getsize(path)
+    gfile = _gfile()
+    with _remote(path, "reading its metadata"):
+        return gfile.stat(path).length
 
 
 def remove(path: str, missing_ok: bool = True) -> None:
     try:
         if is_remote(path):
-            _gfile().remove(path)
+            gfile = _gfile()
+            with _remote(path, "deleting it"):
+                gfile.remove(path)
         else:
             os.remove(path)
     except (FileNotFoundError, _not_found()):
@@ -94,30 +219,35 @@ def remove(path: str, missing_ok: bool = True) -> None:
 def _not_found() -> type[BaseException]:
     """The exception a missing remote file raises (TF's NotFoundError), without importing TF for
     local paths."""
-    import sys
-
     tf = sys.modules.get("tensorflow")
     return tf.errors.NotFoundError if tf is not None else FileNotFoundError
 
 
 def rename(src: str, dst: str) -> None:
-    """Move a file or folder; remote paths are copied, then deleted (what a store's rename is)."""
+    """Move a file or folder; remote paths are copied, then deleted (what a store's rename is:
+    a folder moves object by object, so it is not atomic)."""
     if is_remote(src) or is_remote(dst):
-        _gfile().rename(src, dst, overwrite=True)
+        gfile = _gfile()
+        with _remote(src, f"moving it to {dst}"):
+            gfile.rename(src, dst, overwrite=True)
     else:
         os.replace(src, dst)
 
 
 def copy(src: str, dst: str) -> None:
     if is_remote(src) or is_remote(dst):
-        _gfile().copy(src, dst, overwrite=True)
+        gfile = _gfile()
+        where, writing = (dst, not is_remote(src)) if is_remote(dst) else (src, False)
+        with _remote(where, f"copying {src} to {dst}", missing_is_error=writing):
+            gfile.copy(src, dst, overwrite=True)
     else:
         shutil.copyfile(src, dst)
 
 
 def read_bytes(path: str) -> bytes:
     if is_remote(path):
-        with _gfile().GFile(path, "rb") as f:
+        gfile = _gfile()
+        with _remote(path, "reading it"), gfile.GFile(path, "rb") as f:
             return f.read()
     with open(path, "rb") as f:
         return f.read()
@@ -136,7 +266,11 @@ def read_text_or_none(path: str) -> str | None:
 
 
 def read_json(path: str) -> dict | None:
-    """The JSON object in ``path``, or None when it is missing, unreadable or not an object."""
+    """The JSON object in ``path``, or None when it is missing, unreadable or not an object.
+
+    Raises:
+        StorageError: a remote ``path`` cannot be read (not reachable, no permission).
+    """
     try:
         data = json.loads(read_text_or_none(path) or "null")
     except (OSError, ValueError):
@@ -148,15 +282,19 @@ def save_atomically(path: str, write: Callable[[str], Any]) -> None:
     """Call ``write(tmp_path)`` and move the result to ``path`` only once it is complete.
 
     A kill at any instant leaves either the old file or the new one, never half of one. A remote
-    file is written to a local temporary folder, then uploaded in one request: the store makes it
-    visible only once the upload is complete.
+    file is staged in a private folder of the system's temporary directory (``tempfile``), then
+    uploaded in one request: the store makes the object visible only once the upload is complete,
+    and a store has no rename to commit with. The staging folder is removed right after (a
+    SIGKILL between the two leaves it for the OS's temp cleaning).
     """
     name = basename(path)
     if is_remote(path):
+        gfile = _gfile()
         with tempfile.TemporaryDirectory(prefix="tpurun-") as tmp:
             local = os.path.join(tmp, name)
             write(local)
-            _gfile().copy(local, path, overwrite=True)
+            with _remote(path, "uploading it", missing_is_error=True):
+                gfile.copy(local, path, overwrite=True)
         return
     folder = os.path.dirname(path) or "."
     tmp = os.path.join(folder, f".tmp-{os.getpid()}-{name}")  # same suffix: Keras checks it

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tpurun import fileio
+from tpurun import fileio, runlock
 from tpurun.errors import TpurunError
 
 CONFIG = "config.yaml"
@@ -108,8 +108,7 @@ class Summary:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
-def now_iso() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+now_iso = runlock.now_iso
 
 
 class RunDir:
@@ -118,7 +117,7 @@ class RunDir:
     def __init__(self, path: str, *, writer: bool = True):
         self.path = str(path)
         self.writer = writer
-        self._lock_fd: int | None = None
+        self._lock = runlock.make_lock(self.file(LOCK))
         self.begun = False
 
     def __repr__(self) -> str:
@@ -157,12 +156,13 @@ class RunDir:
     def checkpoint_files(self, pattern: str = "*") -> list[str]:
         """File names in ``checkpoints/`` matching a glob pattern, oldest first."""
         paths = fileio.glob(fileio.join(fileio.escape(self.checkpoints), pattern))
-        paths.sort(key=fileio.mtime)
+        paths.sort(key=lambda p: (fileio.mtime(p), p))  # names break a tie of mtimes
         return [fileio.basename(p) for p in paths]
 
     def status(self) -> str:
         """The summary's status, except that a run recorded as running whose lock nobody holds has
-        died (SIGKILL, a crashed VM): it can never say so itself."""
+        died (SIGKILL, a crashed VM; in a bucket: its lock's heartbeat stopped, or its process is
+        gone from this host): it can never say so itself."""
         summary = self.read_summary() or {}
         status = summary.get("status", "unknown")
         if status == "running" and not self.is_locked():
@@ -171,64 +171,45 @@ class RunDir:
 
     # ------------------------------------------------------------------ the lock
     def is_locked(self) -> bool:
-        """Whether a live process holds this run's lock (the kernel drops a dead one's)."""
-        if fileio.is_remote(self.path):
-            return False  # no lock on object stores yet: see lock()
-        import fcntl
-
-        try:
-            fd = os.open(self.file(LOCK), os.O_RDONLY)
-        except OSError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            return True
-        finally:
-            os.close(fd)
-        return False
+        """Whether a live process holds this run's lock: locally, the kernel drops a dead one's
+        flock; in a bucket, a lock whose heartbeat stopped (see :mod:`tpurun.runlock`) is not."""
+        return self._lock.held or self._lock.is_locked()
 
     def lock(self) -> None:
         """Hold this run directory for the life of the process (or until :meth:`unlock`).
 
-        The lock is an ``flock`` on ``run.lock``: the kernel releases it when the holder dies, so a
-        run killed with SIGKILL never blocks the next one. The file also says who holds it.
+        ``run.lock`` says who holds it. Locally it is an ``flock``, so a run killed with SIGKILL
+        never blocks the next one; in a bucket it is an object with a heartbeat
+        (:mod:`tpurun.runlock`), taken over once its holder is dead or silent.
 
         Raises:
             TpurunError: another live process holds it; the message names its pid, host and start.
         """
-        if not self.writer or self._lock_fd is not None or fileio.is_remote(self.path):
+        if not self.writer or self._lock.held:
             return
-        import fcntl
-
-        path = self.file(LOCK)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise self._busy() from None
-        holder = (
-            f'{{"pid": {os.getpid()}, "host": "{socket.gethostname()}", "since": "{now_iso()}"}}\n'
-        )
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, holder.encode(), 0)
-        self._lock_fd = fd
+            self._lock.acquire()
+        except runlock.Busy as busy:
+            raise self._busy(busy.holder) from None
 
-    def _busy(self) -> TpurunError:
-        holder = fileio.read_json(self.file(LOCK)) or {}
+    def _busy(self, holder: dict) -> TpurunError:
         who = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
+        age = runlock.heartbeat_age(holder)
+        alive = ""
+        if age is not None:
+            alive = (
+                f"; its last heartbeat was {age:.0f} s ago, and a lock silent for "
+                f"{runlock.STALE_SECONDS / 60:g} minutes is taken over"
+            )
         return TpurunError(
-            f"{self.path} is in use by another tpurun run ({who}, since {holder.get('since', '?')}); "
-            "two runs would overwrite each other's checkpoints. Wait for it to finish or stop it "
-            f"(kill {holder.get('pid', 'PID')}), or train this one elsewhere (--output DIR, or "
-            "--set name=NEW_NAME)."
+            f"{self.path} is in use by another tpurun run ({who}, since {holder.get('since', '?')}"
+            f"{alive}); two runs would overwrite each other's checkpoints. Wait for it to finish "
+            f"or stop it (kill {holder.get('pid', 'PID')}), or train this one elsewhere (--output "
+            "DIR, or --set name=NEW_NAME)."
         )
 
     def unlock(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)  # closing the descriptor releases the flock
-            self._lock_fd = None
+        self._lock.release()
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[RunDir]:
@@ -253,6 +234,8 @@ class RunDir:
             with self.locked():  # refuse to move a live run
                 aside = f"{self.path.rstrip('/')}-{time.strftime('%Y%m%d-%H%M%S')}"
                 fileio.rename(self.path, aside)
+                if fileio.is_remote(aside):  # the lock object moved along (a folder's objects do)
+                    fileio.remove(fileio.join(aside, LOCK))
         try:
             fileio.makedirs(self.checkpoints)
         except OSError as exc:
@@ -266,8 +249,15 @@ class RunDir:
         self.lock()
         return aside
 
-    def _write_text(self, name: str, text: str) -> None:
+    def _writing(self) -> bool:
+        """Whether this RunDir writes; raises :class:`~tpurun.runlock.LockLost` when another run
+        took its (remote) lock."""
         if self.writer:
+            self._lock.check()
+        return self.writer
+
+    def _write_text(self, name: str, text: str) -> None:
+        if self._writing():
             fileio.write_text(self.file(name), text)
 
     def write_config(self, effective: Mapping[str, Any]) -> None:
@@ -290,7 +280,7 @@ class RunDir:
             self.write_summary(summary)
 
     def write_summary(self, summary: Summary) -> None:
-        if not self.writer:
+        if not self._writing():
             return
         summary.pid, summary.host, summary.updated = os.getpid(), socket.gethostname(), now_iso()
         fileio.write_json(self.file(SUMMARY), summary.to_dict())
@@ -304,19 +294,19 @@ class RunDir:
 
     def save_model(self, save: Callable[[str], Any]) -> None:
         """``model.keras``, written by ``save(path)`` (Keras' saver) atomically."""
-        if self.writer:
+        if self._writing():
             fileio.save_atomically(self.file(MODEL), save)
 
     def save_checkpoint(self, name: str, save: Callable[[str], Any]) -> None:
-        if self.writer:
+        if self._writing():
             fileio.save_atomically(self.checkpoint(name), save)
 
     def write_checkpoint_state(self, name: str, state: Mapping[str, Any]) -> None:
-        if self.writer:
+        if self._writing():
             fileio.write_json(self.checkpoint(name), dict(state))
 
     def remove_checkpoint(self, name: str) -> None:
-        if self.writer:
+        if self._writing():
             fileio.remove(self.checkpoint(name))
 
     # ------------------------------------------------------------------ the CSV log

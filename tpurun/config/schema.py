@@ -319,17 +319,23 @@ class CallbacksConfig(Section):
 
 
 class OutputConfig(Section):
-    dir: str = Field("runs", description="Run directory = <dir>/<name> (relative to the cwd).")
+    dir: str = Field(
+        "runs", description="Run directory = <dir>/<name>: a local folder (relative to the cwd) "
+        "or gs://bucket/path."
+    )  # fmt: skip
 
     @field_validator("dir")
     @classmethod
-    def _local(cls, value: str) -> str:
-        # Checkpoints are written from the host, renamed into place and pruned: a local folder.
-        if "://" in value:
+    def _local_or_gcs(cls, value: str) -> str:
+        # TensorFlow's file system reads and writes gs:// itself; other schemes need plugins
+        # (tensorflow-io) that tpurun does not test.
+        if "://" in value and not value.startswith("gs://"):
             raise ValueError(
-                "a local folder (checkpoints are written on this machine); copy the run "
-                "directory to the bucket afterwards, e.g. gsutil -m cp -r runs gs://bucket/"
+                f"'{value}': a local folder or a Google Cloud Storage path (gs://bucket/runs); "
+                f"'{value.split('://')[0]}://' is not supported"
             )
+        if value.startswith("gs://") and not value[5:].split("/")[0]:
+            raise ValueError(f"'{value}': name the bucket, e.g. gs://my-bucket/runs")
         return value
 
 

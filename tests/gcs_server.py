@@ -1,0 +1,495 @@
+"""A Google Cloud Storage server on 127.0.0.1 that TensorFlow's own ``gs://`` client talks to.
+
+TF's GCS client has its endpoints hard-coded (``www.googleapis.com`` for metadata and uploads,
+``storage.googleapis.com`` for reads) and honours ``HTTPS_PROXY``. So the server process runs two
+things:
+
+- ``gcp-storage-emulator`` (pinned: :data:`EMULATOR`), patched below for TF's requests, on a plain
+  HTTP port that the tests also use directly (seeding, reading back, fault controls);
+- a CONNECT proxy that terminates TLS with a throwaway CA (``trustme``) whose certificate names
+  both hosts, and pipes the decrypted bytes to the emulator.
+
+It runs in a process of its own: TF holds the GIL during an upload, so a server thread in the
+process that calls TF deadlocks, and a process can be killed and restarted (its objects are kept
+on disk) to simulate an outage.
+
+The patches (each needed for TF 2.21's requests, or for a fault the tests inject):
+
+1. an upload PUT carries ``Transfer-Encoding: chunked`` *and* ``Content-Length``: the chunked body
+   wins (else the object is stored with the chunk framing in it);
+2. an empty media upload (``makedirs``' directory marker) is accepted, and ``ifGenerationMatch=0``
+   is honoured (412 when the object exists), as GCS does;
+3. the resumable-upload URL it returns is ``https://`` (the client reached it over TLS);
+4. HTTP/1.1 keep-alive with TCP_NODELAY, on a threading server (else ~40 ms a request);
+5. ``b/<bucket>/storageLayout``, which TF asks for before renaming a folder;
+6. objects stored flat (a hash per name), so a folder marker ``a/`` and an object ``a/b`` coexist;
+   no soft delete; one lock around the emulator's (unsynchronised) state;
+7. fault controls under ``/_tpurun/``: answer 403 for a bucket, hold uploads whose URL contains a
+   text until released.
+
+Run as a script, it is the server process: ``python gcs_server.py DATA_DIR PEM PORT PROXY_PORT``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+EMULATOR = "gcp-storage-emulator==2026.7.19"  # the version the patches below were written for
+HOSTS = ("www.googleapis.com", "storage.googleapis.com")
+
+
+# ============================================================================ the server process
+def _patch_emulator():
+    """Apply the patches of the module docstring; returns the handler class to serve."""
+    import hashlib
+    from http import HTTPStatus
+
+    from gcp_storage_emulator import server as em
+    from gcp_storage_emulator import storage as em_storage
+    from gcp_storage_emulator.handlers import objects
+
+    # 1. The chunked body wins over a Content-Length sent beside it.
+    original_read = em._read_raw_data
+
+    def read_raw_data(handler):
+        if (handler.headers.get("Transfer-Encoding") or "").lower() == "chunked":
+            del handler.headers["Content-Length"]
+        return original_read(handler)
+
+    em._read_raw_data = read_raw_data
+
+    # 2. Empty media uploads, and the create-only precondition.
+    original_insert = objects.insert
+
+    def insert(request, response, storage, *args, **kwargs):
+        if request.data is None:
+            request._data = b""
+        if request.query.get("ifGenerationMatch") == ["0"] and "name" in request.query:
+            bucket, name = request.params["bucket_name"], request.query["name"][0]
+            if name in storage.objects.get(bucket, {}):
+                response.status = HTTPStatus.PRECONDITION_FAILED
+                response.json({"error": {"code": 412, "message": "Precondition Failed"}})
+                return None
+        return original_insert(request, response, storage, *args, **kwargs)
+
+    # 3. https upload URLs.
+    original_init = em.Request.__init__
+
+    def request_init(self, handler, method):
+        original_init(self, handler, method)
+        self._base_url = self._base_url.replace("http://", "https://", 1)
+        self._full_url = self._base_url + self._path
+        self._parsed_url = urllib.parse.urlparse(self._full_url)
+
+    em.Request.__init__ = request_init
+
+    # 5. storageLayout.
+    def storage_layout(request, response, storage, *args, **kwargs):
+        bucket = request.params["bucket_name"]
+        if bucket not in storage.buckets:
+            response.status = HTTPStatus.NOT_FOUND
+            return
+        response.json({"kind": "storage#storageLayout", "bucket": bucket, "location": "US",
+                       "locationType": "multi-region",
+                       "hierarchicalNamespace": {"enabled": False}})  # fmt: skip
+
+    handlers = []
+    for pattern, methods in em.HANDLERS:
+        methods = dict(methods)
+        if methods.get("POST") is objects.insert:
+            methods["POST"] = insert
+        handlers.append((pattern, methods))
+    layout = r"^/storage/v1/b/(?P<bucket_name>[-.\w]+)/storageLayout$"
+    em.HANDLERS = ((layout, {"GET": storage_layout}), *handlers)
+
+    # 6. Flat object files; no soft delete.
+    def object_path(self, bucket_name, file_name):
+        return f"{bucket_name}/{hashlib.sha256(file_name.encode()).hexdigest()}"
+
+    em_storage.Storage._object_path = object_path
+    em_storage.Storage._bucket_soft_delete_retention_seconds = lambda self, bucket: 0
+    return em
+
+
+class _Faults:
+    """What the tests asked the server to do wrong (7)."""
+
+    def __init__(self):
+        self.forbidden: set[str] = set()
+        self.hold: str | None = None  # uploads whose URL contains this wait for release()
+        self.held = 0  # uploads that started waiting
+        self.released = threading.Event()
+
+
+def _bucket_of(path: str) -> str | None:
+    parts = [p for p in urllib.parse.urlparse(path).path.split("/") if p]
+    for prefix in (["storage", "v1", "b"], ["upload", "storage", "v1", "b"],
+                   ["download", "storage", "v1", "b"]):  # fmt: skip
+        if parts[: len(prefix)] == prefix:
+            return parts[len(prefix)] if len(parts) > len(prefix) else None
+    return parts[0] if parts and not parts[0].startswith("_") else None
+
+
+def _handler_class(em, faults: _Faults):
+    from http import server as http_server
+
+    state_lock = threading.Lock()
+
+    class Handler(em.RequestHandler):
+        protocol_version = "HTTP/1.1"  # 4.
+        disable_nagle_algorithm = True
+
+        def _control(self) -> bool:
+            url = urllib.parse.urlparse(self.path)
+            if not url.path.startswith("/_tpurun/"):
+                return False
+            query = urllib.parse.parse_qs(url.query)
+            action = url.path.removeprefix("/_tpurun/")
+            if action == "forbid":
+                faults.forbidden.add(query["bucket"][0])
+            elif action == "hold":
+                faults.hold, faults.held = query["match"][0], 0
+                faults.released.clear()
+            elif action == "release":
+                faults.hold = None
+                faults.released.set()
+            body = json.dumps({"held": faults.held}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return True
+
+        def _refuse(self) -> bool:
+            bucket = _bucket_of(self.path)
+            if bucket not in faults.forbidden:
+                return False
+            em._read_raw_data(self)  # the body, so that the connection stays in step
+            body = json.dumps({"error": {"code": 403, "message": (
+                f"tpurun-test@example.iam.gserviceaccount.com does not have storage.objects.get "
+                f"access to the Google Cloud Storage bucket {bucket}. Permission "
+                "'storage.objects.get' denied on resource (or it may not exist).")}}).encode()  # fmt: skip
+            self.send_response(403)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return True
+
+        def _hold(self, method: str) -> None:
+            match = faults.hold
+            if match and method == "PUT" and self.path.startswith("/upload/"):
+                if match in urllib.parse.unquote(self.path):
+                    faults.held += 1
+                    faults.released.wait(120)
+
+        def _route(self, method: str) -> None:
+            if self._control() or self._refuse():
+                return
+            self._hold(method)
+            with state_lock:  # 6. the emulator's state is not thread-safe
+                em.Router(self).handle(method)
+
+        def do_GET(self):
+            self._route("GET")
+
+        def do_POST(self):
+            self._route("POST")
+
+        def do_PUT(self):
+            self._route("PUT")
+
+        def do_DELETE(self):
+            self._route("DELETE")
+
+        def do_PATCH(self):
+            self._route("PATCH")
+
+    class Server(http_server.ThreadingHTTPServer):
+        daemon_threads = True
+        allow_reuse_address = True
+
+    return Handler, Server
+
+
+def _pump(a: socket.socket, b: socket.socket) -> None:
+    """Copy bytes both ways until either side closes; one thread, so the TLS side is never read
+    and written at once from two threads."""
+    import select
+    import ssl
+
+    try:
+        while True:
+            ready = [a] if isinstance(a, ssl.SSLSocket) and a.pending() else None
+            if ready is None:
+                ready, _, _ = select.select([a, b], [], [], 300)
+                if not ready:
+                    return
+            for sock in ready:
+                data = sock.recv(1 << 16)
+                if not data:
+                    return
+                (b if sock is a else a).sendall(data)
+    except OSError:
+        return
+    finally:
+        for sock in (a, b):
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+
+def _proxy(port: int, upstream: int, pem: str) -> socket.socket:
+    """The CONNECT proxy: TLS for both Google hosts, ended here, piped to the emulator."""
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(pem)
+    listener = socket.create_server(("127.0.0.1", port))
+
+    def serve(conn: socket.socket) -> None:
+        head = b""
+        try:
+            while b"\r\n\r\n" not in head:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    conn.close()
+                    return
+                head += chunk
+            conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            tls = context.wrap_socket(conn, server_side=True)
+            up = socket.create_connection(("127.0.0.1", upstream))
+        except OSError:
+            conn.close()
+            return
+        for sock in (tls, up):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _pump(tls, up)
+
+    def accept() -> None:
+        while True:
+            conn, _ = listener.accept()
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return listener
+
+
+def serve(data_dir: str, pem: str, port: int, proxy_port: int) -> None:
+    """The server process: emulator on ``port``, TLS proxy on ``proxy_port``, until killed."""
+    import logging
+
+    logging.disable(logging.CRITICAL)  # the emulator logs every 404 as an error
+    em = _patch_emulator()
+    from gcp_storage_emulator.storage import Storage
+
+    storage = Storage(data_dir=data_dir)
+    handler, server_class = _handler_class(em, _Faults())
+
+    def make_handler(*args, **kwargs):
+        return handler(storage, *args, **kwargs)
+
+    httpd = server_class(("127.0.0.1", port), make_handler)
+    _proxy(proxy_port, port, pem)
+    print("READY", flush=True)
+    httpd.serve_forever()
+
+
+# ============================================================================== the test side
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class GcsServer:
+    """The server process, seen from the tests: start, kill, restart, and a small client.
+
+    The client talks plain HTTP to the emulator port (no TensorFlow in the test process); the
+    code under test reaches it through :attr:`env` in a subprocess.
+    """
+
+    def __init__(self, root: Path):
+        import trustme
+
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        ca = trustme.CA()
+        cert = ca.issue_cert(*HOSTS)
+        self.ca_file = self.root / "ca.pem"
+        self.pem_file = self.root / "server.pem"
+        ca.cert_pem.write_to_path(str(self.ca_file))
+        cert.private_key_and_cert_chain_pem.write_to_path(str(self.pem_file))
+        self.data_dir = self.root / "objects"
+        self.port, self.proxy_port = free_port(), free_port()
+        self.proc: subprocess.Popen | None = None
+
+    # ------------------------------------------------------------------ the process
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, str(self.data_dir), str(self.pem_file), str(self.port),
+             str(self.proxy_port)],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+            text=True,
+        )  # fmt: skip
+        line = self.proc.stdout.readline()
+        if line.strip() != "READY":
+            self.kill()
+            raise RuntimeError(f"the GCS test server did not start: {line!r}")
+
+    def kill(self) -> None:
+        """End the server at once (SIGKILL): every connection drops, as in an outage."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a process needs to reach this server through TF's GCS client."""
+        proxy = f"http://127.0.0.1:{self.proxy_port}"
+        return {
+            "HTTPS_PROXY": proxy, "https_proxy": proxy,
+            "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
+            "CURL_CA_BUNDLE": str(self.ca_file),
+            "GOOGLE_AUTH_TOKEN_FOR_TESTING": "test-token",
+            "GCS_RETRY_CONFIG_MAX_RETRIES": "2",
+            "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "100000",
+            "GCS_RETRY_CONFIG_MAX_DELAY_TIME_US": "500000",
+            "GCS_STAT_CACHE_MAX_AGE": "0",
+        }  # fmt: skip
+
+    # ------------------------------------------------------------------ the client
+    def _call(self, method: str, path: str, body: bytes | None = None, json_body=None):
+        data = json.dumps(json_body).encode() if json_body is not None else body
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}", data=data, method=method
+        )
+        if json_body is not None:
+            request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    @staticmethod
+    def split(gs_path: str) -> tuple[str, str]:
+        bucket, _, name = gs_path.removeprefix("gs://").partition("/")
+        return bucket, name
+
+    def make_bucket(self, name: str) -> str:
+        status, body = self._call("POST", "/storage/v1/b?project=test", json_body={"name": name})
+        if status != 200:
+            raise RuntimeError(f"cannot create bucket {name}: {status} {body[:200]!r}")
+        return f"gs://{name}"
+
+    def put(self, gs_path: str, data: bytes) -> None:
+        bucket, name = self.split(gs_path)
+        query = urllib.parse.urlencode({"uploadType": "media", "name": name})
+        status, body = self._call("POST", f"/upload/storage/v1/b/{bucket}/o?{query}", data)
+        if status != 200:
+            raise RuntimeError(f"cannot upload {gs_path}: {status} {body[:200]!r}")
+
+    def upload(self, local: Path, gs_folder: str) -> list[str]:
+        """Every file of a local folder (or one file) into ``gs_folder``; returns the paths."""
+        local = Path(local)
+        files = sorted(p for p in local.rglob("*") if p.is_file()) if local.is_dir() else [local]
+        out = []
+        for path in files:
+            rel = path.relative_to(local).as_posix() if local.is_dir() else path.name
+            target = f"{gs_folder.rstrip('/')}/{rel}"
+            self.put(target, path.read_bytes())
+            out.append(target)
+        return out
+
+    def get(self, gs_path: str) -> bytes | None:
+        bucket, name = self.split(gs_path)
+        quoted = urllib.parse.quote(name, safe="")
+        status, body = self._call("GET", f"/storage/v1/b/{bucket}/o/{quoted}?alt=media")
+        return body if status == 200 else None
+
+    def get_json(self, gs_path: str):
+        data = self.get(gs_path)
+        return None if data is None else json.loads(data)
+
+    def list(self, gs_prefix: str) -> list[str]:
+        """Object names (``gs://`` paths) under a prefix, sorted."""
+        bucket, prefix = self.split(gs_prefix)
+        query = urllib.parse.urlencode({"prefix": prefix})
+        status, body = self._call("GET", f"/storage/v1/b/{bucket}/o?{query}")
+        if status != 200:
+            return []
+        return sorted(f"gs://{bucket}/{item['name']}" for item in json.loads(body)["items"])
+
+    def delete(self, gs_path: str) -> None:
+        bucket, name = self.split(gs_path)
+        self._call("DELETE", f"/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}")
+
+    # ------------------------------------------------------------------ faults
+    def forbid(self, bucket: str) -> None:
+        """Answer 403 to every request about this bucket (until the server restarts)."""
+        self._call("GET", f"/_tpurun/forbid?bucket={bucket}")
+
+    def hold(self, match: str) -> None:
+        """Make uploads whose URL contains ``match`` wait (up to 2 minutes) for :meth:`release`."""
+        self._call("GET", f"/_tpurun/hold?{urllib.parse.urlencode({'match': match})}")
+
+    def held(self) -> int:
+        return json.loads(self._call("GET", "/_tpurun/state")[1])["held"]
+
+    def release(self) -> None:
+        self._call("GET", "/_tpurun/release")
+
+    def wait_for(self, predicate, timeout: float = 60, what: str = "a condition") -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+            time.sleep(0.05)
+
+
+def __getattr__(name: str):
+    """Keras callbacks for training subprocesses (``callbacks.extra``), made on first use so that
+    the server process never imports Keras."""
+    if name == "SlowBatches":
+        import keras
+
+        class SlowBatches(keras.callbacks.Callback):
+            """Sleeps after every batch: training that lasts long enough to be interrupted."""
+
+            def __init__(self, seconds: float = 0.05):
+                super().__init__()
+                self.seconds = seconds
+
+            def on_train_batch_end(self, batch, logs=None):
+                time.sleep(self.seconds)
+
+        globals()[name] = SlowBatches
+        return SlowBatches
+    raise AttributeError(name)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    serve(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
