@@ -84,15 +84,29 @@ def toy_data(tmp_path) -> Path:
     return write_toy_data(tmp_path / "data")
 
 
-def run_cli(*args: str, env: dict | None = None, timeout: float = 600):
-    """Run the real `tpurun` console script in a subprocess."""
-    import subprocess
-
+def _cli_env(env: dict | None) -> dict:
     full_env = {**os.environ, "TPURUN_PLAIN": "1", **(env or {})}
     # The subprocess picks its own backend and devices, as a user's shell would.
     for key in ("KERAS_BACKEND", "XLA_FLAGS", "JAX_PLATFORMS"):
         full_env.pop(key, None)
+    return full_env
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 600):
+    """Run the real `tpurun` console script in a subprocess."""
+    import subprocess
+
     exe = Path(sys.executable).parent / "tpurun"
     return subprocess.run(
-        [str(exe), *args], capture_output=True, text=True, env=full_env, timeout=timeout, cwd=ROOT
-    )
+        [str(exe), *args], capture_output=True, text=True, env=_cli_env(env), timeout=timeout,
+        cwd=ROOT,
+    )  # fmt: skip
+
+
+def start_cli(*args: str, env: dict | None = None):
+    """Start the real `tpurun` console script, its stdout and stderr piped (to send it signals)."""
+    import subprocess
+
+    exe = Path(sys.executable).parent / "tpurun"
+    return subprocess.Popen([str(exe), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=_cli_env(env), cwd=ROOT)  # fmt: skip

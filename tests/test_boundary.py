@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
 import sys
 import time
 
 import pytest
 import yaml
-from conftest import ROOT, toy_config
+from conftest import start_cli, toy_config
 
 from tpurun.boundary import Signalled, StopSignals, _broken_framework, _interrupt_in
 
@@ -20,15 +18,7 @@ def test_a_signal_before_training_starts_exits_3_in_one_line(tmp_path, toy_data,
     """Ctrl-C (or a session ending) during start-up is the README's exit 3, without log noise."""
     path = tmp_path / "exp.yaml"
     path.write_text(yaml.safe_dump(toy_config(toy_data, tmp_path / "runs", train={"epochs": 50})))
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("KERAS_BACKEND", "XLA_FLAGS", "JAX_PLATFORMS")
-    }
-    env["TPURUN_PLAIN"] = "1"
-    exe = str(ROOT / ".venv" / "bin" / "tpurun") if (ROOT / ".venv").exists() else "tpurun"
-    proc = subprocess.Popen([exe, "train", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=ROOT)  # fmt: skip
+    proc = start_cli("train", str(path))
     first = proc.stdout.readline()  # the backend line: start-up is under way, no step has run
     assert first.startswith("[tpurun] CPU via "), first
     proc.send_signal(getattr(signal, sig))

@@ -323,23 +323,15 @@ def test_naic_like_example_runs_several_epochs_on_8_devices(tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_exits_3_and_a_rerun_continues(tmp_path, toy_data):
-    import os
     import signal
-    import subprocess
+
+    from conftest import start_cli
 
     config = toy_config(
         toy_data, tmp_path / "runs", train={"epochs": 400, "per_core_batch_size": 8}
     )
     path = write_config(tmp_path, config)
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("KERAS_BACKEND", "XLA_FLAGS", "JAX_PLATFORMS")
-    }
-    env["TPURUN_PLAIN"] = "1"
-    exe = str(ROOT / ".venv" / "bin" / "tpurun") if (ROOT / ".venv").exists() else "tpurun"
-    proc = subprocess.Popen([exe, "train", str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=ROOT)  # fmt: skip
+    proc = start_cli("train", str(path))
     for line in proc.stdout:  # wait until training is under way
         if line.startswith("[tpurun] epoch 3/400"):
             break
