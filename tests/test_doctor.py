@@ -237,6 +237,7 @@ def test_gcs_probe_ok_when_storage_answers():
         ([], False),
         (["data.validation=gs://bucket/val-*.tfrecord"], True),
         (["data.cache=gs://bucket/cache/train"], True),
+        (["output.dir=gs://bucket/runs"], True),
         (["data.kaggle_dataset=owner/name", "data.train=train-*.tfrecord"], None),
         (["data.kaggle_dataset=owner/name"], False),  # absolute globs: read as they are
     ],

@@ -131,13 +131,13 @@ def run_checks(
 
 
 def _uses_gcs(cfg: Any) -> bool | None:
-    """Whether the config reads gs:// paths; None where the machine decides (the relative globs
-    of a ``data.kaggle_dataset`` are read from gs:// on TPU nodes, from /kaggle/input on VMs)."""
+    """Whether the config reads or writes gs:// paths; None where the machine decides (the relative
+    globs of a ``data.kaggle_dataset`` are read from gs:// on TPU nodes, from /kaggle/input on VMs)."""
     data = cfg.data
     paths = [data.train] if isinstance(data.train, str) else list(data.train)
     if data.validation:
         paths += [data.validation] if isinstance(data.validation, str) else list(data.validation)
-    if any(p.startswith("gs://") for p in [*paths, data.cache or ""]):
+    if any(p.startswith("gs://") for p in [*paths, data.cache or "", cfg.output.dir]):
         return True
     if data.kaggle_dataset and any("://" not in p and not p.startswith("/") for p in paths):
         return None
