@@ -110,3 +110,30 @@ def start_cli(*args: str, env: dict | None = None):
     exe = Path(sys.executable).parent / "tpurun"
     return subprocess.Popen([str(exe), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=_cli_env(env), cwd=ROOT)  # fmt: skip
+
+
+# ---------------------------------------------------------------- a GCS server on 127.0.0.1
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory):
+    """The GCS test server (tests/gcs_server.py), in its own process for the whole session."""
+    from gcs_server import GcsServer
+
+    server = GcsServer(tmp_path_factory.mktemp("gcs-server"))
+    server.start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture
+def gcs(gcs_server):
+    """The GCS test server, running (a test may have killed it), with a fresh bucket of this
+    test's own in ``gcs.bucket`` (``gs://...``). TensorFlow reaches it only in subprocesses started
+    with ``gcs.env``: the GCS client reads its settings once per process."""
+    import uuid
+
+    if not gcs_server.alive:
+        gcs_server.start()
+    gcs_server.release()
+    gcs_server.bucket = gcs_server.make_bucket(f"t-{uuid.uuid4().hex[:16]}")
+    yield gcs_server
+    gcs_server.release()

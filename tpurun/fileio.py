@@ -20,9 +20,11 @@ import contextlib
 import glob as globlib
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -51,6 +53,20 @@ class StorageError(TpurunError):
     """A bucket could not be read or written: unreachable, no permission, or no such bucket."""
 
 
+#: How long after storage was last found unreachable (TF's retries exhausted) the writes that are
+#: only worth a try (a failed run's last summary, releasing its lock) are skipped: each would
+#: spend the whole retry time again, and a run stopped by an outage should end promptly.
+UNREACHABLE_MEMORY_SECONDS = 30.0
+_unreachable_at: float | None = None
+
+
+def recently_unreachable() -> bool:
+    """Whether a gs:// request of this process gave up on an unreachable store just now."""
+    return _unreachable_at is not None and time.monotonic() - _unreachable_at < (
+        UNREACHABLE_MEMORY_SECONDS
+    )
+
+
 def is_remote(path: str) -> bool:
     return "://" in str(path)
 
@@ -68,9 +84,11 @@ def storage_error(path: str, doing: str, exc: BaseException) -> StorageError:
     attempts failed") or ``UnavailableError``, HTTP 401/403 as ``PermissionDeniedError``, and a
     write into a bucket that does not exist as ``NotFoundError``.
     """
+    global _unreachable_at
     name = type(exc).__name__
-    detail = (getattr(exc, "message", None) or str(exc)).strip().splitlines()
-    first = (detail[0] if detail else name)[:240]
+    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", getattr(exc, "message", None) or str(exc))
+    detail = text.strip().splitlines()
+    first = (detail[0] if detail else name).split(" [Op:")[0][:240]
     bucket = bucket_of(path)
     if name in ("PermissionDeniedError", "UnauthenticatedError"):
         return StorageError(
@@ -88,6 +106,7 @@ def storage_error(path: str, doing: str, exc: BaseException) -> StorageError:
     if name in ("AbortedError", "UnavailableError", "DeadlineExceededError",
                 "FailedPreconditionError") or "HTTP request" in first:  # fmt: skip
         retries = os.environ.get("GCS_RETRY_CONFIG_MAX_RETRIES", "10")
+        _unreachable_at = time.monotonic()
         return StorageError(
             f"{path}: Google Cloud Storage did not answer while {doing} ({first}); tpurun gave "
             f"up after {retries} retries. Check the network (and HTTPS_PROXY, if one is needed), "
@@ -109,6 +128,19 @@ def as_storage_error(exc: BaseException, doing: str) -> StorageError | None:
         return None
     path = text[start:].split()[0].rstrip(".,:;'\"") if start >= 0 else "gs://"
     return storage_error(path, doing, exc)
+
+
+def training_stopped(exc: BaseException, checkpoints: str) -> StorageError | None:
+    """What to say when a bucket failed mid-training (a checkpoint write, or ``tf.data`` reading
+    the data): the storage problem, and that the last committed checkpoint is kept. None when
+    ``exc`` is not a storage failure."""
+    storage = exc if isinstance(exc, StorageError) else as_storage_error(exc, "reading it")
+    if storage is None:
+        return None
+    return StorageError(
+        f"training stopped: {storage.message} The last checkpoint committed is kept in "
+        f"{checkpoints}; once storage answers, run the same command to continue."
+    )
 
 
 @contextlib.contextmanager

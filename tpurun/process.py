@@ -43,7 +43,11 @@ def import_tensorflow():
 
     TF 2.21 logs them through absl before TF_CPP_MIN_LOG_LEVEL applies, and in a notebook cell they
     bury the first lines that matter. If the import fails, what it wrote is shown after all.
+    Also sets tpurun's GCS retry defaults, which TF reads at its first gs:// request.
     """
+    from tpurun.fileio import apply_gcs_defaults
+
+    apply_gcs_defaults()
     if "tensorflow" in sys.modules:
         return sys.modules["tensorflow"]
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -280,10 +280,17 @@ class RunDir:
             self.write_summary(summary)
 
     def write_summary(self, summary: Summary) -> None:
+        """Write ``summary.json``. A failed run's summary is written on a best-effort basis: with
+        the bucket unreachable (the likely reason it failed), the error that stopped the run is
+        the one to report, promptly."""
         if not self._writing():
             return
         summary.pid, summary.host, summary.updated = os.getpid(), socket.gethostname(), now_iso()
-        fileio.write_json(self.file(SUMMARY), summary.to_dict())
+        if summary.status != "failed":
+            fileio.write_json(self.file(SUMMARY), summary.to_dict())
+        elif not fileio.recently_unreachable():
+            with contextlib.suppress(fileio.StorageError):
+                fileio.write_json(self.file(SUMMARY), summary.to_dict())
 
     def write_error(self, text: str) -> str | None:
         """Keep an unexpected failure's traceback; returns the file's path (None: not written)."""

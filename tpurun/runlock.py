@@ -180,6 +180,8 @@ class RemoteLock:
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_SECONDS):
+            if fileio.recently_unreachable():
+                continue  # an outage: the run itself will stop or ride it out
             try:
                 current = self.read() or {}
                 if current.get("token") not in (None, self.token):
@@ -209,6 +211,8 @@ class RemoteLock:
         if self._thread is not None:
             self._thread.join(timeout=5)
         token, self.token = self.token, None
+        if fileio.recently_unreachable():
+            return  # from this host it is taken over at once; elsewhere once it goes stale
         with contextlib.suppress(Exception):
             if (self.read() or {}).get("token") == token:
                 fileio.remove(self.path)

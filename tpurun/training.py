@@ -151,6 +151,11 @@ def train(job: TrainJob) -> TrainResult:
                 raise
             # Before the first step, a ValueError is the model not fitting the data's shapes.
             raise ModelError(_misfit(exc, model, config)) from None
+        except (fileio.StorageError, tf.errors.OpError) as exc:  # a bucket failed mid-run
+            stopped = fileio.training_stopped(exc, run.checkpoints)
+            if stopped is None:
+                raise
+            raise stopped from None
         except TpurunError:
             raise
         except Exception as exc:

@@ -90,10 +90,8 @@ def inspect(
     """
     if sample < 1:
         raise ValueError(f"sample must be at least 1; received sample={sample}")
-    import tensorflow as tf
-
     paths = records.expand(patterns)
-    sizes = [int(tf.io.gfile.stat(p).length) for p in paths]
+    sizes = records.sizes(paths)
     # An empty first shard says nothing about the compression of the others.
     first = next((p for p, s in zip(paths, sizes, strict=True) if s), paths[0])
     compression = records.detect_compression(first)
@@ -141,6 +139,11 @@ def _read_samples(paths: Sequence[str], compression: str, sample: int) -> list[t
         try:
             records = [r.numpy() for r in dataset.take(sample - len(samples))]
         except tf.errors.OpError as exc:
+            from tpurun.fileio import as_storage_error
+
+            unreadable = as_storage_error(exc, "reading it")
+            if unreadable is not None:
+                raise unreadable from None
             reason = exc.message.split("}} ")[-1].split(" [Op:")[0]  # without TF's op names
             raise DataError(
                 f"{path}: not a TFRecord file (compression: {compression}): {reason}"

@@ -8,6 +8,8 @@ because they are questions about the files, asked long before (and often without
 Reading a file to its end is the only way to count its records and to find damage, so both come
 from one pass (``verify``), and its verdicts are cached by path, size and mtime in
 ``~/.cache/tpurun/record_counts.json`` (or ``$TPURUN_CACHE_DIR``): a file is read once ever.
+In a bucket, an object rewritten in place gets a new modification time (each upload is a new
+generation, stamped when it completes), so its old verdict no longer matches and it is read again.
 """
 
 from __future__ import annotations
@@ -39,21 +41,28 @@ _TF_INFLATE = re.compile(r"inflate\(\) failed with error -?\d+: ([\w ]+)")
 
 # ------------------------------------------------------------------------- files, compression
 def expand(patterns: str | Sequence[str], resolve=lambda p: p, key: str = "") -> list[str]:
-    """Expand globs (local, gs://, ram://) into a sorted file list.
+    """Expand globs (local, gs://, ram://) into a sorted file list; folders are left out.
 
     Raises:
         DataError: when a glob matches no file, naming the glob.
+        StorageError: a gs:// glob cannot be listed (storage unreachable, no permission, no such
+            bucket), naming the bucket and the fix.
     """
     import tensorflow as tf
 
+    from tpurun import fileio
+
+    fileio.apply_gcs_defaults()  # before the first gs:// request of this process
     files: list[str] = []
     for pattern in [patterns] if isinstance(patterns, str) else patterns:
         path = resolve(pattern)
         try:
-            matched = tf.io.gfile.glob(path)
+            matched = _files_only(tf.io.gfile.glob(path))
         except tf.errors.OpError as exc:
+            if fileio.is_remote(path):
+                what = f"listing the files of {key}" if key else "listing the files"
+                raise fileio.storage_error(path, what, exc) from None
             raise DataError(f"{path}: cannot list files: {exc.message}") from None
-        matched = [m for m in matched if not tf.io.gfile.isdir(m)]
         if not matched:
             hint = ""
             if "://" not in path:
@@ -62,6 +71,35 @@ def expand(patterns: str | Sequence[str], resolve=lambda p: p, key: str = "") ->
             raise DataError(f"{where}{path}: no file matches this glob.{hint}")
         files.extend(sorted(matched))
     return list(dict.fromkeys(files))
+
+
+def _files_only(matched: list[str]) -> list[str]:
+    """The matches that are files. In a bucket, asking each match would cost two requests per
+    file; one listing per folder tells them apart (a folder is listed as ``name/``)."""
+    import tensorflow as tf
+
+    remote = [m for m in matched if "://" in m]
+    if not remote:
+        return [m for m in matched if not tf.io.gfile.isdir(m)]
+    listed: dict[str, set[str]] = {}
+    files = []
+    for match in matched:
+        folder, _, name = match.rpartition("/")
+        if folder not in listed:
+            listed[folder] = set(tf.io.gfile.listdir(folder))
+        if name in listed[folder]:
+            files.append(match)
+    return files
+
+
+def sizes(files: Sequence[str]) -> list[int]:
+    """Each file's size in bytes, asked several at a time (one request each in a bucket)."""
+    import tensorflow as tf
+
+    if not files:
+        return []
+    with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+        return list(pool.map(lambda f: int(tf.io.gfile.stat(f).length), files))
 
 
 def detect_compression(path: str) -> str:
@@ -145,6 +183,17 @@ def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
+def _unreadable(path: str, exc, how: str = "") -> DataError:
+    """A file that cannot be read: storage trouble (unreachable, no permission) says so and how
+    to fix it; anything else is the file's own problem."""
+    from tpurun.fileio import as_storage_error
+
+    storage = as_storage_error(exc, "reading it")
+    if storage is not None:
+        return DataError(storage.message)
+    return DataError(f"{path}: cannot read it{' ' + how if how else ''}: {_tf_message(exc)}")
+
+
 def _tf_message(exc) -> str:
     """TF's error text without the ``{{function_node ...}}`` prefix and ``[Op:...]`` suffix."""
     message = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", exc.message or str(exc))
@@ -206,7 +255,7 @@ def _count_one(path: str, compression: str) -> int | CorruptShard:
             offset = None
         return CorruptShard(path, offset, good, good + 1, reason, compression=kind)
     except tf.errors.OpError as exc:
-        raise DataError(f"{path}: cannot read it: {_tf_message(exc)}") from None
+        raise _unreadable(path, exc) from None
     if kind == "none" and _FRAMING * n + nbytes < tf.io.gfile.stat(path).length:
         # TF's reader takes a record header cut short by the end of the file for a clean end.
         reason = "truncated record" if n else "not a TFRecord file, or one truncated in its header"
@@ -340,7 +389,7 @@ def check_first_record(files: Sequence[str], features: Mapping[str, Any], compre
             verdict = _count_one(files[0], compression)
             if isinstance(verdict, CorruptShard):
                 raise corrupt_error([verdict]) from None
-        raise DataError(f"{files[0]}: cannot read it as TFRecords: {_tf_message(exc)}") from None
+        raise _unreadable(files[0], exc, "as TFRecords") from None
     if first is None:
         raise DataError(f"{files[0]}: the file holds no records.")
     feat.check_record(first.numpy(), features, files[0])
@@ -417,14 +466,9 @@ def check_split(
 
 def _size_mismatches(files: Sequence[str], schemas: Mapping[str, tuple[str, dict]]) -> list[str]:
     """The files whose size differs from the one their schema file lists: cut short, likely."""
-    import tensorflow as tf
-
     listed = {f: schema_lib.shard_bytes(schemas[f][1], f) for f in files if f in schemas}
     listed = {f: size for f, size in listed.items() if size is not None}
     if not listed:
         return []
-    with ThreadPoolExecutor(max_workers=min(8, len(listed))) as pool:
-        sizes = dict(
-            zip(listed, pool.map(lambda f: tf.io.gfile.stat(f).length, listed), strict=True)
-        )
-    return [f for f in files if f in listed and sizes[f] != listed[f]]
+    actual = dict(zip(listed, sizes(list(listed)), strict=True))
+    return [f for f in files if f in listed and actual[f] != listed[f]]

@@ -3,6 +3,11 @@
 A write is all or nothing: shards are written under hidden ``.<name>.partial`` names (which no
 ``*.tfrecord`` glob matches), renamed once every shard is complete, and the old shards of the
 prefix are removed after. Paths are local, gs:// or ram:// (``tf.io.gfile``).
+
+In a bucket, TensorFlow stages each shard in a local temporary file and uploads it when the writer
+closes (an object appears whole, or not at all), and a rename is a server-side copy followed by a
+delete of the source. Each final shard still appears whole, at once; a kill between the copy and
+the delete leaves a ``.partial`` beside it, which the next write to the prefix removes.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ is all or nothing (``shards``), and the schema file comes last.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
@@ -174,9 +175,9 @@ def write_dataset(
         DataError: the source cannot be read, holds no record, has missing values without a fill,
             or changed while being read; or ``out_prefix`` holds a dataset and not ``overwrite``.
         TpurunError: an option is out of range.
+        StorageError: a gs:// ``out_prefix`` cannot be written (unreachable, no permission, no
+            such bucket).
     """
-    import tensorflow as tf
-
     from tpurun.data.sources import open_source
     from tpurun.data.tabular import table_options
 
@@ -193,7 +194,8 @@ def write_dataset(
     table = table_options(label, pack, fill_missing)
     folder, base = shards.split_prefix(out_prefix)
     if not overwrite:
-        shards.refuse_existing(out_prefix, folder, base)
+        with _writing_to(out_prefix, "looking for a dataset written there"):
+            shards.refuse_existing(out_prefix, folder, base)
     if isinstance(source, (str, os.PathLike)):
         source = open_source(os.fspath(source), image_size=image_size, seed=seed, table=table)
     elif table:
@@ -217,13 +219,12 @@ def write_dataset(
     chunk_size = max(1, min(chunk_records, CHUNK_BYTES * total // max(1, source.nbytes)))
     committed = False
     try:
-        shards.prepare_folder(folder, base)
-        _write_records(source, shard_sets, is_validation, chunk_size, progress)
-        splits = {split: shard_set.finish() for split, shard_set in shard_sets.items()}
-        shards.commit(out_prefix, folder, base, list(shard_sets.values()))
+        with _writing_to(out_prefix, "writing the shards"):
+            shards.prepare_folder(folder, base)
+            _write_records(source, shard_sets, is_validation, chunk_size, progress)
+            splits = {split: shard_set.finish() for split, shard_set in shard_sets.items()}
+            shards.commit(out_prefix, folder, base, list(shard_sets.values()))
         committed = True
-    except tf.errors.OpError as exc:
-        raise DataError(f"{out_prefix}: cannot write the shards there: {exc.message}") from None
     finally:
         if not committed:
             for shard_set in shard_sets.values():
@@ -259,6 +260,23 @@ def write_dataset(
         seconds=time.monotonic() - started,
         layout=dict(source.layout),
     )
+
+
+@contextlib.contextmanager
+def _writing_to(out_prefix: str, doing: str):
+    """TensorFlow's I/O errors as a DataError (a local folder) or a StorageError (a bucket:
+    unreachable, no permission, no such bucket), naming ``out_prefix``."""
+    import tensorflow as tf
+
+    from tpurun import fileio
+
+    fileio.apply_gcs_defaults()  # before the first gs:// request of this process
+    try:
+        yield
+    except tf.errors.OpError as exc:
+        if fileio.is_remote(out_prefix):
+            raise fileio.storage_error(out_prefix, doing, exc) from None
+        raise DataError(f"{out_prefix}: cannot write the shards there: {exc.message}") from None
 
 
 def _write_records(source, shard_sets, is_validation, chunk_size, progress) -> None:
