@@ -86,9 +86,7 @@ def storage_error(path: str, doing: str, exc: BaseException) -> StorageError:
     """
     global _unreachable_at
     name = type(exc).__name__
-    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", getattr(exc, "message", None) or str(exc))
-    detail = text.strip().splitlines()
-    first = (detail[0] if detail else name).split(" [Op:")[0][:240]
+    first = short_detail(getattr(exc, "message", None) or str(exc)) or name
     bucket = bucket_of(path)
     if name in ("PermissionDeniedError", "UnauthenticatedError"):
         return StorageError(
@@ -114,6 +112,19 @@ def storage_error(path: str, doing: str, exc: BaseException) -> StorageError:
             "GCS_RETRY_CONFIG_MAX_RETRIES (see the README's Google Cloud Storage section)."
         )
     return StorageError(f"{path}: {doing} failed: {name}: {first}")
+
+
+def short_detail(text: str) -> str:
+    """TF's error text in one short line: without its ``{{function_node ...}}`` prefix and
+    ``[Op:...]`` suffix, and for an HTTP error, the code and the server's own message rather than
+    the whole response body."""
+    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text).strip()
+    first = (text.splitlines() or [""])[0].split(" [Op:")[0]
+    code = re.search(r"HTTP response code (\d+)", first)
+    if code:
+        message = re.search(r'"message":\s*"((?:[^"\\]|\\.)*)"', text)
+        first = f"HTTP {code[1]}" + (f": {message[1]}" if message else "")
+    return first[:240]
 
 
 def as_storage_error(exc: BaseException, doing: str) -> StorageError | None:

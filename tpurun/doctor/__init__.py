@@ -106,7 +106,7 @@ def run_checks(
     machine = probe(env, dev_root)
     uses_gcs = None if cfg is None else _uses_gcs(cfg)
     # Slow children first, so they overlap with the quick checks.
-    gcs_probe = probes.start_gcs_probe(gcs_timeout) if uses_gcs is not False else None
+    gcs_probe = probes.start_gcs_probe(gcs_timeout, cfg) if uses_gcs is not False else None
     devices = probes.device_counts(machine, probe_timeout)
 
     checks: list[Check] = []

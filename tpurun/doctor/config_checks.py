@@ -214,14 +214,18 @@ def check_resume(cfg: Any, prepared: Any) -> Check:
     ``prepared`` comes from the plan check; None without one.
     """
     from tpurun import resume as resume_lib
+    from tpurun.fileio import StorageError
     from tpurun.rundir import RunDir, run_path
 
     run_dir = run_path(cfg.output.dir, cfg.name)
     run = RunDir(run_dir)
-    if run.is_locked():
+    try:
+        locked, point = run.is_locked(), resume_lib.latest(run)
+    except StorageError as exc:  # the gcs.reachable check says why, and what to do
+        return Check("resume", "skip", f"cannot read {run_dir}: {exc.message}")
+    if locked:
         return Check("resume", "warn", f"{run_dir} is being trained right now by another process",
                      "wait for it to finish, or train this config elsewhere (--output)")  # fmt: skip
-    point = resume_lib.latest(run)
     if point is None:
         return Check("resume", "ok", f"no checkpoint in {run_dir}: training starts at epoch 1")
     data = {"state": str(point.source), "epoch": point.position[0], "step": point.position[1]}
@@ -240,8 +244,19 @@ def check_resume(cfg: Any, prepared: Any) -> Check:
 
 
 def check_output(cfg: Any, params: int | None) -> Check:
+    """Whether the run directory's folder can be written, with room for the checkpoints.
+
+    A bucket is not written from here: the GCS probe writes and deletes a test object there, in a
+    child process with a timeout (``gcs.reachable``), so doctor never waits on storage itself.
+    """
     out = cfg.output.dir
     data: dict[str, Any] = {"dir": out}
+    if out.startswith("gs://"):
+        from tpurun.rundir import run_path
+
+        data["run_dir"] = run_path(out, cfg.name)
+        return Check("output", "skip", f"{data['run_dir']} is in a bucket: gcs.reachable writes "
+                     "and deletes a test object in it", None, data)  # fmt: skip
     path = Path(out).resolve()
     existing = path
     while not existing.exists():

@@ -1,4 +1,5 @@
-"""Probes that run in child processes with a timeout: device counts, a health computation, GCS.
+"""Probes that run in child processes with a timeout: device counts, a health computation; the GCS
+probe is :mod:`tpurun.doctor.gcs` (re-exported here).
 
 A child that initialises JAX or TensorFlow on a TPU takes the libtpu lock and gives it back when it
 exits, so ``!tpurun doctor`` followed by ``!tpurun train`` works; a child that hangs is killed.
@@ -18,13 +19,6 @@ from tpurun.doctor import Check
 from tpurun.errors import TpurunError
 from tpurun.runtime import Machine, choose
 
-# Lower TF's GCS retries (FIELD-NOTES: 2 retries at 100 ms fail a closed network in ~2 s).
-GCS_RETRY_ENV = {
-    "GCS_RETRY_CONFIG_MAX_RETRIES": "2",
-    "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "100000",
-}
-GCS_PROBE_URL = "gs://cloud-samples-data/README.md"
-GCS_ENDPOINT = ("storage.googleapis.com", 443)
 MARK = "@@tpurun-doctor@@"
 
 
@@ -266,62 +260,16 @@ def check_health(holder: list, timeout: float) -> Check:
     )  # fmt: skip
 
 
-# ------------------------------------------------------------------------------------------- gcs
-_GCS = """
-import json, socket, time, sys
-started = time.perf_counter()
-def answer(**kw):
-    kw["seconds"] = round(time.perf_counter() - started, 3)
-    print(__MARK__ + json.dumps(kw)); sys.stdout.flush(); sys.exit(0)
-try:
-    socket.create_connection(__ENDPOINT__, timeout=__CONNECT__).close()
-except OSError as exc:
-    answer(reachable=False, stage="connect", error=f"{__ENDPOINT__[0]}:{__ENDPOINT__[1]}: {exc}")
-import tensorflow as tf
-try:
-    found = tf.io.gfile.exists(__URL__)
-    answer(reachable=True, stage="gfile", exists=bool(found))
-except Exception as exc:
-    answer(reachable=False, stage="gfile", error=f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}")
-"""
+from tpurun.doctor.gcs import (  # noqa: E402  (a part of the probes)
+    GCS_ENDPOINT,
+    GCS_PROBE_URL,
+    GCS_RETRY_ENV,
+    GcsProbe,
+    gcs_targets,
+    start_gcs_probe,
+)
 
-
-class GcsProbe:
-    """Started early; :meth:`check` collects it (bounded by its timeout).
-
-    ``endpoint`` is the host and port tried first, before TensorFlow's client reads ``url``.
-    """
-
-    def __init__(
-        self, timeout: float, url: str = GCS_PROBE_URL, endpoint: tuple[str, int] = GCS_ENDPOINT
-    ):
-        self.timeout = timeout
-        self.url = url
-        code = _code(_GCS, connect=max(0.5, timeout / 2), url=url, endpoint=tuple(endpoint))
-        self.child = Child(code, timeout, _child_env(GCS_RETRY_ENV))
-
-    def check(self, uses_gcs: bool | None) -> Check:
-        """``uses_gcs``: whether the config reads gs:// paths (None: no config, or it depends on
-        the machine); an unreachable GCS fails a config that needs it and warns otherwise."""
-        check = self._check(uses_gcs)
-        check.seconds = check.data.get("seconds", 0.0)  # the child ran alongside other checks
-        return check
-
-    def _check(self, uses_gcs: bool | None) -> Check:
-        result = self.child.result()
-        result["url"] = self.url
-        bad = "fail" if uses_gcs else "warn"
-        fix = ("check the network (and a proxy's HTTPS_PROXY); on a TPU the data must be in a "
-               "bucket the TPU can read")  # fmt: skip
-        if result.get("timed_out"):
-            return Check("gcs.reachable", bad, f"GCS did not answer: the probe timed out after "
-                         f"{self.timeout:g} s", fix, result)  # fmt: skip
-        if not result.get("reachable"):
-            return Check("gcs.reachable", bad, f"GCS is not reachable: {result.get('error')}",
-                         fix, result)  # fmt: skip
-        return Check("gcs.reachable", "ok", f"storage answered in {result['seconds']:.1f} s "
-                     f"({self.url} exists: {result.get('exists')})", None, result)  # fmt: skip
-
-
-def start_gcs_probe(timeout: float) -> GcsProbe:
-    return GcsProbe(timeout)
+__all__ = [
+    "GCS_ENDPOINT", "GCS_PROBE_URL", "GCS_RETRY_ENV", "Child", "GcsProbe", "check_choice",
+    "check_health", "device_counts", "gcs_targets", "start_gcs_probe",
+]  # fmt: skip
