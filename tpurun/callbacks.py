@@ -25,6 +25,7 @@ from tpurun.config import Config
 from tpurun.console import Reporter
 from tpurun.errors import ConfigError, TpurunError
 from tpurun.evaluate import correctable, exact_logs
+from tpurun.hosts import agree_on_stop
 from tpurun.model import import_object
 from tpurun.plan import Plan, resolve_monitor
 from tpurun.rundir import EARLY_STOPPING_WEIGHTS, RunDir
@@ -32,14 +33,17 @@ from tpurun.stopping import Stop, StopNow
 
 
 class Progress(keras.callbacks.Callback):
-    """Feeds the reporter at a bounded rate, and times epochs and the first step.
+    """Feeds the reporter: each execution as it starts, progress at a bounded rate (and at each
+    epoch's last step, so the view ends on the epoch's numbers), the run's first execution (it
+    compiles), validation; and times epochs and the first step.
 
     Deliberately *not* ``async_safe``. With it (and no other batch hook), Keras 3 on JAX reads each
     step's logs on a worker thread while the main thread computes metrics; with more simulated CPU
     devices than cores, XLA's all-reduce rendezvous then starves and aborts the process ("Expected
     8 threads to join the rendezvous, but only 7 of them arrived on time", reproduced with plain
     Keras too). On the main thread the logs cost one host sync per execution, which
-    ``steps_per_execution`` amortises, and which Keras' own progress bar costs as well.
+    ``steps_per_execution`` amortises, and which Keras' own progress bar costs as well. Its
+    ``on_test_batch_end`` keeps validation's batches on the main thread for the same reason.
     """
 
     def __init__(self, reporter: Reporter, plan: Plan):
@@ -52,6 +56,7 @@ class Progress(keras.callbacks.Callback):
         self.epoch_rates: list[float] = []
         self.first_step_seconds: float | None = None
         self._train_start = time.monotonic()
+        self._epoch = 0
 
     def on_train_begin(self, logs=None):
         self._train_start = time.monotonic()
@@ -59,23 +64,46 @@ class Progress(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch + 1
         self._offset = step_offset(self.resume_at, epoch)
-        self._epoch_start = time.monotonic()
-        self._last_report = self._epoch_start
+        self._epoch_start = self._last_report = time.monotonic()
+        self._rate_from = (self._epoch_start, self._offset)  # after the compiling execution, if any
         self.reporter.epoch_begin(self._epoch, self.plan.steps_per_epoch)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        first = self._offset + batch + 1
+        last = min(first + self.plan.steps_per_execution - 1, self.plan.steps_per_epoch)
+        self.reporter.execution_begin(self._epoch, first, last)
 
     def on_train_batch_end(self, batch, logs=None):
         now = time.monotonic()
+        step, steps = self._offset + batch + 1, self.plan.steps_per_epoch
         if self.first_step_seconds is None:
             self.first_step_seconds = now - self._train_start
-        step, steps = self._offset + batch + 1, self.plan.steps_per_epoch
-        if now - self._last_report < self.interval or step >= steps:
+            self.reporter.compiled(self.first_step_seconds, step - self._offset)
+            if step < steps:
+                self._rate_from = (now, step)
+        elif now - self._last_report < self.interval and step < steps:
             return
         self._last_report = now
-        elapsed = now - self._epoch_start
-        done = step - self._offset
+        since, from_step = (
+            self._rate_from if step > self._rate_from[1] else (self._epoch_start, self._offset)
+        )
+        elapsed, done = now - since, step - from_step
         rate = done * self.plan.global_batch_size / elapsed if elapsed > 0 else 0.0
-        eta = (steps - step) * elapsed / done
+        eta = (steps - step) * elapsed / done if done else 0.0
         self.reporter.progress(self._epoch, step, steps, rate, eta, logs)
+
+    def on_test_begin(self, logs=None):
+        self._val_start = self._last_val_report = time.monotonic()
+        self.reporter.validation_begin(self._epoch, self.plan.validation_steps)
+
+    def on_test_batch_end(self, batch, logs=None):
+        now = time.monotonic()
+        if now - self._last_val_report >= self.interval:
+            self._last_val_report = now
+            self.reporter.validation_progress(self._epoch, batch + 1, self.plan.validation_steps)
+
+    def on_test_end(self, logs=None):
+        self.reporter.validation_end(self._epoch, time.monotonic() - self._val_start)
 
     def on_epoch_end(self, epoch, logs=None):
         seconds = time.monotonic() - self._epoch_start
@@ -124,9 +152,11 @@ class RunControl(keras.callbacks.Callback):
 
     def __init__(
         self, run: RunDir, checkpointer: Checkpointer, stop: Stop, *, steps_per_epoch: int,
-        watch_nan: bool, log: str | None,
+        watch_nan: bool, log: str | None, agree=None,
     ):  # fmt: skip
         super().__init__()
+        # Several processes: every one must stop at the same step (tpurun.hosts.agree_on_stop).
+        self.agree = agree
         self.run = run
         self.checkpointer = checkpointer
         self.stop = stop
@@ -143,21 +173,30 @@ class RunControl(keras.callbacks.Callback):
         self._epoch = epoch
         self.checkpointer.restore_metrics(self._model, epoch)  # no JAX state sync needed here
 
+    def _agreed(self, save: str | None = None) -> tuple[bool, str | None]:
+        """Whether to stop, and which mid-epoch save is due, as every process sees it."""
+        requested = self.stop.requested(time.monotonic())
+        if self.agree is not None:
+            self.stop.reason, minutes = self.agree(self.stop.reason, save == "every_minutes")
+            requested = self.stop.reason is not None
+            save = save if save == "every_steps" else minutes  # steps agree by themselves
+        return requested, save
+
     def on_train_batch_end(self, batch, logs=None):
         step = step_offset(self.checkpointer.resume_at, self._epoch) + batch + 1
         if self._nan(logs) and self.stop.nan_at is None:
-            self.stop.nan_at = (self._epoch + 1, step)
-        if self.stop.nan_at is not None or self.stop.requested(time.monotonic()):
+            self.stop.nan_at = (self._epoch + 1, step)  # the loss is global: seen everywhere
+        due = self.checkpointer.due(self._epoch, step) if step < self.steps_per_epoch else None
+        stopping, due = self._agreed(due)
+        if stopping or self.stop.nan_at is not None:
             if step >= self.steps_per_epoch:
                 self._model.stop_training = True  # the epoch end commits it, or not (NaN)
                 return
             if self.stop.nan_at is None:
                 self.checkpointer.save_latest(self.model, self._epoch, step, self.stop.reason)
             raise StopNow
-        if step < self.steps_per_epoch:  # the epoch end saves anyway
-            reason = self.checkpointer.due(self._epoch, step)
-            if reason:
-                self.checkpointer.save_latest(self.model, self._epoch, step, reason)
+        if due:  # the epoch end saves anyway: no mid-epoch save is due at its last step
+            self.checkpointer.save_latest(self.model, self._epoch, step, due)
 
     def on_epoch_end(self, epoch, logs=None):
         logs = dict(logs or {})
@@ -169,7 +208,7 @@ class RunControl(keras.callbacks.Callback):
         if self.log:
             self.run.append_log(self.log, epoch, logs)
         self.checkpointer.epoch_end(self.model, epoch, logs)
-        if self.stop.requested(time.monotonic()):
+        if self._agreed()[0]:
             self._model.stop_training = True  # asked (or out of time) during validation
 
 
@@ -405,6 +444,7 @@ def build_callbacks(
     control = RunControl(
         run, checkpointer, stop, steps_per_epoch=plan.steps_per_epoch,
         watch_nan=cb.on_nan != "ignore", log=cb.csv_log.filename if cb.csv_log else None,
+        agree=agree_on_stop if plan.num_processes > 1 else None,
     )  # fmt: skip
     first = []
     if plan.validation_steps:

@@ -107,7 +107,10 @@ def train(
         cfg = load_config(config, overrides)
         from tpurun.runner import run
 
-        run(cfg, output=output, reporter=reporter, restart=restart, resume=resume)
+        try:
+            run(cfg, output=output, reporter=reporter, restart=restart, resume=resume)
+        finally:
+            reporter.close()  # a live view gives the terminal back before any message is printed
 
 
 def _check_duration(value: str) -> None:
@@ -174,6 +177,103 @@ def doctor(
         checks = run_checks(str(config) if config else None, overrides=set_ or [])
         reports.show_checks(checks, as_json=as_json, plain=plain)
     raise typer.Exit(code=exit_code(checks))
+
+
+RunArg = Annotated[
+    str, typer.Argument(help="A run directory that `tpurun train` made.", show_default=False)
+]
+CheckpointOpt = Annotated[
+    str,
+    typer.Option(
+        "--checkpoint",
+        metavar="best|latest|PATH",
+        help="best: checkpoints/best.keras, else the final model.keras; latest: the resume point; "
+        "or a .keras / .weights.h5 file.",
+    ),
+]
+
+
+@app.command()
+def evaluate(
+    run_dir: RunArg,
+    data: Annotated[
+        str | None,
+        typer.Option(
+            "--data", metavar="GLOB", help="Records to score (default: the config's validation set)."
+        ),
+    ] = None,
+    checkpoint: CheckpointOpt = "best",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Score a split, every record exactly once; writes eval-<name>.json into RUN_DIR."""
+    with exit_codes():
+        from tpurun import reports
+        from tpurun.evaluate import evaluate as run_evaluate
+
+        reports.show_evaluation(run_evaluate(run_dir, data, checkpoint), as_json=as_json)
+
+
+@app.command()
+def predict(
+    run_dir: RunArg,
+    data: Annotated[
+        str,
+        typer.Option("--data", metavar="GLOB", help="Records to predict (targets may be absent)."),
+    ],
+    output: Annotated[
+        str,
+        typer.Option(
+            "--output", "-o", metavar="FILE",
+            help="A .csv (id and one column per output, or class and probabilities), .npy or .npz.",
+        ),
+    ],
+    id_feature: Annotated[
+        str | None,
+        typer.Option("--id-feature", metavar="NAME", help="A feature written as the first column."),
+    ] = None,
+    checkpoint: CheckpointOpt = "best",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Predict every record once, in file order (sorted file names, then record order)."""
+    with exit_codes():
+        from tpurun import reports
+        from tpurun.predict import predict as run_predict
+
+        result = run_predict(run_dir, data, output, id_feature=id_feature, checkpoint=checkpoint)
+        reports.show_predicted(result, as_json=as_json)
+
+
+@app.command()
+def export(
+    run_dir: RunArg,
+    format: Annotated[
+        str, typer.Option("--format", "-f", metavar="keras|saved_model|onnx", help="The artifact.")
+    ],
+    output: Annotated[
+        str,
+        typer.Option(
+            "--output", "-o", metavar="PATH",
+            help="The artifact's path (model.keras, a SavedModel folder, model.onnx); its "
+            "description goes beside it as PATH.json.",
+        ),
+    ],
+    checkpoint: CheckpointOpt = "best",
+    platforms: Annotated[
+        str,
+        typer.Option(
+            "--platforms", metavar="LIST",
+            help="Where a JAX model's SavedModel runs: cpu, cuda, rocm, tpu (cpu included).",
+        ),
+    ] = "cpu,cuda",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Export a model that loads without tpurun, checked in a fresh process before it is kept."""
+    with exit_codes():
+        from tpurun import reports
+        from tpurun.export import export as run_export
+
+        result = run_export(run_dir, format, output, checkpoint=checkpoint, platforms=platforms)
+        reports.show_exported(result, as_json=as_json)
 
 
 data_app = typer.Typer(
@@ -350,6 +450,22 @@ def data_inspect(
         with progress:
             report = inspect(globs, sample=sample, progress=progress)
         reports.show_inspected(report, globs, as_json=as_json, plain=plain)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def launch(
+    ctx: typer.Context,
+    processes: Annotated[
+        int, typer.Option("-n", "--processes", help="How many local processes train together.")
+    ] = 2,
+) -> None:
+    """Rehearse a multi-host run: N local processes on a loopback coordinator, each with its share
+    of runtime.cpu_devices, e.g. `tpurun launch -n 2 train CONFIG`."""
+    from tpurun.launch import launch as run_processes
+
+    with exit_codes():
+        code = run_processes(processes, list(ctx.args))
+    raise typer.Exit(code=code)
 
 
 def main() -> None:

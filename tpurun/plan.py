@@ -33,6 +33,8 @@ class Plan:
     steps_per_epoch: int
     validation_steps: int | None
     validation_scored: int | None  # records each validation scores (the last batch is padded)
+    num_processes: int
+    per_process_batch_size: int  # what each process feeds: global batch / processes
     steps_per_execution: int
     warmup_steps: int
     total_steps: int
@@ -81,33 +83,39 @@ def auto_steps_per_execution(steps_per_epoch: int, limit: int | None) -> int:
     return max(d for d in range(1, cap + 1) if steps_per_epoch % d == 0)
 
 
-def _train_steps(value: int | str, records: int, global_batch: int) -> int:
+def _train_steps(value: int | str, records: int, batch: int, processes: int) -> int:
     """Steps per epoch. Training drops the last partial batch (a partial batch split over TPU
-    cores is a classic NaN), and its stream repeats, so an explicit count may pass a pass's end."""
+    cores is a classic NaN), and its stream repeats, so an explicit count may pass a pass's end.
+
+    ``records`` is the smallest process's share and ``batch`` the per-process batch: every process
+    must run the same steps, or the others would wait forever at an epoch's end.
+    """
     if value != "auto":
         return int(value)
-    steps = records // global_batch
+    steps = records // batch
     if steps == 0:
+        share = f" (the smallest of {processes} processes' shares)" if processes > 1 else ""
         raise DataError(
-            f"train.steps_per_epoch: auto found {records} training records, fewer than one global "
-            f"batch of {global_batch}. Lower train.per_core_batch_size (or global_batch_size), or "
-            "set train.steps_per_epoch: the training stream repeats, so batches then span passes."
+            f"train.steps_per_epoch: auto found {records} training records{share}, fewer than one "
+            f"batch of {batch}. Lower train.per_core_batch_size (or global_batch_size), or set "
+            "train.steps_per_epoch: the training stream repeats, so batches then span passes."
         )
     return steps
 
 
-def validation_steps(value: int | str, records: int, global_batch: int) -> int:
+def validation_steps(value: int | str, records: int, batch: int) -> int:
     """Validation batches: every record scored once, the last batch padded with records weighted
     0 (see ``pipeline.make_dataset(score_records=...)``), so any count of records works. An
-    explicit count scores the first ``value`` batches, never more than there are."""
-    whole = -(-records // global_batch)
+    explicit count scores the first ``value`` batches, never more than there are. ``records`` is
+    the largest process's share, ``batch`` the per-process batch."""
+    whole = -(-records // batch)
     return whole if value == "auto" else min(int(value), whole)
 
 
-def scored_records(records: int, steps: int, global_batch: int) -> tuple[int, int]:
-    """``(records scored, records fed)`` for ``steps`` validation batches: the difference is the
-    padding of the last batch."""
-    return min(records, steps * global_batch), steps * global_batch
+def scored_records(shares: list[int], steps: int, batch: int) -> int:
+    """Records that ``steps`` validation batches of ``batch`` per process score, over all
+    processes; the rest of what they feed is padding."""
+    return sum(min(share, steps * batch) for share in shares)
 
 
 def resolve_monitor(config: Config, monitor: str) -> str:
@@ -120,17 +128,24 @@ def make_plan(
     config: Config,
     choice: Choice,
     replicas: int,
-    train_records: int,
-    validation_records: int | None,
+    train_shares: list[int],
+    validation_shares: list[int] | None,
 ) -> Plan:
-    """Derive every value that depends on the machine and the data's record counts."""
+    """Derive every value that depends on the machine and the data's record counts.
+
+    Args:
+        train_shares, validation_shares: each process's records (one number on one process).
+    """
     per_core, global_batch, warnings = batch_sizes(config, replicas)
     warnings = [*choice.warnings, *warnings]
     train = config.train
-    steps = _train_steps(train.steps_per_epoch, train_records, global_batch)
-    val_steps = None
-    if validation_records is not None:
-        val_steps = validation_steps(train.validation_steps, validation_records, global_batch)
+    processes = len(train_shares)
+    batch = global_batch // processes
+    steps = _train_steps(train.steps_per_epoch, min(train_shares), batch, processes)
+    val_steps = scored = None
+    if validation_shares is not None:
+        val_steps = validation_steps(train.validation_steps, max(validation_shares), batch)
+        scored = scored_records(validation_shares, val_steps, batch)
     spe = train.steps_per_execution
     if spe == "auto":
         spe = auto_steps_per_execution(steps, choice.max_steps_per_execution)
@@ -164,11 +179,9 @@ def make_plan(
         learning_rate_factor=factor,
         steps_per_epoch=steps,
         validation_steps=val_steps,
-        validation_scored=(
-            None
-            if val_steps is None
-            else scored_records(validation_records, val_steps, global_batch)[0]
-        ),
+        validation_scored=scored,
+        num_processes=processes,
+        per_process_batch_size=batch,
         steps_per_execution=int(spe),
         warmup_steps=round(lr.warmup_epochs * steps),
         total_steps=steps * train.epochs,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tpurun.config import Config
+from tpurun.hosts import Share, share_warning, shares
 from tpurun.plan import Plan, make_plan
 from tpurun.runtime import Choice, Machine, choose, probe
 
@@ -32,6 +33,8 @@ class Prepared:
     choice: Choice
     plan: Plan
     data: ResolvedData  # the files, their record counts, the shards data.skip_corrupt left out
+    train_share: Share  # what this process reads (all of it on one process)
+    validation_share: Share | None
 
     def derived(self) -> dict[str, Any]:
         """The values derived on this machine, as ``config.yaml`` and ``tpurun config`` show them."""
@@ -112,11 +115,24 @@ def prepare(config: Config, choice: Choice, replicas: int) -> Prepared:
 
     resolved = resolve(config)
     effective = config.model_copy(update={"data": resolved.data})
+    n = choice.cluster.num_processes
+    train = shares(resolved.train_files, resolved.train_counts, n)
+    validation = shares(resolved.validation_files, resolved.validation_counts, n)
     plan = make_plan(
-        effective, choice, replicas, resolved.train_records, resolved.validation_records
-    )
+        effective, choice, replicas, [s.records for s in train],
+        [s.records for s in validation] if resolved.validation_files else None,
+    )  # fmt: skip
     plan.warnings.extend(s.describe() for s in resolved.skipped)
-    return Prepared(effective, choice, plan, resolved)
+    for split, files in (
+        ("train", resolved.train_files),
+        ("validation", resolved.validation_files),
+    ):
+        warning = share_warning(split, files, n) if files else None
+        if warning:
+            plan.warnings.append(warning)
+    i = choice.cluster.process_id
+    return Prepared(effective, choice, plan, resolved, train[i],
+                    validation[i] if resolved.validation_files else None)  # fmt: skip
 
 
 def prepare_here(config: Config, machine: Machine | None = None) -> Prepared:

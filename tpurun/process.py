@@ -77,14 +77,48 @@ def _prepare_environment(choice: Choice) -> None:
     os.environ["KERAS_BACKEND"] = choice.backend
     if choice.backend == "jax" and choice.accelerator == "cpu":
         os.environ["JAX_PLATFORMS"] = "cpu"
-        if choice.cpu_devices > 1:
+        local = choice.cpu_devices // choice.cluster.num_processes  # split by `tpurun launch`
+        if local > 1:
             flags = [
                 f
                 for f in os.environ.get("XLA_FLAGS", "").split()
                 if not f.startswith("--xla_force_host_platform_device_count")
             ]
-            flags.append(f"--xla_force_host_platform_device_count={choice.cpu_devices}")
+            flags.append(f"--xla_force_host_platform_device_count={local}")
             os.environ["XLA_FLAGS"] = " ".join(flags)
+
+
+#: Seconds without a heartbeat after which JAX's coordination service declares a process dead
+#: and stops the others (its default, 100 s, is long for a notebook session); tpurun's own
+#: watchdog (tpurun.hosts) names the lost process sooner.
+JAX_HEARTBEAT_SECONDS = 90
+
+
+def _join_cluster(choice: Choice) -> None:
+    """Connect to the other processes through JAX's distributed runtime, before JAX starts."""
+    import jax
+
+    hosts = choice.cluster
+    if choice.accelerator == "cpu":
+        # CPU devices of several processes reduce over gloo (checked with jax 0.10 on 127.0.0.1).
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    try:
+        jax.distributed.initialize(
+            coordinator_address=hosts.coordinator,
+            num_processes=hosts.num_processes,
+            process_id=hosts.process_id,
+            initialization_timeout=120,
+            heartbeat_timeout_seconds=JAX_HEARTBEAT_SECONDS,
+        )
+    except (RuntimeError, ValueError) as exc:
+        where = hosts.coordinator or "the coordinator JAX found"
+        raise EnvironmentSetupError(
+            f"process {hosts.process_id} of {hosts.num_processes} could not join the others at "
+            f"{where}: {str(exc).strip().splitlines()[0]}. Start the same command on every host "
+            "(process 0 first is not needed), check runtime.coordinator / "
+            "KERAS_DISTRIBUTION_JOB_ADDRESSES and that its port is open; `tpurun doctor CONFIG` "
+            "checks the coordinator."
+        ) from None
 
 
 def _jax_devices(choice: Choice) -> list:
@@ -102,6 +136,8 @@ def _jax_devices(choice: Choice) -> list:
                 "TensorFlow, then run !tpurun. `tpurun doctor` names the holder."
             ) from None
         raise EnvironmentSetupError(f"JAX cannot use the {platform.upper()}: {text}") from None
+    if choice.cluster.multi:
+        return devices  # every process's: DataParallel spans them all
     if choice.accelerator == "cpu":
         if len(devices) < choice.cpu_devices:
             raise EnvironmentSetupError(
@@ -159,6 +195,8 @@ def activate(choice: Choice, seed: int) -> Runtime:
         EnvironmentSetupError: the devices asked for cannot be had in this process.
     """
     _prepare_environment(choice)
+    if choice.cluster.multi:
+        _join_cluster(choice)
     if choice.backend == "jax":
         devices = _jax_devices(choice)  # before TF, so JAX is first to claim the accelerator
         tf = import_tensorflow()
@@ -171,7 +209,11 @@ def activate(choice: Choice, seed: int) -> Runtime:
         _check_keras_backend(keras, choice)
         distribution = None
         if len(devices) > 1 or choice.accelerator != "cpu":
-            distribution = keras.distribution.DataParallel(devices=devices)
+            # Each process feeds its own share of every global batch (tpurun.hosts): Keras must
+            # not shard the dataset again.
+            distribution = keras.distribution.DataParallel(
+                devices=devices, auto_shard_dataset=not choice.cluster.multi
+            )
         # Set (or clear) it every time: a notebook kernel keeps the previous run's distribution.
         keras.distribution.set_distribution(distribution)
         runtime = Runtime(choice, len(devices), distribution=distribution)

@@ -14,6 +14,7 @@ import dataclasses
 import io
 import os
 import socket
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -91,6 +92,7 @@ class Summary:
     skipped_shards: list = field(default_factory=list)
     skipped_records: int = 0
     run_dir: str | None = None
+    processes: int = 1  # several: process 0 wrote this, for all of them
     tpurun_version: str | None = None
     pid: int | None = None  # of the process that wrote it last: with ``host``, names a live run
     host: str | None = None
@@ -299,14 +301,30 @@ class RunDir:
         self._write_text(ERROR_LOG, text)
         return self.file(ERROR_LOG)
 
+    def _save(self, path: str, save: Callable[[str], Any]) -> None:
+        if self._writing():
+            fileio.save_atomically(path, save)
+        elif not self.writer:
+            # Keras' savers gather every variable to the host, a collective across processes:
+            # the others must save too, or process 0 waits forever. Their copy is thrown away.
+            with tempfile.TemporaryDirectory(prefix="tpurun-not-chief-") as tmp:
+                save(os.path.join(tmp, fileio.basename(path)))
+
+    def write_eval(self, name: str, result: Mapping[str, Any]) -> str | None:
+        """``eval-<name>.json``: a ``tpurun evaluate`` result. Returns its path (None: not
+        written, on a process that does not write)."""
+        if not self._writing():
+            return None
+        path = self.file(f"eval-{name}.json")
+        fileio.write_json(path, dict(result))
+        return path
+
     def save_model(self, save: Callable[[str], Any]) -> None:
         """``model.keras``, written by ``save(path)`` (Keras' saver) atomically."""
-        if self._writing():
-            fileio.save_atomically(self.file(MODEL), save)
+        self._save(self.file(MODEL), save)
 
     def save_checkpoint(self, name: str, save: Callable[[str], Any]) -> None:
-        if self._writing():
-            fileio.save_atomically(self.checkpoint(name), save)
+        self._save(self.checkpoint(name), save)
 
     def write_checkpoint_state(self, name: str, state: Mapping[str, Any]) -> None:
         if self._writing():

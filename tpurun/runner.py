@@ -9,7 +9,9 @@ name would replace it on the package once imported.)
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import time
 import traceback
 from typing import Any
@@ -18,7 +20,8 @@ from tpurun import __version__, training
 from tpurun import resume as resume_lib
 from tpurun.config import Config
 from tpurun.console import Reporter
-from tpurun.errors import Interrupted, TpurunError
+from tpurun.errors import EXIT_USER_ERROR, Interrupted, TpurunError
+from tpurun.hosts import Watchdog, check_shared_folder, sync_processes
 from tpurun.model import custom_training_code, inference_saver
 from tpurun.prepare import Prepared, choose_for, prepare
 from tpurun.process import activate
@@ -37,6 +40,22 @@ def _inside(path: str, folder: str) -> bool:
     if "://" in path or "://" in folder:
         return path.startswith(folder.rstrip("/") + "/")
     return os.path.realpath(path).startswith(os.path.realpath(folder) + os.sep)
+
+
+def _watched(hosts, run: RunDir, summary: Summary, reporter: Reporter):
+    """On several processes, a watchdog that ends this one when another is lost."""
+    if not hosts.multi:
+        return contextlib.nullcontext()
+
+    def lost(message: str) -> None:
+        summary.status = "failed"
+        if run.begun:
+            run.write_summary(summary)
+        sys.stderr.write(f"error: process {hosts.process_id}: {message}\n")
+        sys.stderr.flush()
+        os._exit(EXIT_USER_ERROR)  # the main thread is stuck in a collective: no clean return
+
+    return Watchdog(hosts, lost)
 
 
 def _unfinished_elsewhere(config: Config, run: RunDir) -> str | None:
@@ -83,6 +102,7 @@ def _new_summary(prepared: Prepared, run: RunDir, point, previous: dict) -> Summ
         skipped_records=sum(s.records for s in data.skipped),
         run_dir=run.path,
         tpurun_version=__version__,
+        processes=prepared.plan.num_processes,
         started=now_iso(),
     )
 
@@ -118,9 +138,15 @@ def run(
     reporter = reporter or Reporter()
     started = time.monotonic()
     choice = choose_for(config, machine or probe())
+    hosts = choice.cluster
+    if not hosts.chief:
+        reporter = Reporter()  # process 0 speaks for all; errors still reach stderr
     reporter.message(choice.summary, "note")
     runtime = activate(choice, config.seed)
-    run_dir = RunDir(run_path(output or config.output.dir, config.name))
+    output_dir = output or config.output.dir
+    if hosts.multi:
+        check_shared_folder(output_dir, hosts)
+    run_dir = RunDir(run_path(output_dir, config.name), writer=hosts.chief)
     try:
         return _run(config, output, runtime, run_dir, reporter, restart, resume, started)
     finally:
@@ -156,6 +182,8 @@ def _run(
             "warn",
         )
     aside = run.create(restart=restart)
+    if runtime.choice.cluster.multi:  # process 0 made (or moved aside) the run directory
+        sync_processes("tpurun: run directory ready")
     if aside:
         reporter.message(f"--restart: the previous run was moved to {aside}", "note")
     if point is None:
@@ -210,7 +238,7 @@ def _run(
         prepared, runtime, run, point, identity, effective, summary, reporter, stop
     )
     try:
-        with stop_on_signals(stop):
+        with stop_on_signals(stop), _watched(runtime.choice.cluster, run, summary, reporter):
             result = training.train(job)
     except TpurunError:
         finish("failed")

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from tpurun.config import RuntimeConfig
 from tpurun.errors import EnvironmentSetupError
+from tpurun.hosts import Cluster, cluster
 
 # keras-team/keras#19246: TF backend + MirroredStrategy with 2+ replicas + steps_per_execution > 1
 # fails inside fit() with "You must feed a value for placeholder tensor".
@@ -132,13 +133,19 @@ class Choice:
     cpu_devices: int = 1
     max_steps_per_execution: int | None = None  # 1 where keras#19246 applies
     warnings: tuple[str, ...] = ()
+    cluster: Cluster = Cluster()
 
     @property
     def summary(self) -> str:
         replicas = "TPU cores" if self.replicas is None else f"{self.replicas} replica(s)"
+        hosts = (
+            f", process {self.cluster.process_id} of {self.cluster.num_processes}"
+            if self.cluster.multi
+            else ""
+        )
         return (
-            f"{self.accelerator.upper()} via {self.backend} ({self.distribution}, {replicas}, "
-            f"{self.precision}): {self.reason}"
+            f"{self.accelerator.upper()} via {self.backend} ({self.distribution}, {replicas}"
+            f"{hosts}, {self.precision}): {self.reason}"
         )
 
 
@@ -231,14 +238,29 @@ def choose(cfg: RuntimeConfig, steps_per_execution: int | str, machine: Machine)
             f"runtime.backend: '{cfg.backend}' cannot drive the {accelerator.upper()} here. "
             f"Install {_install_hint(cfg.backend, accelerator)}, or set runtime.backend: auto."
         )
+    hosts = cluster(cfg, machine.env)
     if accelerator == "tpu":
         replicas = None
     elif accelerator == "gpu":
-        replicas = machine.gpu_count
+        replicas = machine.gpu_count * hosts.num_processes  # the same GPUs on every host
     else:
-        replicas = cfg.cpu_devices
+        replicas = cfg.cpu_devices  # all processes together: `tpurun launch` splits them
     if accelerator != "cpu" and cfg.cpu_devices > 1:
         why += "; runtime.cpu_devices applies only on the CPU"
+    if hosts.multi:
+        if cfg.backend == "tensorflow" or (cfg.backend == "auto" and "jax" not in drivers):
+            raise EnvironmentSetupError(
+                f"{hosts.num_processes} processes ({hosts.source}) train together on JAX's "
+                "distributed runtime only: Keras 3's fit does not support TensorFlow's "
+                "MultiWorkerMirroredStrategy (keras-team/keras#20601). Set runtime.backend: jax "
+                "(pip install jax)."
+            )
+        if accelerator == "cpu" and cfg.cpu_devices % hosts.num_processes:
+            raise EnvironmentSetupError(
+                f"runtime.cpu_devices: {cfg.cpu_devices} does not split evenly over "
+                f"{hosts.num_processes} processes; use a multiple of {hosts.num_processes}."
+            )
+        why += f"; {hosts.num_processes} processes from {hosts.source}"
 
     multi = replicas is None or replicas > 1
     explicit_spe = steps_per_execution if isinstance(steps_per_execution, int) else 1
@@ -302,6 +324,7 @@ def choose(cfg: RuntimeConfig, steps_per_execution: int | str, machine: Machine)
         # Where keras#19246 applies, an `auto` steps_per_execution must resolve to 1.
         max_steps_per_execution=1 if hits_19246(backend) else None,
         warnings=tuple(warnings),
+        cluster=hosts,
     )
 
 

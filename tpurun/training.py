@@ -80,22 +80,28 @@ def train(job: TrainJob) -> TrainResult:
     from tpurun.model import build_model, check_loss_fits, compile_model
 
     prepared, runtime, run, point, stop = job.prepared, job.runtime, job.run, job.point, job.stop
-    config, plan, data, reporter = prepared.config, prepared.plan, prepared.data, job.reporter
+    config, plan, reporter = prepared.config, prepared.plan, job.reporter
+
+    batch, share, val_share = (
+        plan.per_process_batch_size,
+        prepared.train_share,
+        prepared.validation_share,
+    )
 
     def train_data(epoch: int, step: int):
-        """The training stream from a position: the same batches an unbroken run would see."""
+        """This process's training stream from a position: the batches an unbroken run would see."""
         return pipeline.make_dataset(
-            data.train_files, config.data, plan.global_batch_size, training=True,
-            seed=config.seed, start_record=(epoch * plan.steps_per_epoch + step) * plan.global_batch_size,
-            records_per_pass=data.train_records, cache=_cache(config, "train"),
+            share.files, config.data, batch, training=True, seed=config.seed,
+            start_record=(epoch * plan.steps_per_epoch + step) * batch, records_per_pass=share.records,
+            cache=_cache(config, "train"), shard=share.shard,
         )  # fmt: skip
 
     val_ds = None
-    if data.validation_files:
+    if val_share is not None:
         val_ds = pipeline.make_dataset(
-            data.validation_files, config.data, plan.global_batch_size, training=False,
-            score_records=plan.validation_scored, repeat_eval=runtime.strategy is not None,
-            cache=_cache(config, "validation"),
+            val_share.files, config.data, batch, training=False, score_records=val_share.records,
+            take_batches=plan.validation_steps, repeat_eval=runtime.strategy is not None,
+            cache=_cache(config, "validation"), shard=val_share.shard,
         )  # fmt: skip
     with runtime.scope():
         model = build_model(config, plan.backend)
@@ -107,7 +113,10 @@ def train(job: TrainJob) -> TrainResult:
     )
     checkpoint = control.checkpointer
 
-    first_batch = next(iter(train_data(0, 0).take(1)))
+    try:
+        first_batch = next(iter(train_data(0, 0).take(1)))
+    except tf.errors.DataLossError as exc:  # the shuffle buffer fills before the first step
+        raise _damaged_while_training(prepared, exc) from None
     check_loss_fits(model, config, first_batch[1])
 
     log = config.callbacks.csv_log.filename if config.callbacks.csv_log else None

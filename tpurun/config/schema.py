@@ -46,6 +46,18 @@ class RuntimeConfig(Section):
     precision: Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"] = Field(
         "auto", description="auto: mixed_bfloat16 on TPUs, float32 elsewhere."
     )
+    coordinator: str | None = Field(
+        None,
+        min_length=1,
+        description="Several hosts: process 0's host:port (else KERAS_DISTRIBUTION_JOB_ADDRESSES; "
+        "found by itself on a Cloud TPU pod).",
+    )
+    num_processes: int | None = Field(
+        None, ge=1, description="Several hosts: how many processes train together (one per host)."
+    )
+    process_id: int | None = Field(
+        None, ge=0, description="Several hosts: this process's number, 0 to num_processes - 1."
+    )
 
 
 # ----------------------------------------------------------------------------------------- model

@@ -20,7 +20,7 @@ import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -404,6 +404,7 @@ class CheckedSplit:
     records: int
     from_schema: bool  # every count came from a schema file
     skipped: list[CorruptShard]
+    counts: list[int] = field(default_factory=list)  # per file, as ``files``
 
 
 def check_split(
@@ -461,7 +462,7 @@ def check_split(
         )
     check_first_record(kept, features, compression)
     record_list, from_schema = record_counts(kept, schemas, compression, known=counts)
-    return CheckedSplit(kept, sum(record_list), from_schema, damaged)
+    return CheckedSplit(kept, sum(record_list), from_schema, damaged, list(record_list))
 
 
 def _size_mismatches(files: Sequence[str], schemas: Mapping[str, tuple[str, dict]]) -> list[str]:

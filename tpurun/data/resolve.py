@@ -33,6 +33,8 @@ class ResolvedData:
     schema_files: list[str] = field(default_factory=list)
     skipped: list[records.CorruptShard] = field(default_factory=list)
     class_names: list[str] | None = None  # from the schema file (an image folder, a text label)
+    train_counts: list[int] = field(default_factory=list)  # records per file, as train_files
+    validation_counts: list[int] = field(default_factory=list)
 
 
 def kaggle_root(name: str) -> str:
@@ -132,4 +134,6 @@ def resolve(config: Config) -> ResolvedData:
         schema_files=sorted({path for path, _ in schemas.values()}),
         skipped=[shard for c in checked.values() for shard in c.skipped],
         class_names=(first_schema or {}).get("class_names"),
+        train_counts=train.counts,
+        validation_counts=validation.counts if validation else [],
     )
