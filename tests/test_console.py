@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import io
 import re
+from types import SimpleNamespace
 
 import pytest
 
-from tpurun.console import LiveReporter, PlainReporter, format_duration, want_plain
-from tpurun.plan import Plan
+from tpurun.console import PlainReporter, format_duration, want_plain
+from tpurun.live import LiveReporter
 
 
 class FakeTTY(io.StringIO):
@@ -40,13 +41,11 @@ def test_pipes_and_the_flag_are_plain():
     assert want_plain(force=True, stream=FakeTTY(), env={"TERM": "xterm"}) is True
 
 
-def plan() -> Plan:
-    return Plan(backend="jax", accelerator="cpu", distribution="data_parallel", replicas=8,
-                precision="float32", reason="test", per_core_batch_size=16, global_batch_size=128,
-                learning_rate=2e-3, learning_rate_factor=1.0, steps_per_epoch=11,
-                validation_steps=2, validation_scored=256, steps_per_execution=11, warmup_steps=0,
-                total_steps=330,
-                monitor="val_accuracy")  # fmt: skip
+def plan(**kw):
+    """What the reporters read of a Plan (its constructor belongs to tpurun.plan)."""
+    fields = dict(replicas=8, per_core_batch_size=16, global_batch_size=128, learning_rate=2e-3,
+                  steps_per_epoch=11, validation_steps=2, steps_per_execution=11)  # fmt: skip
+    return SimpleNamespace(**{**fields, **kw})
 
 
 def drive(reporter):

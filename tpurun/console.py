@@ -36,16 +36,24 @@ def want_plain(
         return True
 
 
-def format_metrics(logs: Mapping[str, Any] | None, keys: list[str] | None = None) -> str:
+def metric_parts(logs: Mapping[str, Any] | None) -> list[str]:
+    """``name value`` for each metric: the loss first, then the training metrics, then the
+    validation ones in the same order, the learning rate last."""
     if not logs:
-        return ""
-    parts = []
-    for key in keys or list(logs):
-        if key in logs and key != "learning_rate":
-            parts.append(f"{key} {_num(logs[key])}")
+        return []
+
+    keys = sorted(  # stable: otherwise in the logs' order
+        (k for k in logs if k != "learning_rate"),
+        key=lambda k: (k.startswith("val_"), k.removeprefix("val_") != "loss"),
+    )
+    parts = [f"{key} {_num(logs[key])}" for key in keys]
     if "learning_rate" in logs:
         parts.append(f"lr {_num(logs['learning_rate'])}")
-    return "  ".join(parts)
+    return parts
+
+
+def format_metrics(logs: Mapping[str, Any] | None) -> str:
+    return "  ".join(metric_parts(logs))
 
 
 def _num(value: Any) -> str:
@@ -65,30 +73,68 @@ def format_duration(seconds: float | None) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
+def took(seconds: float) -> str:
+    """A duration as a person reads it, a tenth of a second finer under a minute."""
+    return f"{seconds:.1f}s" if seconds < 60 else format_duration(seconds)
+
+
+def epoch_label(epoch: int, epochs: int) -> str:
+    """``epoch  7/30``: as wide at epoch 7 as at epoch 30, so the columns after it stay put."""
+    return f"epoch {epoch:>{len(str(epochs))}}/{epochs}"
+
+
+def wrap_parts(
+    head: str, parts: list[str], width: int, sep: str = "  ", indent: str | None = None
+) -> list[str]:
+    """``head`` and ``parts`` joined by ``sep`` in lines of at most ``width``, broken between parts
+    only (never inside ``loss 0.1``); the lines after the first start with ``indent`` (by default,
+    as many spaces as put the first part of each under the first part of the first line)."""
+    lines, line = [], head
+    indent = " " * (len(head) + len(sep)) if indent is None else indent
+    for part in parts:
+        if line.strip() and len(line) + len(sep) + len(part) > width:
+            lines.append(line)
+            line = indent + part
+        else:
+            line = f"{line}{sep if line.strip() else ''}{part}"
+    return [*lines, line]
+
+
+def _first_steps(steps: int) -> str:
+    return "the first step" if steps == 1 else f"the first {steps} steps"
+
+
 class Reporter:
-    """Receives a run's events. The base class stays silent (the Python API's default)."""
+    """Receives a run's events; this base class stays silent (the Python API's default).
+
+    One epoch: ``epoch_begin(epoch, steps)`` (epochs count from 1); per execution (the
+    ``steps_per_execution`` steps run as one call) ``execution_begin`` with its first and last step
+    (from 1), and at a bounded rate, and at the epoch's last step, ``progress`` (``logs`` None when
+    nothing new is known); ``compiled`` once the run's first execution is done (its steps, and its
+    seconds, compiling included); ``validation_begin``, ``validation_progress`` (bounded rate),
+    ``validation_end``; then ``epoch_end``. ``message`` is a notice (level info, warn or note) on
+    lines of its own; ``finish`` says how the run ended; ``close`` ends the output however it ended
+    (a live display gives the terminal back; idempotent).
+    """
 
     started = False  # set by start(): training has begun
 
-    def message(self, text: str, level: str = "info") -> None:
-        """A one-line notice: level is info, warn or note."""
-
-    def start(self, plan: Any, run_dir: str, epochs: int, initial_epoch: int) -> None:
-        """Training is about to start."""
-
-    def epoch_begin(self, epoch: int, steps: int) -> None:
-        """``epoch`` counts from 1."""
-
+    def message(self, text: str, level: str = "info") -> None: ...
+    def start(self, plan: Any, run_dir: str, epochs: int, initial_epoch: int) -> None: ...
+    def epoch_begin(self, epoch: int, steps: int) -> None: ...
+    def execution_begin(self, epoch: int, first: int, last: int) -> None: ...
     def progress(
         self, epoch: int, step: int, steps: int, rate: float, eta: float, logs: Mapping | None
-    ) -> None:
-        """Called at a bounded rate during an epoch; ``logs`` may be None when nothing new is known."""
-
-    def epoch_end(self, epoch: int, logs: Mapping[str, Any], seconds: float, rate: float) -> None:
-        """An epoch has finished, with its metrics."""
-
-    def finish(self, summary: Mapping[str, Any]) -> None:
-        """The run has ended (in any way)."""
+    ) -> None: ...
+    def compiled(self, seconds: float, steps: int) -> None: ...
+    def validation_begin(self, epoch: int, steps: int) -> None: ...
+    def validation_progress(self, epoch: int, step: int, steps: int) -> None: ...
+    def validation_end(self, epoch: int, seconds: float) -> None: ...
+    def epoch_end(
+        self, epoch: int, logs: Mapping[str, Any], seconds: float, rate: float
+    ) -> None: ...
+    def finish(self, summary: Mapping[str, Any]) -> None: ...
+    def close(self) -> None: ...
 
     @property
     def progress_interval(self) -> float:
@@ -125,22 +171,37 @@ class PlainReporter(Reporter):
             f"{plan.global_batch_size} ({plan.per_core_batch_size} x {plan.replicas}), lr "
             f"{plan.learning_rate:.4g}, steps_per_execution {plan.steps_per_execution} -> {run_dir}"
         )
+        self._compiling_note()
+
+    def _compiling_note(self) -> None:
+        self._line("compiling the training step (the first step waits for it)...")
+
+    def compiled(self, seconds, steps) -> None:
+        self._line(f"compiled: {_first_steps(steps)} took {took(seconds)}, compiling included")
 
     def progress(self, epoch, step, steps, rate, eta, logs) -> None:
+        if step >= steps:
+            return  # the epoch's line follows
         pct = 100 * step / steps if steps else 0
         metrics = format_metrics(logs)
         self._line(
-            f"epoch {epoch}/{self.epochs}  step {step}/{steps} ({pct:.0f}%)  {rate:,.0f} ex/s  "
+            f"{epoch_label(epoch, self.epochs)}  step {step}/{steps} ({pct:.0f}%)  {rate:,.0f} ex/s  "
             f"eta {format_duration(eta)}" + (f"  {metrics}" if metrics else "")
         )
 
+    def validation_progress(self, epoch, step, steps) -> None:
+        self._line(f"{epoch_label(epoch, self.epochs)}  validating {step}/{steps}")
+
+    def _epoch_parts(self, logs, seconds, rate) -> list[str]:
+        return [*metric_parts(logs), f"{took(seconds)}  {rate:,.0f} ex/s"]
+
     def epoch_end(self, epoch, logs, seconds, rate) -> None:
         self._line(
-            f"epoch {epoch}/{self.epochs}  {format_metrics(logs)}  {format_duration(seconds)}  "
-            f"{rate:,.0f} ex/s"
+            "  ".join([epoch_label(epoch, self.epochs), *self._epoch_parts(logs, seconds, rate)])
         )
 
     def finish(self, summary) -> None:
+        self.close()
         best = summary.get("best") or {}
         best_text = ""
         if best.get("value") is not None:
@@ -151,82 +212,12 @@ class PlainReporter(Reporter):
         )
 
 
-class LiveReporter(PlainReporter):
-    """A Rich live view for a real terminal: epoch/step bar, examples/s, ETA, latest metrics."""
-
-    def __init__(self, stream: TextIO | None = None):
-        from rich.console import Console
-
-        super().__init__(stream)
-        self.console = Console(file=self.stream, highlight=False)
-        self._progress = None
-        self._task = None
-
-    @property
-    def progress_interval(self) -> float:
-        return LIVE_REFRESH_SECONDS
-
-    def _line(self, text: str) -> None:
-        self.console.print(text, markup=False)
-
-    def message(self, text: str, level: str = "info") -> None:
-        style = {"warn": "yellow", "note": "dim"}.get(level, "")
-        label = "warning: " if level == "warn" else ""
-        self.console.print(f"{label}{text}", style=style or None, markup=False)
-
-    def start(self, plan, run_dir, epochs, initial_epoch) -> None:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-        )
-
-        super().start(plan, run_dir, epochs, initial_epoch)
-        self._progress = Progress(
-            TextColumn("[bold]epoch {task.fields[epoch]}/{task.fields[epochs]}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]} ex/s"),
-            TimeRemainingColumn(),
-            TextColumn("{task.fields[metrics]}"),
-            console=self.console,
-            transient=True,
-        )
-        self._progress.start()
-
-    def epoch_begin(self, epoch, steps) -> None:
-        if self._progress is None:
-            return
-        if self._task is not None:
-            self._progress.remove_task(self._task)
-        self._task = self._progress.add_task(
-            "train", total=steps, epoch=epoch, epochs=self.epochs, rate="-", metrics=""
-        )
-
-    def progress(self, epoch, step, steps, rate, eta, logs) -> None:
-        if self._progress is None or self._task is None:
-            return
-        fields = {"rate": f"{rate:,.0f}"}
-        if logs:
-            fields["metrics"] = format_metrics(logs)
-        self._progress.update(self._task, completed=step, **fields)
-
-    def epoch_end(self, epoch, logs, seconds, rate) -> None:
-        if self._progress is not None and self._task is not None:
-            self._progress.update(self._task, completed=self._progress.tasks[0].total)
-        super().epoch_end(epoch, logs, seconds, rate)
-
-    def finish(self, summary) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
-        super().finish(summary)
-
-
 def make_reporter(plain: bool = False) -> Reporter:
-    return PlainReporter() if want_plain(plain) else LiveReporter()
+    if want_plain(plain):
+        return PlainReporter()
+    from tpurun.live import LiveReporter
+
+    return LiveReporter()
 
 
 class TaskProgress:
