@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "load_config", "train"]
+__all__ = ["__version__", "evaluate", "export", "load", "load_config", "predict", "train"]
 
 
 def load_config(source: Any, overrides: list[str] | tuple[str, ...] = ()):
@@ -49,3 +49,71 @@ def train(
     cfg = config if isinstance(config, Config) else load_config(config, overrides)
     reporter = PlainReporter() if verbose else Reporter()
     return runner.run(cfg, output=output, reporter=reporter, restart=restart, resume=resume)
+
+
+def evaluate(run_dir: str, data: str | None = None, checkpoint: str = "best") -> dict[str, Any]:
+    """Score a split with a trained run's checkpoint, every record exactly once, as
+    ``tpurun evaluate`` does; also written to the run's ``eval-<name>.json``.
+
+    Args:
+        run_dir: the run directory ``train`` made.
+        data: a glob of records with the same features and targets; None: data.validation.
+        checkpoint: ``best`` (else the final model.keras), ``latest``, or a checkpoint file.
+
+    Returns:
+        ``metrics`` (Keras' names: loss, accuracy...), ``records`` scored, and where from.
+    """
+    from tpurun.evaluation import evaluate as _evaluate
+
+    return _evaluate(run_dir, data, checkpoint)
+
+
+def predict(
+    run_dir: str,
+    data: str | list[str],
+    output: str,
+    *,
+    id_feature: str | None = None,
+    checkpoint: str = "best",
+) -> dict[str, Any]:
+    """Predict every record of ``data`` once, in file order, into a ``.csv``, ``.npy`` or ``.npz``
+    file, as ``tpurun predict`` does. Targets may be absent from the records.
+
+    Returns:
+        ``rows`` written, ``columns``, ``output``.
+    """
+    from tpurun.prediction import predict as _predict
+
+    return _predict(run_dir, data, output, id_feature=id_feature, checkpoint=checkpoint)
+
+
+def export(
+    run_dir: str,
+    format: str,
+    output: str,
+    *,
+    checkpoint: str = "best",
+    platforms: str | list[str] | None = None,
+) -> dict[str, Any]:
+    """Export a trained run's model as ``keras``, ``saved_model`` or ``onnx``, with a sidecar
+    ``<output>.json``, checked in a fresh process without tpurun, as ``tpurun export`` does.
+
+    Args:
+        platforms: where a JAX model's SavedModel runs (default ``cpu,cuda``; cpu included).
+    """
+    from tpurun.exporting import export as _export
+
+    return _export(run_dir, format, output, checkpoint=checkpoint, platforms=platforms)
+
+
+def load(run_dir: str, checkpoint: str = "best"):
+    """A trained run's Keras model, with a checkpoint's weights, and its feature spec.
+
+    ``model, spec = tpurun.load("runs/my-experiment")``: the model is built by the run's own
+    factory (so its custom layers are resolved from config.yaml's import paths) on the backend and
+    precision the config gives; ``spec`` holds the features a record decodes into (``features``,
+    ``inputs``, ``targets``, ``compression``) and the label's ``class_names``.
+    """
+    from tpurun.loading import load as _load
+
+    return _load(run_dir, checkpoint)

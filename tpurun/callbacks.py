@@ -24,7 +24,7 @@ from tpurun.checkpoints import Checkpointer, step_offset
 from tpurun.config import Config
 from tpurun.console import Reporter
 from tpurun.errors import ConfigError, TpurunError
-from tpurun.evaluate import correctable, exact_logs
+from tpurun.evaluation import correctable, exact_logs
 from tpurun.hosts import agree_on_stop
 from tpurun.model import import_object
 from tpurun.plan import Plan, resolve_monitor
@@ -116,7 +116,7 @@ class Progress(keras.callbacks.Callback):
 
 class ExactValidation(keras.callbacks.Callback):
     """First in the list: turns the padded validation's loss means into means over the records
-    scored, before any other callback reads the epoch's logs (see :mod:`tpurun.evaluate`)."""
+    scored, before any other callback reads the epoch's logs (see :mod:`tpurun.evaluation`)."""
 
     def __init__(self, scored: int, fed: int, reporter: Reporter):
         super().__init__()

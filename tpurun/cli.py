@@ -199,7 +199,9 @@ def evaluate(
     data: Annotated[
         str | None,
         typer.Option(
-            "--data", metavar="GLOB", help="Records to score (default: the config's validation set)."
+            "--data",
+            metavar="GLOB",
+            help="Records to score (default: the config's validation set).",
         ),
     ] = None,
     checkpoint: CheckpointOpt = "best",
@@ -208,7 +210,7 @@ def evaluate(
     """Score a split, every record exactly once; writes eval-<name>.json into RUN_DIR."""
     with exit_codes():
         from tpurun import reports
-        from tpurun.evaluate import evaluate as run_evaluate
+        from tpurun.evaluation import evaluate as run_evaluate
 
         reports.show_evaluation(run_evaluate(run_dir, data, checkpoint), as_json=as_json)
 
@@ -223,7 +225,9 @@ def predict(
     output: Annotated[
         str,
         typer.Option(
-            "--output", "-o", metavar="FILE",
+            "--output",
+            "-o",
+            metavar="FILE",
             help="A .csv (id and one column per output, or class and probabilities), .npy or .npz.",
         ),
     ],
@@ -237,7 +241,7 @@ def predict(
     """Predict every record once, in file order (sorted file names, then record order)."""
     with exit_codes():
         from tpurun import reports
-        from tpurun.predict import predict as run_predict
+        from tpurun.prediction import predict as run_predict
 
         result = run_predict(run_dir, data, output, id_feature=id_feature, checkpoint=checkpoint)
         reports.show_predicted(result, as_json=as_json)
@@ -252,7 +256,9 @@ def export(
     output: Annotated[
         str,
         typer.Option(
-            "--output", "-o", metavar="PATH",
+            "--output",
+            "-o",
+            metavar="PATH",
             help="The artifact's path (model.keras, a SavedModel folder, model.onnx); its "
             "description goes beside it as PATH.json.",
         ),
@@ -261,7 +267,8 @@ def export(
     platforms: Annotated[
         str,
         typer.Option(
-            "--platforms", metavar="LIST",
+            "--platforms",
+            metavar="LIST",
             help="Where a JAX model's SavedModel runs: cpu, cuda, rocm, tpu (cpu included).",
         ),
     ] = "cpu,cuda",
@@ -270,7 +277,7 @@ def export(
     """Export a model that loads without tpurun, checked in a fresh process before it is kept."""
     with exit_codes():
         from tpurun import reports
-        from tpurun.export import export as run_export
+        from tpurun.exporting import export as run_export
 
         result = run_export(run_dir, format, output, checkpoint=checkpoint, platforms=platforms)
         reports.show_exported(result, as_json=as_json)

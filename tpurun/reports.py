@@ -183,3 +183,73 @@ def show_inspected(
         _out("\nadvice:")
         for line in report.advice:
             _out(f"  - {line}")
+
+
+# ------------------------------------------------------------------- evaluate, predict, export
+def _number(value: Any) -> str:
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def show_evaluation(result: dict[str, Any], as_json: bool = False) -> None:
+    """``tpurun evaluate``: the metrics, then what was scored with what."""
+    if as_json:
+        show_json(result)
+        return
+    rows = [(name, _number(value)) for name, value in result["metrics"].items()]
+    padding = result["padding_records"]
+    scored = (
+        f"{result['records']:,} records, each once ({result['files']} files; {result['batches']} "
+        f"batches of {result['global_batch_size']} on {result['replicas']} replica(s)"
+        + (f", the last padded with {padding} records weighted 0)" if padding else ")")
+    )
+    rows += [
+        ("scored", scored),
+        ("data", result["data"]),
+        ("checkpoint", f"{result['checkpoint_label']}: {result['checkpoint']}"),
+        ("time", f"{result['seconds']:.1f}s"),
+    ]
+    if result.get("written"):
+        rows.append(("written", result["written"]))
+    if not result.get("loss_exact", True):
+        rows.append(("note", "the loss's reduction is not Keras' default: its mean includes the "
+                             "padding records (weighted 0); the other metrics are exact"))  # fmt: skip
+    show_rows(rows, title=f"evaluate {result['name']}: {result['run_dir']}")
+
+
+def show_predicted(result: dict[str, Any], as_json: bool = False) -> None:
+    """``tpurun predict``: where the rows went."""
+    if as_json:
+        show_json(result)
+        return
+    columns = result["columns"]
+    shown = ", ".join(columns[:8]) + (f", ... ({len(columns)} in all)" if len(columns) > 8 else "")
+    rows = [
+        ("rows", f"{result['rows']:,} (every record once, in file order; {result['files']} files)"),
+        ("columns" if result["format"] == "csv" else "arrays", shown),
+        ("data", result["data"]),
+        ("checkpoint", f"{result['checkpoint_label']}: {result['checkpoint']}"),
+        ("time", f"{result['seconds']:.1f}s"),
+    ]
+    show_rows(rows, title=f"wrote {result['output']}")
+
+
+def show_exported(result: dict[str, Any], as_json: bool = False) -> None:
+    """``tpurun export``: the artifact, how it was checked, how to load it."""
+    if as_json:
+        show_json(result)
+        return
+    checked = result["checked"]
+    seconds = result["seconds"]
+    rows = [
+        ("format", result["format"] + (f" (platforms {','.join(result['platforms'])})"
+                                       if result["platforms"] else "")),  # fmt: skip
+        ("checked", f"loaded in a fresh Python process without tpurun; on {checked['on']}: max "
+                    f"|diff| {checked['max_abs_diff']:.3g} (tolerance {checked['tolerance']:g})"),
+        ("files", ", ".join(result["files"])),
+        ("load", result["usage"]),
+        ("checkpoint", f"{result['checkpoint_label']}: {result['checkpoint']}"),
+        ("time", f"{seconds['total']:.1f}s (export {seconds['export']:.1f}s, check "
+                 f"{seconds['check']:.1f}s)"),
+    ]  # fmt: skip
+    rows += [("note", note) for note in result["notes"]]
+    show_rows(rows, title=f"exported {result['output']}")

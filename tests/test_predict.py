@@ -1,0 +1,110 @@
+"""tpurun predict: every record exactly once, in file order, the same rows on any replica count,
+streamed to CSV, .npy or .npz; and the user errors of evaluate, predict and export (exit 2)."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+
+import numpy as np
+import pytest
+import yaml
+from trained import TEST_RECORDS, in_file_order, train_toy, write_test_set
+from typer.testing import CliRunner
+
+import tpurun
+from tpurun.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("predict")
+    return train_toy(folder), write_test_set(folder / "test", targets=False)
+
+
+def _rows(path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_every_record_once_in_file_order_on_8_replicas(run, tmp_path):
+    run_dir, test_glob = run  # the test set has no targets
+    out = tmp_path / "out" / "submission.csv"
+    result = tpurun.predict(str(run_dir), test_glob, str(out), id_feature="id")
+    assert result["replicas"] == 8 and result["global_batch_size"] == 64
+    assert result["rows"] == TEST_RECORDS  # 15 full batches and 43 of a padded 16th
+    rows = _rows(out)
+    ids, x, _ = in_file_order(test_glob)
+    assert [r["id"] for r in rows] == ids
+    assert ids[:3] == ["r0", "r3", "r6"]  # file order, not the order the records were written
+    model, _spec = tpurun.load(str(run_dir))
+    expected = model.predict(x, batch_size=TEST_RECORDS, verbose=0)[:, 0]
+    np.testing.assert_allclose([float(r["y"]) for r in rows], expected, rtol=0, atol=1e-6)
+    assert list(rows[0]) == ["id", "y"]  # the id column, then the output named by its target
+
+
+def test_rows_are_the_same_on_one_replica(run, tmp_path):
+    run_dir, test_glob = run
+    one = tmp_path / "one-replica"
+    shutil.copytree(run_dir, one)
+    config = yaml.safe_load((one / "config.yaml").read_text())
+    config["runtime"]["cpu_devices"] = 1  # a global batch of 8: 125 full batches and 3 records
+    (one / "config.yaml").write_text(yaml.safe_dump(config))
+    eight = tpurun.predict(str(run_dir), test_glob, str(tmp_path / "8.csv"), id_feature="id")
+    single = tpurun.predict(str(one), test_glob, str(tmp_path / "1.csv"), id_feature="id")
+    assert (eight["replicas"], single["replicas"]) == (8, 1)
+    assert (tmp_path / "8.csv").read_text() == (tmp_path / "1.csv").read_text()
+
+
+def test_arrays_and_class_names(run, tmp_path):
+    run_dir, test_glob = run
+    named = tmp_path / "named"
+    shutil.copytree(run_dir, named)
+    config = yaml.safe_load((named / "config.yaml").read_text())
+    config["derived"]["class_names"] = ["negative", "positive"]  # as a schema file gives them
+    (named / "config.yaml").write_text(yaml.safe_dump(config))
+    tpurun.predict(str(named), test_glob, str(tmp_path / "p.csv"), id_feature="id")
+    tpurun.predict(str(run_dir), test_glob, str(tmp_path / "p.npz"), id_feature="id")
+    tpurun.predict(str(run_dir), test_glob, str(tmp_path / "p.npy"))
+    rows = _rows(tmp_path / "p.csv")
+    assert list(rows[0]) == ["id", "class", "negative", "positive"]
+    with np.load(tmp_path / "p.npz") as saved:
+        ids, y = list(saved["id"]), saved["y"]
+    assert y.shape == (TEST_RECORDS, 1) and ids == [r["id"] for r in rows]
+    np.testing.assert_array_equal(np.load(tmp_path / "p.npy"), y)
+    positive = np.array([r["positive"] for r in rows], dtype=np.float32)  # exact: float32 digits
+    np.testing.assert_array_equal(positive, y[:, 0])
+    assert [r["class"] for r in rows] == ["positive" if p >= 0.5 else "negative" for p in positive]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_user_errors_exit_2_with_a_clear_message(run, tmp_path):
+    """Missing targets, a wrong feature spec, a missing checkpoint, an unknown format and an
+    unwritable output: one paragraph each, exit 2, no traceback."""
+    from tpurun.data.write import write_shards
+
+    run_dir, no_targets = run
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    write_shards(str(wide / "wide"), [{"x": np.ones(16, np.float32).tobytes()}] * 5, 1)
+    (tmp_path / "a-file").write_text("")
+    cases = [
+        (["evaluate", str(run_dir), "--data", no_targets],
+         "the records hold no target 'y' (data.targets)", "use tpurun predict"),
+        (["predict", str(run_dir), "--data", str(wide / "*"), "--output", str(tmp_path / "o.csv")],
+         "feature 'x' is declared raw float32 of shape [8], which is 32 bytes", "64 bytes"),
+        (["evaluate", str(run_dir), "--checkpoint", "epoch-9.keras"],
+         "--checkpoint epoch-9.keras: no such checkpoint", "There: best, latest"),
+        (["export", str(run_dir), "--format", "tflite", "--output", str(tmp_path / "m")],
+         "--format tflite: expected one of keras, saved_model, onnx", ""),
+        (["predict", str(run_dir), "--data", no_targets, "--output",
+          str(tmp_path / "a-file" / "out.csv")], "cannot make its folder", "a-file is a file"),
+    ]  # fmt: skip
+    for args, message, detail in cases:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert result.output.startswith("error: ") and message in result.output, result.output
+        assert detail in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "o.csv").exists()
