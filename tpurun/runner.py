@@ -42,10 +42,10 @@ def _inside(path: str, folder: str) -> bool:
     return os.path.realpath(path).startswith(os.path.realpath(folder) + os.sep)
 
 
-def _watched(hosts, run: RunDir, summary: Summary, reporter: Reporter):
-    """On several processes, a watchdog that ends this one when another is lost."""
-    if not hosts.multi:
-        return contextlib.nullcontext()
+def _on_lost(hosts, run: RunDir, summary: Summary):
+    """What this process does once another is lost: say so, record it, and end at once. The main
+    thread may be stuck in a collective, and JAX's own shutdown would wait for the lost process,
+    then abort with a stack trace: so ``os._exit``."""
 
     def lost(message: str) -> None:
         summary.status = "failed"
@@ -53,9 +53,19 @@ def _watched(hosts, run: RunDir, summary: Summary, reporter: Reporter):
             run.write_summary(summary)
         sys.stderr.write(f"error: process {hosts.process_id}: {message}\n")
         sys.stderr.flush()
-        os._exit(EXIT_USER_ERROR)  # the main thread is stuck in a collective: no clean return
+        os._exit(EXIT_USER_ERROR)
 
-    return Watchdog(hosts, lost)
+    return lost
+
+
+def _lost_peer(exc: BaseException) -> bool:
+    """Whether a collective failed because another process went away (gloo on CPUs, the
+    coordination service elsewhere)."""
+    text = str(exc)
+    return type(exc).__name__ == "JaxRuntimeError" and any(
+        s in text
+        for s in ("Connection reset", "Connection refused", "heartbeat", "Barrier", "closed")
+    )
 
 
 def _unfinished_elsewhere(config: Config, run: RunDir) -> str | None:
@@ -234,11 +244,14 @@ def _run(
 
     limit = config.train.time_limit
     stop = Stop(deadline=started + limit if limit else None)
+    hosts = runtime.choice.cluster
+    lost = _on_lost(hosts, run, summary)
+    watchdog = Watchdog(hosts, lost) if hosts.multi else contextlib.nullcontext()
     job = training.TrainJob(
         prepared, runtime, run, point, identity, effective, summary, reporter, stop
     )
     try:
-        with stop_on_signals(stop), _watched(runtime.choice.cluster, run, summary, reporter):
+        with stop_on_signals(stop), watchdog:
             result = training.train(job)
     except TpurunError:
         finish("failed")
@@ -247,6 +260,10 @@ def _run(
         finish("interrupted")
         raise
     except Exception as exc:
+        if hosts.multi and _lost_peer(exc):
+            lost(f"another process is gone (a collective failed: {str(exc).splitlines()[0][:160]})"
+                 ": killed, out of memory, or its machine stopped. Rerun the same command on every "
+                 "host to resume from the last checkpoint.")  # fmt: skip
         finish("failed")
         exc.tpurun_error_log = run.write_error(traceback.format_exc())
         raise
