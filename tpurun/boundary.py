@@ -139,13 +139,15 @@ def _interrupted(exc: KeyboardInterrupt, text: str) -> typer.Exit:
 
 
 @contextlib.contextmanager
-def exit_codes(interrupted: str = "interrupted"):
+def exit_codes(interrupted: str = "interrupted", train: bool = False):
     """The one place errors become exit codes: 2 with a message, 1 with a traceback file.
 
     Heavy imports (TensorFlow, JAX, Keras) belong inside it, so a broken install is a message too.
-    ``interrupted`` is what Ctrl-C prints (exit 130).
+    ``interrupted`` is what Ctrl-C prints (exit 130). A signal held since ``main()`` started
+    (:data:`START_UP`) is delivered here: ``train`` stops with exit 3, the others as Ctrl-C.
     """
     try:
+        START_UP.release(train)
         yield
     except TpurunError as exc:
         raise fail(exc) from None
@@ -179,6 +181,50 @@ class Signalled(KeyboardInterrupt):
             f"{self.name} before training started: no step ran, nothing is lost. Run the same "
             "command again to train."
         )
+
+
+class StartUpSignals:
+    """SIGINT and SIGTERM from ``main()`` until a command's :func:`exit_codes` takes them.
+
+    Typer takes a few tenths of a second to build the commands. A signal then ended ``train`` with
+    exit 130 or a traceback instead of exit 3, and when the process started with SIGINT ignored (a
+    background job of a script, which inherits that) a SIGINT then was lost: StopSignals, coming
+    later, took SIGINT over, and the run trained to its end and exited 0. Held here, it is
+    delivered once the command starts. The interpreter's own start and ``tpurun.cli``'s imports
+    (about a tenth of a second) come before any of tpurun's code can hold anything.
+    """
+
+    def __init__(self) -> None:
+        self.pending: str | None = None
+        self._original: dict[int, Any] = {}
+
+    def hold(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            self._original = {sig: signal.signal(sig, self._hold) for sig in StopSignals.SIGNALS}
+
+    def _hold(self, signum: int, frame: Any) -> None:
+        if self.pending is not None:
+            raise KeyboardInterrupt  # a second one: at once
+        self.pending = signal.Signals(signum).name
+
+    def release(self, train: bool) -> None:
+        """Put the handlers back and deliver a held signal: exit 3 for ``train``; SIGINT as Ctrl-C
+        elsewhere (or not at all, when the process started with it ignored), SIGTERM's default."""
+        original, self._original = self._original, {}
+        for sig, old in original.items():
+            signal.signal(sig, old)
+        held, self.pending = self.pending, None
+        if held is None:
+            return
+        if train:  # StopSignals takes both signals over, as it does when nothing was held
+            raise Signalled(held, after_training=False)
+        if held == "SIGTERM":
+            os.kill(os.getpid(), signal.SIGTERM)
+        elif original.get(signal.SIGINT) is not signal.SIG_IGN:
+            raise KeyboardInterrupt
+
+
+START_UP = StartUpSignals()  # cli.main() holds; exit_codes() releases
 
 
 class StopSignals:

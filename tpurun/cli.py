@@ -18,7 +18,7 @@ from typing import Annotated
 import typer
 
 from tpurun import __version__
-from tpurun.boundary import SetCommand, StopSignals, exit_codes, fail
+from tpurun.boundary import START_UP, SetCommand, StopSignals, exit_codes, fail
 from tpurun.errors import EXIT_USER_ERROR, TpurunError
 
 app = typer.Typer(
@@ -96,7 +96,7 @@ def train(
     ] = None,
 ) -> None:
     """Train a model as CONFIG describes; rerunning continues an unfinished run."""
-    with exit_codes(), StopSignals() as signals:
+    with exit_codes(train=True), StopSignals() as signals:
         from tpurun.config import load_config
         from tpurun.console import make_reporter
 
@@ -477,6 +477,7 @@ def launch(
 
 def main() -> None:
     """Console-script entry point."""
+    START_UP.hold()  # until the command starts: typer takes a while to build the commands
     try:
         app()
     except SystemExit as exc:

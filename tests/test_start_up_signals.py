@@ -1,0 +1,67 @@
+"""A signal in the command line's first moments, while Typer builds the commands: ``train`` stops
+with exit 3 and its one line, as it does later in start-up; it is not lost when the process started
+with SIGINT ignored (a background job of a script), and other commands still read it as Ctrl-C."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+import yaml
+from conftest import ROOT, _cli_env, toy_config
+
+
+def run_signalled(args: list[str], sig: str = "SIGINT", ignored: bool = False):
+    """The real entry point, ``tpurun.cli.main``, sent ``sig`` by itself as Typer starts to build
+    the commands: before any command's code runs."""
+    driver = (
+        "import os, signal, sys\n"
+        "import tpurun.cli as cli\n"
+        "real = cli.app\n"
+        "def app():\n"
+        f"    os.kill(os.getpid(), signal.{sig})\n"
+        "    real()\n"
+        "cli.app = app\n"
+        f"sys.argv = ['tpurun', *{args!r}]\n"
+        "cli.main()\n"
+    )
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignored else None
+    return subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True,
+                          env=_cli_env(None), cwd=ROOT, timeout=600, preexec_fn=ignore)  # fmt: skip
+
+
+@pytest.fixture
+def config(tmp_path, toy_data):
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(toy_config(toy_data, tmp_path / "runs", train={"epochs": 3})))
+    return path
+
+
+@pytest.mark.parametrize(
+    "ignored", [False, True], ids=["sigint-default", "sigint-inherited-ignored"]
+)
+def test_train_signalled_while_typer_starts_exits_3_in_one_line(config, ignored):
+    result = run_signalled(["train", str(config)], ignored=ignored)
+    assert result.returncode == 3, (result.returncode, result.stdout[-500:], result.stderr[-1500:])
+    assert result.stderr == (
+        "stopped: SIGINT before training started: no step ran, nothing is lost. Run the same "
+        "command again to train.\n"
+    )
+    assert "epoch" not in result.stdout
+
+
+def test_sigterm_while_typer_starts_stops_train_the_same_way(config):
+    result = run_signalled(["train", str(config)], sig="SIGTERM")
+    assert result.returncode == 3, result.stderr[-1500:]
+    assert result.stderr.startswith("stopped: SIGTERM before training started")
+
+
+def test_other_commands_read_it_as_ctrl_c_or_not_at_all_when_ignored(config):
+    interrupted = run_signalled(["config", str(config), "--check"])
+    assert (interrupted.returncode, interrupted.stderr) == (130, "interrupted\n")
+    ignored = run_signalled(["config", str(config), "--check"], ignored=True)
+    assert ignored.returncode == 0 and ignored.stdout.endswith(": valid\n"), ignored.stderr
+    terminated = run_signalled(["config", str(config), "--check"], sig="SIGTERM")
+    assert terminated.returncode == -signal.SIGTERM
