@@ -90,6 +90,17 @@ def test_launch_trains_with_one_writer_and_the_plan_of_one_process(tmp_path, pro
                                            "run.lock", "summary.json"]  # fmt: skip
     assert f"process 0 of {processes}" in done.stdout  # the chief's lines only
     assert done.stdout.count("completed:") == 1
+    if processes == 2:
+        # The same config on one process: the same plan, and a final validation loss within 10%
+        # (the processes shuffle their own shares, so the batches differ; measured 4% apart).
+        one = subprocess.run([EXE, "train", str(path), "--output", str(tmp_path / "one")], cwd=ROOT,
+                             env=_env(), capture_output=True, text=True, timeout=600)  # fmt: skip
+        assert one.returncode == 0, one.stderr
+        single = json.loads((tmp_path / "one" / "toy" / "summary.json").read_text())
+        for key in ("global_batch_size", "learning_rate", "steps_per_epoch", "validation_steps"):
+            assert single[key] == summary[key], key
+        last, last_one = _log(run_dir)[-1], _log(tmp_path / "one" / "toy")[-1]
+        assert float(last["val_loss"]) == pytest.approx(float(last_one["val_loss"]), rel=0.10)
 
 
 def _start(path, i, n, port, **env):

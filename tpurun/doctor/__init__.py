@@ -118,6 +118,7 @@ def run_checks(
     choice_holder: list = []
     checks += timed("choice", lambda: probes.check_choice(cfg, machine, choice_holder))
     checks += timed("health", lambda: probes.check_health(choice_holder, probe_timeout))
+    checks += timed("hosts", lambda: mc.check_hosts(cfg, env))
     checks += timed("gcs.credentials", lambda: mc.check_gcs_credentials(machine, env, uses_gcs))
     if gcs_probe is None:
         checks.append(Check("gcs.reachable", "skip", "not needed: no gs:// path in this config"))

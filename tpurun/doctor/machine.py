@@ -342,3 +342,41 @@ def check_gcs_credentials(m: Machine, env: Mapping[str, str], uses_gcs: bool | N
                      "gcloud auth application-default login, or set GOOGLE_APPLICATION_CREDENTIALS",
                      data)  # fmt: skip
     return Check("gcs.credentials", "ok", f"none found ({where}); public buckets only", None, data)
+
+
+def check_hosts(cfg: Any, env: Mapping[str, str], timeout: float = 3.0) -> Check:
+    """How many processes train together, which one this is, and whether the coordinator answers
+    (a TCP connect, so it never hangs)."""
+    import socket
+
+    from tpurun.config import RuntimeConfig
+    from tpurun.errors import TpurunError
+    from tpurun.hosts import cluster
+
+    try:
+        hosts = cluster(cfg.runtime if cfg is not None else RuntimeConfig(), env)
+    except TpurunError as exc:
+        return Check("hosts", "fail", exc.message, "fix the runtime keys or KERAS_DISTRIBUTION_*")
+    data = {"num_processes": hosts.num_processes, "process_id": hosts.process_id,
+            "coordinator": hosts.coordinator, "source": hosts.source}  # fmt: skip
+    if not hosts.multi:
+        return Check("hosts", "ok", "one process (no runtime.num_processes, KERAS_DISTRIBUTION_*, "
+                     "pod or SLURM variables)", None, data)  # fmt: skip
+    finding = f"process {hosts.process_id} of {hosts.num_processes} ({hosts.source})"
+    if hosts.coordinator is None:
+        return Check("hosts", "ok", f"{finding}; JAX finds the coordinator itself", None, data)
+    host, _, port = hosts.coordinator.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except (OSError, ValueError) as exc:
+        if hosts.chief:  # process 0 opens the port itself when it starts
+            return Check("hosts", "ok", f"{finding}; this process will serve {hosts.coordinator}",
+                         None, data)  # fmt: skip
+        return Check("hosts", "warn", f"{finding}; the coordinator {hosts.coordinator} does not "
+                     f"answer ({exc})", "start process 0 (it opens the port), or check the address "
+                     "and that the port is open between the hosts", data)  # fmt: skip
+    data["coordinator_reachable"] = True
+    return Check(
+        "hosts", "ok", f"{finding}; the coordinator {hosts.coordinator} answers", None, data
+    )
