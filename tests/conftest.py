@@ -136,4 +136,5 @@ def gcs(gcs_server):
     gcs_server.release()
     gcs_server.bucket = gcs_server.make_bucket(f"t-{uuid.uuid4().hex[:16]}")
     yield gcs_server
-    gcs_server.release()
+    if gcs_server.alive:
+        gcs_server.release()

@@ -379,6 +379,31 @@ class GcsServer:
             "GCS_STAT_CACHE_MAX_AGE": "0",
         }  # fmt: skip
 
+    def cli_env(self, *, tpurun_defaults: bool = False, **extra: str) -> dict[str, str]:
+        """The environment of a ``tpurun`` subprocess that reaches this server: this process's,
+        less what it set for itself (Keras backend, devices, GCS settings), plus :attr:`env`.
+        ``tpurun_defaults`` leaves the GCS retry settings to tpurun (slower to fail)."""
+        drop = ("KERAS_BACKEND", "XLA_FLAGS", "JAX_PLATFORMS")
+        env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("GCS_")}
+        env.update(self.env)
+        if tpurun_defaults:
+            env = {k: v for k, v in env.items() if not k.startswith("GCS_RETRY_CONFIG_")}
+        return {**env, "TPURUN_PLAIN": "1", **extra}
+
+    def tpurun(self, *args: str, cwd: Path, wait: bool = True, timeout: float = 300, **env):
+        """Run (or, with ``wait=False``, start) the real ``tpurun`` against this server."""
+        exe = str(Path(sys.executable).parent / "tpurun")
+        proc = subprocess.Popen([exe, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, cwd=cwd, env=self.cli_env(**env))  # fmt: skip
+        if not wait:
+            return proc
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
     # ------------------------------------------------------------------ the client
     def _call(self, method: str, path: str, body: bytes | None = None, json_body=None):
         data = json.dumps(json_body).encode() if json_body is not None else body

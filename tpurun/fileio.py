@@ -337,6 +337,8 @@ def save_atomically(path: str, write: Callable[[str], Any]) -> None:
             local = os.path.join(tmp, name)
             write(local)
             with _remote(path, "uploading it", missing_is_error=True):
+                if path.startswith("ram://") and gfile.exists(path):
+                    gfile.remove(path)  # TF's ram:// writes over an old file without truncating it
                 gfile.copy(local, path, overwrite=True)
         return
     folder = os.path.dirname(path) or "."

@@ -13,6 +13,7 @@ from typing import Any
 
 from tpurun.doctor import Check
 from tpurun.errors import TpurunError
+from tpurun.fileio import short_detail
 
 # Lower TF's GCS retries (FIELD-NOTES: 2 retries at 100 ms fail a closed network in ~2 s).
 GCS_RETRY_ENV = {
@@ -35,9 +36,8 @@ except OSError as exc:
     answer(reachable=False, stage="connect", error=f"{__ENDPOINT__[0]}:{__ENDPOINT__[1]}: {exc}")
 import tensorflow as tf
 g = tf.io.gfile
-def first_line(exc):
-    text = (getattr(exc, "message", None) or str(exc)).strip()
-    return (text.splitlines() or [type(exc).__name__])[0][:300]
+def error_text(exc):
+    return (getattr(exc, "message", None) or str(exc)).strip()[:2000] or type(exc).__name__
 def url(path):
     return f"exists: {bool(g.exists(path))}"
 def read(path):
@@ -60,7 +60,7 @@ for kind, path in __TARGETS__:
         results.append({"kind": kind, "path": path, "ok": True, "detail": globals()[kind](path)})
     except Exception as exc:
         results.append({"kind": kind, "path": path, "ok": False, "error_type": type(exc).__name__,
-                        "error": first_line(exc)})
+                        "error": error_text(exc)})
     results[-1]["seconds"] = round(time.perf_counter() - t, 3)
 failed = [r for r in results if not r["ok"]]
 if results and len(failed) == len(results) and all(r["error_type"] in __UNREACHABLE__ for r in failed):
@@ -113,8 +113,6 @@ def _bucket(path: str) -> str:
 
 def _problem(result: dict[str, Any]) -> tuple[str, str]:
     """One failed target: what went wrong (naming the path) and the fix (naming the bucket)."""
-    from tpurun.fileio import short_detail
-
     kind, path, error = result["kind"], result["path"], short_detail(result["error"])
     bucket = _bucket(path)
     doing = {"read": "cannot read the data", "write": "cannot write the run directory",
@@ -186,8 +184,8 @@ class GcsProbe:
             return Check("gcs.reachable", bad, f"GCS did not answer: the probe timed out after "
                          f"{self.timeout:g} s", fix, result)  # fmt: skip
         if not result.get("reachable"):
-            return Check("gcs.reachable", bad, f"GCS is not reachable: {result.get('error')}",
-                         fix, result)  # fmt: skip
+            error = short_detail(str(result.get("error")))
+            return Check("gcs.reachable", bad, f"GCS is not reachable: {error}", fix, result)
         failed = [r for r in result.get("results", []) if not r["ok"]]
         if failed:
             problems = [_problem(r) for r in failed]
