@@ -154,19 +154,21 @@ def run(
     reporter.message(choice.summary, "note")
     runtime = activate(choice, config.seed)
     output_dir = output or config.output.dir
-    if hosts.multi:
-        check_shared_folder(output_dir, hosts)
     run_dir = RunDir(run_path(output_dir, config.name), writer=hosts.chief)
     try:
-        return _run(config, output, runtime, run_dir, reporter, restart, resume, started)
+        if hosts.multi:
+            check_shared_folder(output_dir, hosts)
+        return _run(config, runtime, run_dir, reporter, started=started, output=output,
+                    restart=restart, resume=resume)  # fmt: skip
     finally:
         run_dir.unlock()
         runtime.release()
 
 
 def _run(
-    config, output, runtime, run: RunDir, reporter, restart, resume, started
-) -> dict[str, Any]:
+    config: Config, runtime, run: RunDir, reporter: Reporter, *, started: float,
+    output: str | None, restart: bool, resume: str | None,
+) -> dict[str, Any]:  # fmt: skip
     # Environment and data are checked before anything is written.
     prepared = prepare(config, runtime.choice, runtime.replicas)
     for warning in prepared.plan.warnings:
