@@ -12,6 +12,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from conftest import run_cli
 from trained import in_file_order, train_toy, write_test_set
 from typer.testing import CliRunner
 
@@ -53,11 +54,14 @@ def _script(folder, name: str, body: str) -> str:
 def test_saved_model_and_onnx_load_without_tpurun(run, tmp_path):
     run_dir, test_glob = run
     out = tmp_path / "export"
-    saved = runner.invoke(app, ["export", str(run_dir), "--format", "saved_model",
-                                "--output", str(out / "saved_model"), "--json"])  # fmt: skip
-    assert saved.exit_code == 0, saved.output
+    # The real command, in a process of its own: its backend is the run's (JAX), not the one auto
+    # would pick there for 8 CPU devices.
+    saved = run_cli("export", str(run_dir), "--format", "saved_model",
+                    "--output", str(out / "saved_model"), "--json")  # fmt: skip
+    assert saved.returncode == 0, saved.stderr
+    shown = json.loads(saved.stdout)
+    assert (shown["backend"], shown["platforms"]) == ("jax", ["cpu", "cuda"])
     onnx = tpurun.export(str(run_dir), "onnx", str(out / "model.onnx"))
-    assert json.loads(saved.output)["platforms"] == ["cpu", "cuda"]
     _, x, _ = in_file_order(test_glob)
     model, spec = tpurun.load(str(run_dir))
     expected = model.predict(x, batch_size=len(x), verbose=0)
@@ -124,7 +128,7 @@ def scaled_mlp():
 
 
 def test_keras_format_carries_custom_code_and_a_mismatch_leaves_nothing(tmp_path, monkeypatch):
-    from tpurun import exporting
+    from tpurun import export_formats
 
     code = tmp_path / "code" / "custom_model.py"
     code.parent.mkdir()
@@ -149,13 +153,13 @@ def test_keras_format_carries_custom_code_and_a_mismatch_leaves_nothing(tmp_path
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
     away.rename(code)
 
-    real = exporting.write_keras
+    real = export_formats.write_keras
 
     def altered(model, path, config):  # an artifact that no longer computes what was trained
         model.layers[-1].kernel.assign(model.layers[-1].kernel + 0.5)
         return real(model, path, config)
 
-    monkeypatch.setattr(exporting, "write_keras", altered)
+    monkeypatch.setattr(export_formats, "write_keras", altered)
     again = tmp_path / "again"
     with pytest.raises(TpurunError, match="outputs differ from the trained model's"):
         tpurun.export(str(run_dir), "keras", str(again / "model.keras"))

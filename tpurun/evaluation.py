@@ -149,7 +149,7 @@ def evaluate(
             f"{trained.run.path}: its config has no data.validation to evaluate on; pass "
             "--data GLOB (records with the same features and their targets)."
         )
-    runtime = loading.activate_for(config, machine)
+    runtime = loading.activate_for(trained, machine)
     try:
         inputs = {n: config.data.features[n] for n in DataConfig.names(config.data.inputs)}
         if data is None:

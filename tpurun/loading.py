@@ -128,13 +128,22 @@ def available(run: RunDir) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------- the model
-def activate_for(config: Config, machine: Any = None):
-    """Set this process up as ``train`` would for this config (backend, devices, precision)."""
+def activate_for(trained: TrainedRun, machine: Any = None):
+    """Set this process up as ``train`` would for this run (devices, precision), on the backend
+    it trained with where its config left the choice to ``auto`` and that backend can run here:
+    the same model code then runs on the same framework it was checkpointed from."""
     from tpurun.prepare import choose_for
     from tpurun.process import activate
     from tpurun.runtime import probe
 
-    return activate(choose_for(config, machine or probe()), config.seed)
+    config, machine = trained.config, machine or probe()
+    trained_on = trained.derived.get("backend")
+    choice = None
+    if config.runtime.backend == "auto" and trained_on in ("jax", "tensorflow"):
+        runtime = config.runtime.model_copy(update={"backend": trained_on})
+        with contextlib.suppress(TpurunError):  # not here: auto decides, as for train
+            choice = choose_for(config.model_copy(update={"runtime": runtime}), machine)
+    return activate(choice or choose_for(config, machine), config.seed)
 
 
 def build(trained: TrainedRun, checkpoint: Checkpoint, runtime: Any = None) -> Any:
@@ -221,7 +230,7 @@ def load(path: str, checkpoint: str = "best", machine: Any = None) -> Loaded:
     """
     trained = open_run(path)
     found = find_checkpoint(trained, checkpoint)
-    runtime = activate_for(trained.config, machine)
+    runtime = activate_for(trained, machine)
     runtime.release()
     model = build(trained, found)
     return Loaded(model, feature_spec(trained.config.data, trained.class_names))

@@ -272,7 +272,7 @@ def predict(
     trained = loading.open_run(run_dir)
     config = trained.config
     found_checkpoint = loading.find_checkpoint(trained, checkpoint)
-    runtime = loading.activate_for(config, machine)
+    runtime = loading.activate_for(trained, machine)
     try:
         features = {n: config.data.features[n] for n in DataConfig.names(config.data.inputs)}
         found = loading.find_records(data, features, "--data")
