@@ -8,9 +8,11 @@ import io
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -302,8 +304,9 @@ def test_a_stop_message_gets_lines_of_its_own_on_a_terminal(toy_data, tmp_path):
     import struct
     import termios
 
+    runs = Path(tempfile.mkdtemp(prefix="lv"))  # short: the checkpoint path fits in 80 columns
     path = tmp_path / "exp.yaml"
-    path.write_text(yaml.safe_dump(toy_config(toy_data, tmp_path / "runs", train={"epochs": 400})))
+    path.write_text(yaml.safe_dump(toy_config(toy_data, runs, train={"epochs": 400})))
     env = _cli_env({"TERM": "xterm-256color", "COLUMNS": "80", "LINES": "30"})
     for key in (
         "TPURUN_PLAIN",
@@ -342,5 +345,9 @@ def test_a_stop_message_gets_lines_of_its_own_on_a_terminal(toy_data, tmp_path):
     lines = [line for line in screen.lines() if line]
     stopped = [i for i, line in enumerate(lines) if "stopped: SIGINT" in line]
     assert stopped and lines[stopped[0]].startswith("stopped: SIGINT: stopped at "), lines[-6:]
+    message = " ".join(lines[stopped[0] :])
+    assert f"{runs}/toy/checkpoints." in message.split()  # wrapped between words, never in a path
+    assert all(len(line) <= 80 for line in lines[stopped[0] :])
+    shutil.rmtree(runs, ignore_errors=True)
     assert not any("━" in line or "... " in line for line in lines), lines[-6:]  # the view is gone
     assert screen.cursor_visible

@@ -13,8 +13,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import shutil
 import signal
+import sys
 import tempfile
+import textwrap
 import threading
 import traceback
 from pathlib import Path
@@ -68,9 +71,23 @@ def _check_set_items(args: list[str]) -> None:
 
 
 # ------------------------------------------------------------------------------------- exit codes
+def say(text: str) -> None:
+    """A message on stderr. On a terminal, wrapped between words at its width, so a path is never
+    cut in two; plain (a notebook, CI, a pipe: :func:`tpurun.console.want_plain`), as it is."""
+    from tpurun.console import want_plain
+
+    if not want_plain(stream=sys.stderr):
+        width = shutil.get_terminal_size().columns
+        text = "\n".join(
+            textwrap.fill(line, width, break_long_words=False, break_on_hyphens=False) or line
+            for line in text.split("\n")
+        )
+    typer.echo(text, err=True)
+
+
 def fail(exc: TpurunError) -> typer.Exit:
     label = "stopped" if isinstance(exc, Interrupted) else "error"
-    typer.echo(f"{label}: {exc}", err=True)
+    say(f"{label}: {exc}")
     return typer.Exit(code=exc.exit_code)
 
 
@@ -132,7 +149,7 @@ def _interrupt_in(exc: BaseException | None) -> KeyboardInterrupt | None:
 
 def _interrupted(exc: KeyboardInterrupt, text: str) -> typer.Exit:
     if isinstance(exc, Signalled):
-        typer.echo(f"stopped: {exc}", err=True)
+        say(f"stopped: {exc}")
         return typer.Exit(code=EXIT_INTERRUPTED)
     typer.echo(text, err=True)
     return typer.Exit(code=EXIT_AT_ONCE)
