@@ -1,16 +1,25 @@
-"""A signal in the command line's first moments, while Typer builds the commands: ``train`` stops
-with exit 3 and its one line, as it does later in start-up; it is not lost when the process started
-with SIGINT ignored (a background job of a script), and other commands still read it as Ctrl-C."""
+"""Signals during start-up that used to go astray. One in the command line's first moments, while
+Typer builds the commands: ``train`` stops with exit 3 and its one line, as it does later in
+start-up; it is not lost when the process started with SIGINT ignored (a background job of a
+script), and other commands still read it as Ctrl-C. And one whose exception a framework's C++
+code turned into another error, or swallowed."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
+import typer
 import yaml
 from conftest import ROOT, _cli_env, toy_config
+
+from tpurun.boundary import Signalled, StopSignals, exit_codes
+from tpurun.errors import TpurunError
+from tpurun.stopping import Stop, stop_on_signals
 
 
 def run_signalled(args: list[str], sig: str = "SIGINT", ignored: bool = False):
@@ -65,3 +74,39 @@ def test_other_commands_read_it_as_ctrl_c_or_not_at_all_when_ignored(config):
     assert ignored.returncode == 0 and ignored.stdout.endswith(": valid\n"), ignored.stderr
     terminated = run_signalled(["config", str(config), "--check"], sig="SIGTERM")
     assert terminated.returncode == -signal.SIGTERM
+
+
+# ---------------------------------------------- a signal's exception that a framework mishandles
+def _signal_lost_in_a_framework() -> None:
+    """SIGINT whose exception is caught where it lands, as TensorFlow's C++ ``nest.flatten`` did
+    (it printed a SystemError and raised a bare TypeError instead; exit 1, 'unexpected failure')."""
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(2)
+    except Signalled:
+        return
+    raise AssertionError("the handler did not raise")
+
+
+def test_a_signal_a_framework_turned_into_another_error_still_exits_3(capsys):
+    with pytest.raises(typer.Exit) as info, exit_codes(train=True), StopSignals():
+        _signal_lost_in_a_framework()
+        raise TypeError  # a fresh error, not chained to the signal's
+    assert info.value.exit_code == 3
+    assert capsys.readouterr().err.startswith("stopped: SIGINT before training started")
+
+
+def test_a_signal_a_framework_swallowed_is_handed_to_training():
+    stop = Stop()
+    with StopSignals():
+        _signal_lost_in_a_framework()  # start-up goes on, as if nothing came
+        with stop_on_signals(stop):
+            assert stop.reason == "SIGINT"  # training stops at its first step (exit 3)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_user_errors_after_a_lost_signal_stay_user_errors(capsys):
+    with pytest.raises(typer.Exit) as info, exit_codes(train=True), StopSignals():
+        _signal_lost_in_a_framework()
+        raise TpurunError("data.train: no file matches")
+    assert info.value.exit_code == 2

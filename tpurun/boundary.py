@@ -252,6 +252,13 @@ class StopSignals:
     a word. A signal that arrives during an import waits for the import to finish: an extension
     module stopped mid-initialisation prints a traceback and reports a broken install.
     ``reporter``, once set, tells whether training has started (its ``started``).
+
+    The exception a handler raises lands wherever the main thread is, and that can be Python code
+    a framework's C++ called (TensorFlow's ``nest.flatten`` building a dataset, seen): there it
+    came out as an unrelated error (a bare TypeError: exit 1, "unexpected failure"), or it could
+    be cleared and lost. So the signal stays pending until it surfaces: an unrelated error that
+    leaves the block after it is the signal (exit 3); if none does, training takes it over
+    (:meth:`hand_over`) and stops at its first step.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -260,17 +267,27 @@ class StopSignals:
         self.pending: str | None = None
         self.reporter: Any = None
         self._previous: dict[int, Any] = {}
+        self._raised: Signalled | None = None
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         if signal.SIGALRM in self._previous:
             signal.setitimer(signal.ITIMER_REAL, 0)
         for sig, old in self._previous.items():
             signal.signal(sig, old)
+        raised, self._raised = self._raised, None
+        if raised is not None and exc is not None and _interrupt_in(exc) is None:
+            if not isinstance(exc, TpurunError):  # a framework turned the signal into this
+                raise Signalled(raised.name, raised.after_training) from exc
+
+    def hand_over(self) -> str | None:
+        """Training takes the signals over: the signal not acted on yet, if any, is its own now."""
+        held, self.pending, self._raised = self.pending, None, None
+        return held
 
     def _handle(self, signum: int, frame: Any) -> None:
         if signum != signal.SIGALRM:
@@ -285,7 +302,8 @@ class StopSignals:
                 self._previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._handle)
             signal.setitimer(signal.ITIMER_REAL, 0.05)  # look again once the import is done
         else:
-            raise Signalled(self.pending, bool(getattr(self.reporter, "started", False)))
+            self._raised = Signalled(self.pending, bool(getattr(self.reporter, "started", False)))
+            raise self._raised
 
 
 def _importing(frame: Any) -> bool:

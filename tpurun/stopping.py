@@ -47,6 +47,12 @@ def stop_on_signals(stop: Stop):
         stop.reason = signal.Signals(signum).name
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # The start-up handler it replaces (tpurun.boundary.StopSignals) hands over a signal it could
+    # not act on: one whose exception a framework swallowed, or one waiting for an import.
+    hand_over = getattr(getattr(previous[signal.SIGINT], "__self__", None), "hand_over", None)
+    held = hand_over() if callable(hand_over) else None
+    if held is not None and stop.reason is None:
+        stop.reason = held
     try:
         yield
     finally:
