@@ -13,7 +13,7 @@ from conftest import toy_config, write_toy_data
 from tpurun.config import load_config
 from tpurun.doctor import probes
 
-pytestmark = pytest.mark.gcs
+pytestmark = [pytest.mark.gcs, pytest.mark.slow]
 
 
 def config_for(tmp_path, data_bucket: str, out_bucket: str):
@@ -78,3 +78,11 @@ def test_the_gcs_probe_names_a_server_that_does_not_answer(gcs, tmp_path, monkey
     assert time.monotonic() - started < 30
     assert check.status == "fail" and check.finding.startswith("GCS is not reachable: 127.0.0.1:")
     assert "HTTPS_PROXY" in check.fix
+
+
+def test_the_output_check_leaves_a_bucket_to_the_gcs_probe(tmp_path):
+    from tpurun.doctor.config_checks import check_output
+
+    check = check_output(config_for(tmp_path, "gs://data", "gs://runs-bucket"), params=1000)
+    assert check.status == "skip" and check.data["run_dir"] == "gs://runs-bucket/runs/toy"
+    assert "gcs.reachable writes and deletes a test object" in check.finding
