@@ -108,3 +108,15 @@ def test_user_errors_exit_2_with_a_clear_message(run, tmp_path):
         assert result.output.startswith("error: ") and message in result.output, result.output
         assert detail in result.output and "Traceback" not in result.output
     assert not (tmp_path / "o.csv").exists()
+
+
+def test_one_process_only(run, tmp_path, monkeypatch):
+    """On a host that the environment makes one of several processes (SLURM, a pod slice), the
+    commands refuse at once instead of waiting for the others to join."""
+    run_dir, test_glob = run
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    result = runner.invoke(app, ["predict", str(run_dir), "--data", test_glob,
+                                 "--output", str(tmp_path / "p.csv")])  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "this process is one of 2 (SLURM (SLURM_NTASKS))" in result.output

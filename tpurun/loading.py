@@ -129,21 +129,35 @@ def available(run: RunDir) -> list[str]:
 
 # ------------------------------------------------------------------------------------- the model
 def activate_for(trained: TrainedRun, machine: Any = None):
-    """Set this process up as ``train`` would for this run (devices, precision), on the backend
-    it trained with where its config left the choice to ``auto`` and that backend can run here:
-    the same model code then runs on the same framework it was checkpointed from."""
+    """Set this process up as ``train`` would for this run (devices, precision), in one process,
+    on the backend it trained with where its config left the choice to ``auto`` and that backend
+    can run here: the same model code then runs on the framework it was checkpointed from.
+
+    Raises:
+        TpurunError: the environment makes this process one of several (a pod slice, SLURM):
+            these commands run in one.
+    """
     from tpurun.prepare import choose_for
     from tpurun.process import activate
     from tpurun.runtime import probe
 
     config, machine = trained.config, machine or probe()
+    alone = {"num_processes": None, "coordinator": None, "process_id": None}
+    config = config.model_copy(update={"runtime": config.runtime.model_copy(update=alone)})
     trained_on = trained.derived.get("backend")
     choice = None
     if config.runtime.backend == "auto" and trained_on in ("jax", "tensorflow"):
         runtime = config.runtime.model_copy(update={"backend": trained_on})
         with contextlib.suppress(TpurunError):  # not here: auto decides, as for train
             choice = choose_for(config.model_copy(update={"runtime": runtime}), machine)
-    return activate(choice or choose_for(config, machine), config.seed)
+    choice = choice or choose_for(config, machine)
+    if choice.cluster.multi:
+        raise TpurunError(
+            f"this process is one of {choice.cluster.num_processes} ({choice.cluster.source}), and "
+            "evaluate, predict and export run in one process: run them on one host with those "
+            "variables unset, or on a single-host machine."
+        )
+    return activate(choice, config.seed)
 
 
 def build(trained: TrainedRun, checkpoint: Checkpoint, runtime: Any = None) -> Any:
