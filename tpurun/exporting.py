@@ -226,17 +226,19 @@ def _check_destinations(fmt: str, output: str) -> None:
             )
 
 
-def _place(stage: str, folder: str, aside: str) -> list[str]:
-    """Move what ``stage`` holds into ``folder``, each earlier file of the same name moved aside
-    first (then deleted with ``aside``)."""
+def _place(stage: str, replaced: list[str], aside: str) -> list[str]:
+    """Move what ``stage`` holds into the output's folder. Every earlier file at ``replaced``
+    (a previous export's, including a loader this export no longer needs) is moved aside first,
+    then deleted with ``aside``."""
     os.makedirs(aside, exist_ok=True)
-    placed = []
-    for name in sorted(os.listdir(stage)):
-        target = os.path.join(folder, name)
+    for i, target in enumerate(replaced):
         if os.path.lexists(target):
-            os.rename(target, os.path.join(aside, name))
-        os.rename(os.path.join(stage, name), target)
-        placed.append(target)
+            os.rename(target, os.path.join(aside, f"{i}-{os.path.basename(target)}"))
+    placed = []
+    folder = os.path.dirname(replaced[0])
+    for name in sorted(os.listdir(stage)):
+        os.rename(os.path.join(stage, name), os.path.join(folder, name))
+        placed.append(os.path.join(folder, name))
     return placed
 
 
@@ -354,7 +356,7 @@ def export(
             "tpurun_version": __version__,
         }
         Path(stage, f"{name}.json").write_text(json.dumps(sidecar, indent=2) + "\n")
-        placed = _place(stage, folder, os.path.join(work, "replaced"))
+        placed = _place(stage, _destinations(fmt, output), os.path.join(work, "replaced"))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return {

@@ -107,8 +107,11 @@ class _Columns:
         if self.classes is not None:
             scores = _flat(arrays[0]).astype(np.float32)
             if scores.shape[1] == 1:  # one sigmoid unit: P(second class)
+                chosen = (scores[:, 0] >= 0.5).astype(int)
                 scores = np.concatenate([1 - scores, scores], axis=1)
-            labels = np.asarray(self.classes, dtype=object)[scores.argmax(axis=1)]
+            else:
+                chosen = scores.argmax(axis=1)
+            labels = np.asarray(self.classes, dtype=object)[chosen]
             return [
                 [label, *values] for label, values in zip(labels, scores.astype(str), strict=True)
             ]
@@ -121,12 +124,8 @@ class _Writer:
     a failed run leaves no half-written file (and an older complete one stays)."""
 
     def __init__(self, path: str, records: int, id_name: str | None, class_names):
-        self.path, self.records, self.id_name, self.class_names = (
-            path,
-            records,
-            id_name,
-            class_names,
-        )
+        self.path, self.records = path, records
+        self.id_name, self.class_names = id_name, class_names
         folder, name = os.path.split(path)
         self.tmp = os.path.join(folder, f".tmp-{os.getpid()}-{name}")
         self.parts: list[str] = []
