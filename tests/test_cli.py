@@ -333,7 +333,7 @@ def test_sigterm_saves_a_checkpoint_exits_3_and_a_rerun_continues(tmp_path, toy_
     path = write_config(tmp_path, config)
     proc = start_cli("train", str(path))
     for line in proc.stdout:  # wait until training is under way
-        if line.startswith("[tpurun] epoch 3/400"):
+        if line.split()[:3] == ["[tpurun]", "epoch", "3/400"]:  # "epoch   3/400": fixed width
             break
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
