@@ -35,8 +35,10 @@ class LiveReporter(PlainReporter):
         running steps 1-11... 0:00  loss 0.1806  accuracy 0.9432
 
     The step count moves at each execution's end; the rate and the ETAs come from executions that
-    did not compile, and read ``-`` until one has run. Every line printed (messages, epochs) goes
-    above it, whole, and wrapped between metrics, never inside one.
+    did not compile, and read ``-`` until one has run. That rate counts training steps alone; an
+    epoch line's is the whole epoch's, validation and saving included, hence lower. Every line
+    printed (messages, epochs) goes above the view, whole, wrapped between metrics, never inside
+    one.
     """
 
     def __init__(self, stream: TextIO | None = None):
