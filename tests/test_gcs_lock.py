@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import threading
@@ -66,7 +67,10 @@ def test_status_tells_a_live_remote_run_from_a_dead_or_silent_one(fast):
     assert run.status() == "died"
     put_lock(run, host=socket.gethostname(), pid=dead_pid())  # this host: the process is gone
     assert run.status() == "died"
-    RunDir(run.path).lock()  # and such a lock is taken over at once
+    taker = RunDir(run.path)
+    taker.lock()  # and such a lock is taken over at once
+    assert fileio.read_json(run.file(LOCK))["pid"] == os.getpid()
+    taker.unlock()
 
 
 def test_a_run_whose_lock_was_taken_stops_writing(fast):

@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import socket
@@ -174,6 +175,9 @@ class RemoteLock:
         self._thread = threading.Thread(target=self._beat, name="tpurun-lock-heartbeat",
                                         daemon=True)  # fmt: skip
         self._thread.start()
+        # A process that ends holding the lock (a notebook kernel, a script that never unlocked)
+        # releases it first: a heartbeat thread cut off inside TensorFlow's I/O aborts the exit.
+        atexit.register(self.release)
 
     def _write(self) -> None:
         fileio.write_json(self.path, {**self._record, "heartbeat": time.time()})
@@ -207,6 +211,7 @@ class RemoteLock:
         unreachable, the lock is left to go stale, or to be taken over from this host)."""
         if self.token is None:
             return
+        atexit.unregister(self.release)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
