@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["__version__", "evaluate", "export", "load", "load_config", "predict", "train"]
+__all__ = ["__version__", "evaluate", "export", "load", "load_config", "plot", "predict", "train"]
 
 
 def load_config(source: Any, overrides: list[str] | tuple[str, ...] = ()):
@@ -117,3 +117,22 @@ def load(run_dir: str, checkpoint: str = "best"):
     from tpurun.loading import load as _load
 
     return _load(run_dir, checkpoint)
+
+
+def plot(runs: str | list[str], metrics: list[str] | None = None, *, output: str | None = None):
+    """The runs' training curves as a matplotlib Figure, as ``tpurun plot`` draws them: one
+    panel per metric, training solid and validation dashed, runs overlaid, the learning rate on a
+    second axis. In a notebook it shows inline as the cell's value.
+
+    Args:
+        runs: a run directory, or several (names under ``./runs`` work too).
+        metrics: only these metrics (default: every one logged).
+        output: also write the picture there as a PNG.
+    """
+    from tpurun.curves import figure, inline, save
+
+    fig = figure([runs] if isinstance(runs, str) else list(runs), metrics)
+    if output:
+        save(fig, output)
+    inline()
+    return fig

@@ -27,6 +27,7 @@ from tpurun.errors import ConfigError, TpurunError
 from tpurun.evaluation import correctable, exact_logs
 from tpurun.hosts import agree_on_stop
 from tpurun.model import import_object
+from tpurun.observe import observers
 from tpurun.plan import Plan, resolve_monitor
 from tpurun.rundir import EARLY_STOPPING_WEIGHTS, RunDir
 from tpurun.stopping import Stop, StopNow
@@ -450,7 +451,13 @@ def build_callbacks(
     if plan.validation_steps:
         fed = plan.validation_steps * plan.global_batch_size
         first.append(ExactValidation(plan.validation_scored, fed, reporter))
-    return [*first, progress, *stateful, *extra, control], progress, control
+    seen = observers(  # input wait, TensorBoard, a profile, the learning rate
+        config, plan, run, reporter, progress=progress, checkpointer=checkpointer
+    )
+    return [
+        *first, *seen.before_progress, progress, *seen.after_progress, *stateful, *extra,
+        *seen.last, control,
+    ], progress, control  # fmt: skip
 
 
 def _user_callback(spec: Any, config: Config) -> Any:

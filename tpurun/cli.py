@@ -94,6 +94,15 @@ def train(
             help="Stop cleanly, with a checkpoint, after this long (e.g. 8h45m).",
         ),
     ] = None,
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            "--profile",
+            metavar="START:STEPS",
+            help="Trace STEPS steps from this session's step START with the profiler, into "
+            "<run>/tensorboard (train.profile).",
+        ),
+    ] = None,
 ) -> None:
     """Train a model as CONFIG describes; rerunning continues an unfinished run."""
     with exit_codes(train=True), StopSignals() as signals:
@@ -104,6 +113,8 @@ def train(
         if time_limit:
             _check_duration(time_limit)
         overrides = [*(set_ or []), *([f"train.time_limit={time_limit}"] if time_limit else [])]
+        if profile:
+            overrides.append(_profile_override(profile))
         cfg = load_config(config, overrides)
         from tpurun.runner import run
 
@@ -121,6 +132,19 @@ def _check_duration(value: str) -> None:
         parse_duration(value)
     except ValueError as exc:
         raise ConfigError([f"--time-limit {value}: {exc}"]) from None
+
+
+def _profile_override(value: str) -> str:
+    """``--profile 10:5`` as the ``--set`` it stands for."""
+    from tpurun.errors import ConfigError
+
+    first, sep, count = value.partition(":")
+    if not (sep and first.isdigit() and count.isdigit() and int(first) >= 1 and int(count) >= 1):
+        raise ConfigError(
+            [f"--profile {value}: expected START:STEPS, two integers >= 1 (10:5 traces steps 10 "
+             "to 14 of this session)"]
+        )  # fmt: skip
+    return f"train.profile={{start_step: {int(first)}, steps: {int(count)}}}"
 
 
 @app.command("config", cls=SetCommand)
@@ -281,6 +305,52 @@ def export(
 
         result = run_export(run_dir, format, output, checkpoint=checkpoint, platforms=platforms)
         reports.show_exported(result, as_json=as_json)
+
+
+@app.command("runs")
+def runs_command(
+    folder: Annotated[
+        str,
+        typer.Argument(help="The folder the runs are in (a config's output.dir).", metavar="DIR"),
+    ] = "runs",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the runs as JSON.")] = False,
+    plain: Annotated[bool, typer.Option("--plain", help="Plain text instead of a table.")] = False,
+) -> None:
+    """List the runs under DIR, newest first: status, epochs, best value, speed, input wait."""
+    with exit_codes():
+        from tpurun import reports
+        from tpurun.runs import list_runs
+
+        reports.show_runs(list_runs(folder), folder, as_json=as_json, plain=plain)
+
+
+@app.command("plot")
+def plot_command(
+    runs: Annotated[
+        list[str],
+        typer.Argument(
+            help="Run directories (or names under ./runs), drawn on the same axes.",
+            show_default=False,
+            metavar="RUN...",
+        ),
+    ],
+    metric: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--metric", "-m", metavar="NAME", help="Only this metric (repeatable; default: all)."
+        ),
+    ] = None,
+    output: Annotated[
+        str, typer.Option("--output", "-o", metavar="FILE.png", help="Where the picture goes.")
+    ] = "curves.png",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Draw loss and metric curves (train and validation, runs overlaid, the LR) into a PNG."""
+    with exit_codes():
+        from tpurun import reports
+        from tpurun.curves import plot_runs
+
+        reports.show_plotted(plot_runs(runs, metric, output), as_json=as_json)
 
 
 data_app = typer.Typer(

@@ -253,3 +253,62 @@ def show_exported(result: dict[str, Any], as_json: bool = False) -> None:
     ]  # fmt: skip
     rows += [("note", note) for note in result["notes"]]
     show_rows(rows, title=f"exported {result['output']}")
+
+
+# ------------------------------------------------------------------------------- runs and plots
+_RUN_STYLES = {"running": "cyan", "completed": "green", "early-stopped": "green",
+               "stopped": "yellow", "died": "bold red", "failed": "bold red", "nan": "bold red"}  # fmt: skip
+_RUN_COLUMNS = ("run", "status", "epochs", "best", "backend", "examples/s", "input wait", "updated")
+
+
+def _run_cells(run: dict[str, Any]) -> list[str]:
+    """One run's row of ``tpurun runs``, as text."""
+    epochs = f"{run['epochs_completed'] if run['epochs_completed'] is not None else '-'}/" + (
+        str(run["epochs"]) if run["epochs"] is not None else "-"
+    )
+    best = "-"
+    if run["best_value"] is not None:
+        best = f"{run['best_monitor']} {_number(run['best_value'])} @{run['best_epoch']}"
+    backend = f"{run['backend']} x{run['replicas']}" if run["backend"] else "-"
+    rate = f"{run['examples_per_sec']:,.0f}" if run["examples_per_sec"] is not None else "-"
+    wait = f"{run['input_wait']:.0%}" if run["input_wait"] is not None else "-"
+    updated = (run["updated"] or "-").replace("T", " ")[:16]
+    return [run["name"], run["status"], epochs, best, backend, rate, wait, updated]
+
+
+def show_runs(runs: list[dict[str, Any]], folder: str, as_json: bool = False,
+              plain: bool = False) -> None:  # fmt: skip
+    """``tpurun runs``: one row per run, newest first."""
+    if as_json:
+        show_json(runs)
+        return
+    if not runs:
+        _out(f"no runs in {folder}")
+        return
+    rows = [_run_cells(run) for run in runs]
+    if want_plain(plain):
+        widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_RUN_COLUMNS)]
+        for cells in [list(_RUN_COLUMNS), *rows]:
+            _out(
+                "  ".join(
+                    cell.ljust(width) for cell, width in zip(cells, widths, strict=True)
+                ).rstrip()
+            )
+        return
+    table = _table(columns=_RUN_COLUMNS)
+    for cells in rows:
+        style = _RUN_STYLES.get(cells[1])
+        cells[1] = f"[{style}]{cells[1]}[/]" if style else cells[1]
+        table.add_row(*cells)
+    _print(table)
+
+
+def show_plotted(result: dict[str, Any], as_json: bool = False) -> None:
+    """``tpurun plot``: where the picture went and what it shows."""
+    if as_json:
+        show_json(result)
+        return
+    _out(
+        f"wrote {result['output']} ({result['width']}x{result['height']} px): "
+        f"{', '.join(result['metrics'])} of {len(result['runs'])} run(s), {result['lines']} lines"
+    )

@@ -33,6 +33,8 @@ LATEST_STATE = "latest.json"  # in CHECKPOINTS: the resume point's commit record
 BEST_MODEL = "best.keras"  # in CHECKPOINTS
 LATEST_WEIGHTS_PREFIX = "latest-"  # in CHECKPOINTS: latest-e<E>-s<S>.weights.h5
 EARLY_STOPPING_WEIGHTS = "early_stopping_best.npz"  # in CHECKPOINTS
+TENSORBOARD = "tensorboard"  # event files (train/, validation/) and profiles (plugins/profile/)
+CURVES = "curves.png"
 _WEIGHT_SUFFIXES = (".weights.h5", ".keras", ".h5")
 
 SUMMARY_VERSION = 1
@@ -86,6 +88,8 @@ class Summary:
     seconds: float | None = None
     time_to_first_step: float | None = None
     epoch_seconds: list = field(default_factory=list)
+    input_wait: float | None = None  # share of the training loop's time waiting for data
+    epoch_input_wait: list = field(default_factory=list)  # the same, per epoch of this session
     final_metrics: dict = field(default_factory=dict)
     resumes: list = field(default_factory=list)
     nan_restores: list = field(default_factory=list)
@@ -152,6 +156,13 @@ class RunDir:
             return None
         return data if isinstance(data, dict) else None
 
+    def log_name(self) -> str | None:
+        """The CSV log's file name as the run's ``config.yaml`` set it (None: the log was off)."""
+        callbacks = (self.read_config() or {}).get("callbacks") or {}
+        if "csv_log" in callbacks and callbacks["csv_log"] is None:
+            return None
+        return (callbacks.get("csv_log") or {}).get("filename", "log.csv")
+
     def has_model(self) -> bool:
         return fileio.exists(self.file(MODEL))
 
@@ -161,11 +172,11 @@ class RunDir:
         paths.sort(key=lambda p: (fileio.mtime(p), p))  # names break a tie of mtimes
         return [fileio.basename(p) for p in paths]
 
-    def status(self) -> str:
+    def status(self, summary: Mapping[str, Any] | None = None) -> str:
         """The summary's status, except that a run recorded as running whose lock nobody holds has
         died (SIGKILL, a crashed VM; in a bucket: its lock's heartbeat stopped, or its process is
-        gone from this host): it can never say so itself."""
-        summary = self.read_summary() or {}
+        gone from this host): it can never say so itself. ``summary``: one already read."""
+        summary = (self.read_summary() if summary is None else summary) or {}
         status = summary.get("status", "unknown")
         if status == "running" and not self.is_locked():
             return "died"
@@ -318,6 +329,24 @@ class RunDir:
         path = self.file(f"eval-{name}.json")
         fileio.write_json(path, dict(result))
         return path
+
+    def write_file(self, name: str, save: Callable[[str], Any]) -> str | None:
+        """A file in the run directory written by ``save(path)`` atomically (``curves.png``);
+        returns its path (None: not written, on a process that does not write)."""
+        if not self._writing():
+            return None
+        fileio.save_atomically(self.file(name), save)
+        return self.file(name)
+
+    def add_file(self, local: str, *names: str) -> str | None:
+        """Copy a local file to ``names`` in the run directory, folders made (a profile trace);
+        returns its path (None: not written)."""
+        if not self._writing():
+            return None
+        target = self.file(*names)
+        fileio.makedirs(fileio.dirname(target))
+        fileio.copy(local, target)
+        return target
 
     def save_model(self, save: Callable[[str], Any]) -> None:
         """``model.keras``, written by ``save(path)`` (Keras' saver) atomically."""

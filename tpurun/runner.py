@@ -16,7 +16,7 @@ import time
 import traceback
 from typing import Any
 
-from tpurun import __version__, training
+from tpurun import __version__, inputwait, training
 from tpurun import resume as resume_lib
 from tpurun.config import Config
 from tpurun.console import Reporter
@@ -25,7 +25,7 @@ from tpurun.hosts import Watchdog, check_shared_folder, sync_processes
 from tpurun.model import custom_training_code, inference_saver
 from tpurun.prepare import Prepared, choose_for, prepare
 from tpurun.process import activate
-from tpurun.rundir import RunDir, Summary, now_iso, run_path
+from tpurun.rundir import CONFIG, RunDir, Summary, now_iso, run_path
 from tpurun.runtime import Machine, probe
 from tpurun.stopping import Stop, stop_on_signals
 
@@ -236,12 +236,14 @@ def _run(
             {"epoch": epoch, "step": step, "from": point.source, "time": now_iso()}
         )
 
-    def finish(status: str) -> dict[str, Any]:
+    def finish(status: str, curves: bool = True) -> dict[str, Any]:
         summary.status = status
         summary.seconds = round(time.monotonic() - started, 3)
         if run.begun or status in ("completed", "stopped_early"):
             run.begin(effective, summary)
             run.write_summary(summary)
+            if curves and status != "failed":
+                _write_curves(run, reporter)
         return summary.to_dict()
 
     limit = config.train.time_limit
@@ -259,7 +261,7 @@ def _run(
         finish("failed")
         raise
     except KeyboardInterrupt:
-        finish("interrupted")
+        finish("interrupted", curves=False)  # a second signal: stop at once
         raise
     except Exception as exc:
         if hosts.multi and _lost_peer(exc):
@@ -273,6 +275,9 @@ def _run(
     done, step = result.position
     summary.epochs_completed = done
     summary.epoch_seconds = [round(s, 3) for s in result.epoch_seconds]
+    summary.epoch_input_wait = inputwait.fractions(result.input_waits)
+    wait = inputwait.overall(result.input_waits)
+    summary.input_wait = None if wait is None else round(wait, 4)
     summary.examples_per_sec = round(_examples_per_sec(result.epoch_rates), 1)
     if result.first_step_seconds is not None:
         summary.time_to_first_step = round(result.first_step_seconds, 3)
@@ -301,8 +306,24 @@ def _run(
             "note",
         )
     final = finish("completed" if done >= epochs else "stopped_early")
+    said = inputwait.verdict(result.input_waits, run.file(CONFIG))
+    if said:
+        reporter.message(*said)
     reporter.finish(final)
     return final
+
+
+def _write_curves(run: RunDir, reporter: Reporter) -> None:
+    """``curves.png`` from the run's log, at the end of every session; a picture never fails a
+    run."""
+    from tpurun.curves import save_curves
+
+    try:
+        save_curves(run)
+    except TpurunError as exc:  # matplotlib is not installed
+        reporter.message(f"curves.png not written: {exc}", "note")
+    except Exception as exc:
+        reporter.message(f"curves.png not written: {type(exc).__name__}: {exc}", "warn")
 
 
 def _nan_message(config: Config, summary: Summary, at: tuple, saved: tuple, run: RunDir) -> str:

@@ -53,6 +53,7 @@ class TrainResult:
     epoch_rates: list[float]  # examples/s per epoch
     first_step_seconds: float | None
     nan_restores: list[dict] = field(default_factory=list)
+    input_waits: list[tuple[float, float]] = field(default_factory=list)  # (waiting, training) s
 
 
 def _cache(config: Config, split: str) -> str | None:
@@ -78,6 +79,7 @@ def train(job: TrainJob) -> TrainResult:
     from tpurun import callbacks as cbs
     from tpurun.data import pipeline
     from tpurun.model import build_model, check_loss_fits, compile_model
+    from tpurun.observe import epoch_waits
 
     prepared, runtime, run, point, stop = job.prepared, job.runtime, job.run, job.point, job.stop
     config, plan, reporter = prepared.config, prepared.plan, job.reporter
@@ -209,6 +211,7 @@ def train(job: TrainJob) -> TrainResult:
         epoch_rates=progress.epoch_rates,
         first_step_seconds=progress.first_step_seconds,
         nan_restores=restores,
+        input_waits=epoch_waits(callbacks),
     )
 
 

@@ -167,6 +167,13 @@ def parse_duration(value: Any) -> float | None:
     return total
 
 
+class ProfileConfig(Section):
+    start_step: int = Field(
+        10, ge=1, description="The first step traced, counted from this session's first step."
+    )
+    steps: int = Field(5, ge=1, description="How many steps to trace.")
+
+
 class TrainConfig(Section):
     per_core_batch_size: int | None = Field(
         None, ge=1, description="Batch per replica; global batch = this x replicas (default 16)."
@@ -186,6 +193,11 @@ class TrainConfig(Section):
     time_limit: float | None = Field(
         None,
         description="Stop cleanly, with a checkpoint, after this long: '8h45m', '90m', or seconds.",
+    )
+    profile: ProfileConfig | None = Field(
+        None,
+        description="Trace some steps with the backend's profiler into <run>/tensorboard (also "
+        "--profile START:STEPS).",
     )
 
     @field_validator("time_limit", mode="before")
@@ -263,6 +275,15 @@ class CsvLogConfig(Section):
         return value
 
 
+class TensorBoardConfig(Section):
+    loss_every_steps: int | None = Field(
+        100,
+        ge=1,
+        description="Also log the training loss every N steps (checked once per execution); "
+        "null: per epoch only.",
+    )
+
+
 class ReduceLROnPlateauConfig(Section):
     monitor: Monitor = "auto"
     factor: float = Field(0.1, gt=0, lt=1)
@@ -287,6 +308,10 @@ _ON_NAN_OF_TERMINATE = {True: "stop", False: "ignore"}
 class CallbacksConfig(Section):
     checkpoint: CheckpointConfig | None = Field(default_factory=CheckpointConfig)
     csv_log: CsvLogConfig | None = Field(default_factory=CsvLogConfig)
+    tensorboard: TensorBoardConfig | None = Field(
+        default_factory=TensorBoardConfig,
+        description="TensorBoard logs in <run>/tensorboard; null turns them off.",
+    )
     reduce_lr_on_plateau: ReduceLROnPlateauConfig | None = None
     early_stopping: EarlyStoppingConfig | None = None
     on_nan: Literal["stop", "restore", "ignore"] = Field(
