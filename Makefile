@@ -13,7 +13,7 @@ install: $(BIN)/tpurun
 $(BIN)/tpurun: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet $(PINS) -e '.[dev,export]'
+	$(BIN)/pip install --quiet $(PINS) -e '.[dev,export,viz]'
 	@$(BIN)/tpurun --version
 
 test: install
