@@ -29,7 +29,9 @@ def choice(replicas=8, max_spe=None) -> Choice:
 
 
 def plan(cfg, replicas=8, records=10_000, val=1000, max_spe=None):
-    return make_plan(cfg, choice(replicas, max_spe), replicas, records, val)
+    return make_plan(
+        cfg, choice(replicas, max_spe), replicas, [records], None if val is None else [val]
+    )
 
 
 def test_global_batch_and_linear_scaling_like_a_v3_8():

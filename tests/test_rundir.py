@@ -28,7 +28,9 @@ def test_summary_round_trips_and_ignores_keys_it_does_not_know():
 
 def test_run_path_keeps_a_bucket_prefix():
     assert run_path("gs://bucket/runs/", "exp") == "gs://bucket/runs/exp"
-    assert run_path("runs", "exp") == os.path.join("runs", "exp")
+    assert run_path("runs", "exp") == os.path.abspath(
+        os.path.join("runs", "exp")
+    )  # printed absolute
 
 
 def test_the_log_is_written_as_keras_csvlogger_writes_it_and_trimmed_on_resume(tmp_path):

@@ -228,6 +228,11 @@ def build_metrics(config: Config) -> list[Any]:
     return out
 
 
+def _function(metric: Any) -> bool:
+    """A plain function given as a metric (not a Keras name or Metric object)."""
+    return inspect.isfunction(metric)
+
+
 def _name(obj: Any) -> str:
     """How to call a loss, metric or optimizer in one line."""
     if isinstance(obj, str):
@@ -280,7 +285,10 @@ def compile_model(model: Any, config: Config, plan: Plan) -> str | None:
             # Weighted: validation pads its last batch with records weighted 0, so that every
             # record is scored once (tpurun.evaluate); training feeds no weights, so nothing
             # else changes. Keras' plain `metrics` ignore sample weights.
-            weighted_metrics=metrics,
+            weighted_metrics=[m for m in metrics if not _function(m)],
+            # A metric function may reduce a batch to one number, which cannot be weighted: it
+            # is left unweighted (so it also counts the validation padding).
+            metrics=[m for m in metrics if _function(m)] or None,
             steps_per_execution=plan.steps_per_execution,
         )
     except ValueError as exc:
@@ -361,7 +369,8 @@ def check_loss_fits(model: Any, config: Config, targets: Any) -> None:
                 f"{width} output units, and {labels} runs from {lo:g} to {hi:g} in the first batch. "
                 f"Give the last layer {int(hi) + 1} units, or check data.targets."
             )
-    if kind in _BINARY and (lo < 0 or hi > 1):
+    matches_output = one_per_record or label_shape == shape[1:]
+    if kind in _BINARY and matches_output and (lo < 0 or hi > 1):
         classes = f"{int(hi) + 1} classes" if hi == int(hi) and lo >= 0 else "labels like these"
         raise ModelError(
             f"model.loss: {loss.name} needs labels in [0, 1], and {labels} runs from {lo:g} to "

@@ -95,9 +95,10 @@ def _train_steps(value: int | str, records: int, batch: int, processes: int) -> 
     steps = records // batch
     if steps == 0:
         share = f" (the smallest of {processes} processes' shares)" if processes > 1 else ""
+        which = "per-process batch" if processes > 1 else "global batch"
         raise DataError(
             f"train.steps_per_epoch: auto found {records} training records{share}, fewer than one "
-            f"batch of {batch}. Lower train.per_core_batch_size (or global_batch_size), or set "
+            f"{which} of {batch}. Lower train.per_core_batch_size (or global_batch_size), or set "
             "train.steps_per_epoch: the training stream repeats, so batches then span passes."
         )
     return steps
