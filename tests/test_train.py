@@ -291,3 +291,9 @@ def test_checkpoint_keep_prunes_the_oldest_pattern_files(toy_data, tmp_path):
         "ep003.json", "ep003.weights.h5", "ep004.json", "ep004.weights.h5"
     ]  # fmt: skip
     assert (folder / "best.keras").exists() and (folder / "latest.json").exists()
+
+
+def test_seed_zero_trains(toy_data, tmp_path):
+    """TF compares (global seed, op seed) with (0, 0): seed 0 once failed inside tf.data."""
+    config = toy_config(toy_data, tmp_path / "runs", seed=0, train={"epochs": 1})
+    assert tpurun.train(config, verbose=False)["status"] == "completed"

@@ -283,7 +283,7 @@ def compile_model(model: Any, config: Config, plan: Plan) -> str | None:
             optimizer=optimizer,
             loss=loss,
             # Weighted: validation pads its last batch with records weighted 0, so that every
-            # record is scored once (tpurun.evaluate); training feeds no weights, so nothing
+            # record is scored once (tpurun.evaluation); training feeds no weights, so nothing
             # else changes. Keras' plain `metrics` ignore sample weights.
             weighted_metrics=[m for m in metrics if not _function(m)],
             # A metric function may reduce a batch to one number, which cannot be weighted: it

@@ -38,6 +38,9 @@ class Runtime:
             keras.distribution.set_distribution(None)
 
 
+_SEED_ZERO = 1_000_003  # any value TF does not truncate to 0 (it takes seeds modulo 2**31 - 1)
+
+
 def import_tensorflow():
     """Import TensorFlow without its C++ start-up notices on stderr (oneDNN, CPU features).
 
@@ -228,6 +231,10 @@ def activate(choice: Choice, seed: int) -> Runtime:
             runtime = Runtime(choice, strategy.num_replicas_in_sync, strategy=strategy)
     keras.mixed_precision.set_global_policy(choice.precision)
     keras.utils.set_random_seed(seed)
+    if seed == 0:
+        # TF compares (global seed, op seed) with (0, 0), which fails on tf.data's per-pass seeds
+        # (tensors): keep TF's global seed non-zero. Still a function of the config's seed.
+        import_tensorflow().random.set_seed(_SEED_ZERO)
     return runtime
 
 
