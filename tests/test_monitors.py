@@ -12,8 +12,8 @@ import yaml
 from conftest import FACTORIES, run_cli, toy_config
 
 import tpurun
-from tpurun.callbacks import logged_metrics, monitor_mode
 from tpurun.errors import ConfigError
+from tpurun.monitors import logged_metrics, monitor_mode
 
 
 def _compiled(metrics: list) -> keras.Model:

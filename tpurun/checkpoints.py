@@ -41,7 +41,7 @@ class Checkpointer:
     """Saves and restores the run's position; driven by :class:`tpurun.callbacks.RunControl`.
 
     ``mode`` (``min``/``max``) may be left None until the compiled model says which way the
-    monitored metric improves (see :func:`tpurun.callbacks.resolve_monitors`).
+    monitored metric improves (see :func:`tpurun.monitors.resolve_monitors`).
     """
 
     def __init__(

@@ -79,6 +79,7 @@ def train(job: TrainJob) -> TrainResult:
     from tpurun import callbacks as cbs
     from tpurun.data import pipeline
     from tpurun.model import build_model, check_loss_fits, compile_model
+    from tpurun.monitors import resolve_monitors
     from tpurun.observe import epoch_waits
 
     prepared, runtime, run, point, stop = job.prepared, job.runtime, job.run, job.point, job.stop
@@ -135,7 +136,7 @@ def train(job: TrainJob) -> TrainResult:
     def on_train_begin(logs=None) -> None:
         # Keras has built the model and its metrics against the data by now (symbolic build): the
         # monitors can be checked, and the run's first writes made.
-        cbs.apply_monitor_modes(cbs.resolve_monitors(model, config), control)
+        cbs.apply_monitor_modes(resolve_monitors(model, config), control)
         if log is not None and point is not None:
             run.carry_log(point.run, log)
         if log is not None:  # rows past the resume point are redone; none at all on a fresh run

@@ -145,7 +145,7 @@ def check_model(prepared: Any, runtime: Any) -> tuple[Check, int | None]:
                 "match the model's inputs/outputs to data.inputs / data.targets",
             ), None
         step = time.monotonic() - started
-        from tpurun.callbacks import resolve_monitors
+        from tpurun.monitors import resolve_monitors
 
         resolve_monitors(model, cfg)  # the same check train makes before its first step
     except ConfigError as exc:
