@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tpurun.config import DataConfig
+from tpurun.data import files as datafiles
 from tpurun.data import pipeline, records
 from tpurun.data.write import write_shards
 from tpurun.errors import DataError
@@ -157,15 +158,15 @@ def test_gzip_records(tmp_path):
 def test_globs_expand_sorted_and_missing_globs_name_themselves(tmp_path):
     write_shards(str(tmp_path / "a"), [{"i": 1}] * 4, 2)
     write_shards(str(tmp_path / "b"), [{"i": 1}] * 4, 2)
-    files = records.expand([str(tmp_path / "b-*"), str(tmp_path / "a-*")])
+    files = datafiles.expand([str(tmp_path / "b-*"), str(tmp_path / "a-*")])
     assert [f.rsplit("/", 1)[1][0] for f in files] == ["b", "b", "a", "a"]
     with pytest.raises(DataError, match=r"nothing-\*\.tfrecord: no file matches this glob"):
-        records.expand(str(tmp_path / "nothing-*.tfrecord"))
+        datafiles.expand(str(tmp_path / "nothing-*.tfrecord"))
 
 
 def test_remote_ram_paths_work(tmp_path):
     files = write_shards("ram://tpurun-test/d", [{"i": i} for i in range(6)], 2)
-    assert records.expand("ram://tpurun-test/d-*") == files
+    assert datafiles.expand("ram://tpurun-test/d-*") == files
     assert records.count_records(files) == 6
 
 

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 from tpurun import fileio
 from tpurun.config import Config, DataConfig
+from tpurun.data import files as datafiles
 from tpurun.errors import DataError, ModelError, TpurunError
 from tpurun.rundir import BEST_MODEL, CHECKPOINTS, MODEL, RunDir
 
@@ -279,10 +280,10 @@ def find_records(
     from tpurun.data import schema as schema_lib
 
     resolve = resolve or (lambda p: p if "://" in p else os.path.abspath(p))
-    files = sorted(records.expand(patterns, resolve, key))
+    files = sorted(datafiles.expand(patterns, resolve, key))
     schemas = schema_lib.find_for(files)
     first = schemas.get(files[0], (None, None))[1] or {}
-    compression = first.get("compression") or records.detect_compression(files[0])
+    compression = first.get("compression") or datafiles.detect_compression(files[0])
     checked = records.check_split(files, key, schemas, features, compression, skip_corrupt=False)
     source = patterns if isinstance(patterns, str) else " ".join(patterns)
     return Records(checked.files, checked.records, compression, source)
@@ -299,7 +300,7 @@ def first_record(found: Records) -> bytes:
     """The first serialized record of ``found`` (what a command checks before it reads the rest)."""
     import tensorflow as tf
 
-    from tpurun.data.records import compression_type
+    from tpurun.data.files import compression_type
 
     ds = tf.data.TFRecordDataset(
         found.files[:1], compression_type=compression_type(found.compression, found.files)

@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from tpurun.config import Config
+from tpurun.data import files as datafiles
 
 
 def bench(config: Config, steps: int = 100, warmup: int = 10) -> dict[str, Any]:
@@ -19,7 +20,7 @@ def bench(config: Config, steps: int = 100, warmup: int = 10) -> dict[str, Any]:
         examples_per_sec, batches_per_sec and mb_per_sec (bytes as stored, so compressed for GZIP),
         with the batch size, the timed steps and seconds, and the CPU cores this process may use.
     """
-    from tpurun.data import pipeline, records
+    from tpurun.data import pipeline
     from tpurun.prepare import prepare_here
 
     # The plan without activation: timing a CPU pipeline must not take the accelerator.
@@ -37,7 +38,7 @@ def bench(config: Config, steps: int = 100, warmup: int = 10) -> dict[str, Any]:
         next(iterator)
     seconds = time.perf_counter() - start
     examples = steps * plan.global_batch_size
-    bytes_per_record = sum(records.sizes(data.train_files)) / max(1, data.train_records)
+    bytes_per_record = sum(datafiles.sizes(data.train_files)) / max(1, data.train_records)
     return {
         "examples_per_sec": examples / seconds,
         "batches_per_sec": steps / seconds,

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from tpurun.data import files as datafiles
 from tpurun.data import records
 from tpurun.data import schema as schema_file
 from tpurun.data.features import image_format
@@ -90,11 +91,11 @@ def inspect(
     """
     if sample < 1:
         raise ValueError(f"sample must be at least 1; received sample={sample}")
-    paths = records.expand(patterns)
-    sizes = records.sizes(paths)
+    paths = datafiles.expand(patterns)
+    sizes = datafiles.sizes(paths)
     # An empty first shard says nothing about the compression of the others.
     first = next((p for p, s in zip(paths, sizes, strict=True) if s), paths[0])
-    compression = records.detect_compression(first)
+    compression = datafiles.detect_compression(first)
     # Sampling first: a glob that matched the wrong files fails in a second, not after a count.
     samples = _read_samples(paths, compression, sample)
     schemas = schema_file.find_for(paths)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tpurun.data import features as feat
-from tpurun.data.records import compression_type
+from tpurun.data.files import compression_type
 
 
 def cpu_cores() -> int:

@@ -2,8 +2,7 @@
 
 ``resolve`` (for ``train``, ``config`` and ``data bench``), ``data inspect``, doctor and the
 fault path of ``training`` ask these questions; ``pipeline`` only builds datasets from the
-answers. Globbing (``expand``) and ``detect_compression`` live here rather than in ``pipeline``
-because they are questions about the files, asked long before (and often without) any dataset.
+answers. Which files and how they are compressed is :mod:`tpurun.data.files`.
 
 Reading a file to its end is the only way to count its records and to find damage, so both come
 from one pass (``verify``), and its verdicts are cached by path, size and mtime in
@@ -26,9 +25,9 @@ from typing import Any
 
 from tpurun.data import features as feat
 from tpurun.data import schema as schema_lib
+from tpurun.data.files import compression_type, sizes
 from tpurun.errors import DataError
 
-_COMPRESSION = {"none": "", "gzip": "GZIP"}
 #: Bytes of TFRecord framing around each record: length (8), its CRC (4), the data's CRC (4).
 _FRAMING = 16
 #: Cache keys of damaged files: this prefix + the file's key, so an older tpurun reading the same
@@ -37,84 +36,6 @@ _DAMAGED = "damaged|"
 _COUNT_BATCH = 8  # files read together between two progress reports
 _TF_OFFSET = re.compile(r"(truncated|corrupted) record at \d+")
 _TF_INFLATE = re.compile(r"inflate\(\) failed with error -?\d+: ([\w ]+)")
-
-
-# ------------------------------------------------------------------------- files, compression
-def expand(patterns: str | Sequence[str], resolve=lambda p: p, key: str = "") -> list[str]:
-    """Expand globs (local, gs://, ram://) into a sorted file list; folders are left out.
-
-    Raises:
-        DataError: when a glob matches no file, naming the glob.
-        StorageError: a gs:// glob cannot be listed (storage unreachable, no permission, no such
-            bucket), naming the bucket and the fix.
-    """
-    import tensorflow as tf
-
-    from tpurun import fileio
-
-    fileio.apply_gcs_defaults()  # before the first gs:// request of this process
-    files: list[str] = []
-    for pattern in [patterns] if isinstance(patterns, str) else patterns:
-        path = resolve(pattern)
-        try:
-            matched = _files_only(tf.io.gfile.glob(path))
-        except tf.errors.OpError as exc:
-            if fileio.is_remote(path):
-                what = f"listing the files of {key}" if key else "listing the files"
-                raise fileio.storage_error(path, what, exc) from None
-            raise DataError(f"{path}: cannot list files: {exc.message}") from None
-        if not matched:
-            hint = ""
-            if "://" not in path:
-                hint = " Relative paths are read from the config file's folder."
-            where = f"{key}: " if key else ""
-            raise DataError(f"{where}{path}: no file matches this glob.{hint}")
-        files.extend(sorted(matched))
-    return list(dict.fromkeys(files))
-
-
-def _files_only(matched: list[str]) -> list[str]:
-    """The matches that are files. In a bucket, asking each match would cost two requests per
-    file; one listing per folder tells them apart (a folder is listed as ``name/``)."""
-    import tensorflow as tf
-
-    remote = [m for m in matched if "://" in m]
-    if not remote:
-        return [m for m in matched if not tf.io.gfile.isdir(m)]
-    listed: dict[str, set[str]] = {}
-    files = []
-    for match in matched:
-        folder, _, name = match.rpartition("/")
-        if folder not in listed:
-            listed[folder] = set(tf.io.gfile.listdir(folder))
-        if name in listed[folder]:
-            files.append(match)
-    return files
-
-
-def sizes(files: Sequence[str]) -> list[int]:
-    """Each file's size in bytes, asked several at a time (one request each in a bucket)."""
-    import tensorflow as tf
-
-    if not files:
-        return []
-    with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
-        return list(pool.map(lambda f: int(tf.io.gfile.stat(f).length), files))
-
-
-def detect_compression(path: str) -> str:
-    """GZIP files start with 1f 8b; TFRecord files start with a record length and its CRC."""
-    import tensorflow as tf
-
-    with tf.io.gfile.GFile(path, "rb") as f:
-        return "gzip" if f.read(3) == b"\x1f\x8b\x08" else "none"  # magic + deflate
-
-
-def compression_type(compression: str, files: Sequence[str]) -> str:
-    """TF's ``compression_type`` ("" or "GZIP") for data.compression, "auto" read from a file."""
-    if compression == "auto":
-        compression = detect_compression(files[0]) if files else "none"
-    return _COMPRESSION[compression]
 
 
 # ------------------------------------------------------------------------------------- damage

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tpurun.config import Config, DataConfig, reference_problems
+from tpurun.data import files as datafiles
 from tpurun.data import records
 from tpurun.data import schema as schema_lib
 from tpurun.errors import ConfigError, DataError
@@ -86,9 +87,9 @@ def resolve(config: Config) -> ResolvedData:
     """
     data = config.data
     resolve_path = path_resolver(config)
-    train_files = records.expand(data.train, resolve_path, "data.train")
+    train_files = datafiles.expand(data.train, resolve_path, "data.train")
     val_files = (
-        records.expand(data.validation, resolve_path, "data.validation") if data.validation else []
+        datafiles.expand(data.validation, resolve_path, "data.validation") if data.validation else []
     )
     schemas = schema_lib.find_for(train_files + val_files)
     first_schema = schemas.get(train_files[0], (None, None))[1]
@@ -106,7 +107,7 @@ def resolve(config: Config) -> ResolvedData:
         )
     compression = data.compression
     if compression == "auto":
-        compression = (first_schema or {}).get("compression") or records.detect_compression(
+        compression = (first_schema or {}).get("compression") or datafiles.detect_compression(
             train_files[0]
         )
     effective = DataConfig.model_validate(

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tpurun.data import files as datafiles
 from tpurun.doctor import Check, timed
 from tpurun.errors import ConfigError, TpurunError
 from tpurun.runtime import KERAS_19246, Machine
@@ -52,7 +53,7 @@ def check_split(cfg: Any, split: str, m: Machine, replicas: int | None) -> Check
         return Check(name, "skip", f"no data.{split} set")
     resolve_path = path_resolver(cfg)
     globs = [resolve_path(g) for g in patterns]
-    files = records.expand(globs, key=name)
+    files = datafiles.expand(globs, key=name)
     total = sum(_size(f) for f in files)
     data: dict[str, Any] = {"globs": globs, "files": len(files), "bytes": total}
     local = [g for g in globs if "://" not in g]

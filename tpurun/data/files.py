@@ -1,0 +1,93 @@
+"""Which TFRecord files a glob names, their sizes, and how they are compressed.
+
+Questions about the files, asked long before (and often without) any dataset: by ``resolve``,
+``data inspect``, ``data bench``, doctor and the loaders of ``evaluate``/``predict``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from tpurun.errors import DataError
+
+_COMPRESSION = {"none": "", "gzip": "GZIP"}
+
+
+def expand(patterns: str | Sequence[str], resolve=lambda p: p, key: str = "") -> list[str]:
+    """Expand globs (local, gs://, ram://) into a sorted file list; folders are left out.
+
+    Raises:
+        DataError: when a glob matches no file, naming the glob.
+        StorageError: a gs:// glob cannot be listed (storage unreachable, no permission, no such
+            bucket), naming the bucket and the fix.
+    """
+    import tensorflow as tf
+
+    from tpurun import fileio
+
+    fileio.apply_gcs_defaults()  # before the first gs:// request of this process
+    files: list[str] = []
+    for pattern in [patterns] if isinstance(patterns, str) else patterns:
+        path = resolve(pattern)
+        try:
+            matched = _files_only(tf.io.gfile.glob(path))
+        except tf.errors.OpError as exc:
+            if fileio.is_remote(path):
+                what = f"listing the files of {key}" if key else "listing the files"
+                raise fileio.storage_error(path, what, exc) from None
+            raise DataError(f"{path}: cannot list files: {exc.message}") from None
+        if not matched:
+            hint = ""
+            if "://" not in path:
+                hint = " Relative paths are read from the config file's folder."
+            where = f"{key}: " if key else ""
+            raise DataError(f"{where}{path}: no file matches this glob.{hint}")
+        files.extend(sorted(matched))
+    return list(dict.fromkeys(files))
+
+
+def _files_only(matched: list[str]) -> list[str]:
+    """The matches that are files. In a bucket, asking each match would cost two requests per
+    file; one listing per folder tells them apart (a folder is listed as ``name/``)."""
+    import tensorflow as tf
+
+    remote = [m for m in matched if "://" in m]
+    if not remote:
+        return [m for m in matched if not tf.io.gfile.isdir(m)]
+    listed: dict[str, set[str]] = {}
+    files = []
+    for match in matched:
+        folder, _, name = match.rpartition("/")
+        if folder not in listed:
+            listed[folder] = set(tf.io.gfile.listdir(folder))
+        if name in listed[folder]:
+            files.append(match)
+    return files
+
+
+def sizes(files: Sequence[str]) -> list[int]:
+    """Each file's size in bytes, asked several at a time (one request each in a bucket)."""
+    import tensorflow as tf
+
+    if not files:
+        return []
+    with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
+        return list(pool.map(lambda f: int(tf.io.gfile.stat(f).length), files))
+
+
+def detect_compression(path: str) -> str:
+    """GZIP files start with 1f 8b; TFRecord files start with a record length and its CRC."""
+    import tensorflow as tf
+
+    with tf.io.gfile.GFile(path, "rb") as f:
+        return "gzip" if f.read(3) == b"\x1f\x8b\x08" else "none"  # magic + deflate
+
+
+def compression_type(compression: str, files: Sequence[str]) -> str:
+    """TF's ``compression_type`` ("" or "GZIP") for data.compression, "auto" read from a file."""
+    if compression == "auto":
+        compression = detect_compression(files[0]) if files else "none"
+    return _COMPRESSION[compression]
+
+
