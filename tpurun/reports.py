@@ -268,7 +268,7 @@ def _run_cells(run: dict[str, Any]) -> list[str]:
     )
     best = "-"
     if run["best_value"] is not None:
-        best = f"{run['best_monitor']} {_number(run['best_value'])} @{run['best_epoch']}"
+        best = f"{run['best_monitor']} {run['best_value']:.4g} @{run['best_epoch']}"
     backend = f"{run['backend']} x{run['replicas']}" if run["backend"] else "-"
     rate = f"{run['examples_per_sec']:,.0f}" if run["examples_per_sec"] is not None else "-"
     wait = f"{run['input_wait']:.0%}" if run["input_wait"] is not None else "-"
@@ -296,6 +296,8 @@ def show_runs(runs: list[dict[str, Any]], folder: str, as_json: bool = False,
             )
         return
     table = _table(columns=_RUN_COLUMNS)
+    for column in table.columns:  # a narrow terminal cuts cells short rather than wrap rows
+        column.no_wrap = True
     for cells in rows:
         style = _RUN_STYLES.get(cells[1])
         cells[1] = f"[{style}]{cells[1]}[/]" if style else cells[1]

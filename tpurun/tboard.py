@@ -97,6 +97,7 @@ class TensorBoardLog(keras.callbacks.Callback):
         self.progress, self.input_wait = progress, input_wait
         self.writers: dict[str, Any] = {}
         self.last_step = -1  # the highest step written by this session
+        self._start: int | None = None  # where the current epoch starts, until the first write
         self._epoch = 0
         self._metadata = None
 
@@ -118,6 +119,9 @@ class TensorBoardLog(keras.callbacks.Callback):
     def _write(self, split: str, values: Mapping[str, float], step: int) -> None:
         import tensorflow as tf
 
+        if self._start is not None:  # opened at the first write: not before the first step
+            self._open(self._start)
+            self._start = None
         with tf.device("/cpu:0"), self.writers[split].as_default():
             for tag, value in values.items():
                 tf.summary.write(tag, tf.constant(float(value), tf.float32), step=step,
@@ -140,14 +144,15 @@ class TensorBoardLog(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         # Where this epoch starts: past a resume point or a NaN restore, earlier events go.
         self._epoch = epoch
-        self._open(self._global_step(epoch, step_offset(self.checkpointer.resume_at, epoch)))
+        self._start = self._global_step(epoch, step_offset(self.checkpointer.resume_at, epoch))
 
     def on_train_batch_end(self, batch, logs=None):
         if not self.every or not logs or "loss" not in logs:
             return
         offset = step_offset(self.checkpointer.resume_at, self._epoch)
         step = self._global_step(self._epoch, offset + batch + 1)
-        if step // self.every > max(self.last_step, 0) // self.every:
+        since = self.last_step if self._start is None else self._start
+        if step // self.every > max(since, 0) // self.every:
             self._write("train", {"batch_loss": logs["loss"]}, step)
 
     def on_epoch_end(self, epoch, logs=None):

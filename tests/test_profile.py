@@ -1,0 +1,59 @@
+"""Profiles: ``train.profile`` / ``--profile`` write a trace into the run directory, and training
+goes on normally after it; on the TensorFlow backend (one subprocess) also the TensorBoard events
+and the input wait measured through Keras' eager path."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import run_cli, toy_config
+from test_tensorboard import read_events
+
+import tpurun
+
+
+def traces(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / "tensorboard" / "plugins" / "profile").glob("*/*.xplane.pb"))
+
+
+def test_a_profile_of_some_steps_on_jax_and_training_goes_on(toy_data, tmp_path, capsys):
+    config = toy_config(toy_data, tmp_path / "runs",
+                        train={"epochs": 2, "steps_per_execution": 2,
+                               "profile": {"start_step": 3, "steps": 4}})  # fmt: skip
+    summary = tpurun.train(config)
+    run_dir = tmp_path / "runs" / "toy"
+    (trace,) = traces(run_dir)
+    assert trace.stat().st_size > 0
+    out = capsys.readouterr().out
+    assert f"profile: steps 3-6 of this session traced into {trace.parent}" in out
+    assert "tensorboard-plugin-profile" in out
+    assert summary["status"] == "completed" and summary["epochs_completed"] == 2
+    assert len((run_dir / "log.csv").read_text().splitlines()) == 3  # header and both epochs
+
+
+@pytest.mark.slow
+def test_tensorflow_backend_profile_tensorboard_and_input_wait(toy_data, tmp_path):
+    config = toy_config(toy_data, tmp_path / "runs", name="tf",
+                        runtime={"backend": "tensorflow"},
+                        train={"epochs": 2, "steps_per_execution": 1})  # fmt: skip
+    path = tmp_path / "tf.yaml"
+    path.write_text(yaml.safe_dump(config))
+    done = run_cli("train", str(path), "--profile", "2:3")
+    assert done.returncode == 0, done.stderr
+    run_dir = tmp_path / "runs" / "tf"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["backend"] == "tensorflow" and summary["status"] == "completed"
+    assert len(traces(run_dir)) == 1
+    assert "profile: steps 2-4 of this session traced into" in done.stdout
+    assert 0 <= summary["input_wait"] <= 1 and len(summary["epoch_input_wait"]) == 2
+    assert summary["final_metrics"]["val_accuracy"] > 0.8  # Keras' eager path trains as well
+    events = read_events(run_dir / "tensorboard")
+    assert [s for s, _ in events["validation/epoch_loss"]] == [16, 32]
+    assert {"train/epoch_loss", "train/learning_rate", "train/input_wait"} <= set(events)
+    assert (run_dir / "curves.png").exists()
+
+    bad = run_cli("train", str(path), "--profile", "0:3")
+    assert bad.returncode == 2 and "--profile 0:3: expected START:STEPS" in bad.stderr
