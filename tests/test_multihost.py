@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import ROOT, toy_config, write_toy_data
+from conftest import _cli_env as cli_env
 
 from tpurun.hosts import shares
 
@@ -25,12 +26,7 @@ EXE = str(Path(sys.executable).parent / "tpurun")
 
 
 def _env(**extra) -> dict:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("KERAS_BACKEND", "XLA_FLAGS", "JAX_PLATFORMS")
-    }
-    return {**env, "TPURUN_PLAIN": "1", "TPURUN_LOST_AFTER_SECONDS": "8", **extra}
+    return cli_env({"TPURUN_LOST_AFTER_SECONDS": "8", **extra})
 
 
 def _config(tmp_path, devices=4, epochs=2, **train) -> Path:
