@@ -87,23 +87,31 @@ def test_a_run_whose_lock_was_taken_stops_writing(fast):
 
 
 def test_two_runs_that_both_find_the_lock_free_agree_on_one_holder(fast):
-    path = bucket_run().path
-    fileio.makedirs(path)
-    runs = [RunDir(path), RunDir(path)]
-    results: list = [None, None]
+    # Safety: never two holders. Liveness: on a very loaded machine both may read back the
+    # other's token and step aside (the user reruns), so one of three tries must find a holder.
+    outcomes = []
+    for _ in range(3):
+        path = bucket_run().path
+        fileio.makedirs(path)
+        runs = [RunDir(path), RunDir(path)]
+        results: list = [None, None]
 
-    def take(i: int) -> None:
-        try:
-            runs[i].lock()
-            results[i] = "held"
-        except TpurunError:
-            results[i] = "busy"
+        def take(i: int, runs=runs, results=results) -> None:
+            try:
+                runs[i].lock()
+                results[i] = "held"
+            except TpurunError:
+                results[i] = "busy"
 
-    threads = [threading.Thread(target=take, args=(i,)) for i in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert sorted(results) == ["busy", "held"]
-    for run in runs:
-        run.unlock()
+        threads = [threading.Thread(target=take, args=(i,)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for run in runs:
+            run.unlock()
+        assert results.count("held") <= 1, results
+        outcomes.append(sorted(results))
+        if outcomes[-1] == ["busy", "held"]:
+            break
+    assert ["busy", "held"] in outcomes, outcomes

@@ -146,7 +146,13 @@ class Checkpointer:
         state = {**(state or self.state(model, epochs_done, step, reason)), "weights": name}
         self.run.save_checkpoint(name, model.save_weights)
         self.run.write_checkpoint_state(LATEST_STATE, state)  # the commit point
-        for old in self.run.checkpoint_files(f"{LATEST_WEIGHTS_PREFIX}*.weights.h5"):
+        # Only the writer prunes: another process listing the folder while process 0 deletes
+        # from it would stat a file that is gone.
+        for old in (
+            self.run.checkpoint_files(f"{LATEST_WEIGHTS_PREFIX}*.weights.h5")
+            if self.run.writer
+            else ()
+        ):
             if old != name:
                 self.run.remove_checkpoint(old)
         self.position = (epochs_done, step)
@@ -160,7 +166,9 @@ class Checkpointer:
 
     def _prune(self) -> None:
         """Keep the newest ``keep`` files of the filename pattern (found by a glob, so files of
-        earlier, resumed sessions count too)."""
+        earlier, resumed sessions count too). Only the writer prunes."""
+        if not self.run.writer:
+            return
         pattern = re.sub(r"\{[^}]*\}", "*", self.filename)
         files = [
             f for f in self.run.checkpoint_files(pattern)

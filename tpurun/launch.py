@@ -96,6 +96,12 @@ def _wait(children: list[subprocess.Popen]) -> int:
             break
         failed = [(i, code) for i, code in enumerate(codes) if code not in (None, 0, 3)]
         if failed and any(code is None for code in codes):
+            # The others notice a dead process too and exit; let them, then name the one killed
+            # by a signal, the cause, rather than the first to exit.
+            time.sleep(1.0)
+            codes = [c.poll() for c in children]
+            failed = sorted(((i, c) for i, c in enumerate(codes) if c not in (None, 0, 3)),
+                            key=lambda f: (f[1] >= 0, f[0]))  # fmt: skip
             i, code = failed[0]
             sys.stderr.write(
                 f"tpurun launch: process {i} {_describe(code)}; stopping the others (they "
