@@ -112,6 +112,13 @@ def _wait(children: list[subprocess.Popen]) -> int:
             return code if code > 0 else EXIT_USER_ERROR
         time.sleep(0.2)
     codes = [c.returncode for c in children]
+    killed = [(i, code) for i, code in enumerate(codes) if code < 0]
+    if killed:  # all ended before the launcher looked: still name the cause
+        i, code = killed[0]
+        sys.stderr.write(
+            f"tpurun launch: process {i} {_describe(code)}; the others stopped too. Rerun the "
+            "same command to resume from the last checkpoint.\n"
+        )
     if all(code == 0 for code in codes):
         return 0
     nonzero = [code for code in codes if code != 0]
