@@ -103,7 +103,9 @@ def test_sigkill_at_random_points_then_finish(longer):
         point = resume_lib.latest(RunDir(str(run_dir)))
         positions.append(point.position if point else None)
         if point:  # after any kill, the resume point is complete and loads
-            assert Path(point.weights).exists() and point.state["weights"] == Path(point.weights).name
+            assert (
+                Path(point.weights).exists() and point.state["weights"] == Path(point.weights).name
+            )
     finish(path)
     summary = check_finished(run_dir, 3, reference)
     kills = [p for p in positions if p is not None]

@@ -89,5 +89,3 @@ def compression_type(compression: str, files: Sequence[str]) -> str:
     if compression == "auto":
         compression = detect_compression(files[0]) if files else "none"
     return _COMPRESSION[compression]
-
-

@@ -89,7 +89,9 @@ def resolve(config: Config) -> ResolvedData:
     resolve_path = path_resolver(config)
     train_files = datafiles.expand(data.train, resolve_path, "data.train")
     val_files = (
-        datafiles.expand(data.validation, resolve_path, "data.validation") if data.validation else []
+        datafiles.expand(data.validation, resolve_path, "data.validation")
+        if data.validation
+        else []
     )
     schemas = schema_lib.find_for(train_files + val_files)
     first_schema = schemas.get(train_files[0], (None, None))[1]
