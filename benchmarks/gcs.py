@@ -96,8 +96,8 @@ def pipeline(local: Path, remote: str, args) -> dict:
 def commits(local_runs: Path, remote_runs: str, args) -> dict:
     import numpy as np
 
-    from tpurun.checkpoints import Checkpointer
-    from tpurun.rundir import RunDir
+    from tpurun.storage.rundir import RunDir
+    from tpurun.training.checkpoints import Checkpointer
 
     model = mlp(args.width)
     model.compile(optimizer="adam", loss="binary_crossentropy")

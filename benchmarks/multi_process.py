@@ -2,7 +2,7 @@
 
 Prints each layout's steady examples/s (summary.json, the first epoch left out), the ratio to 1x8,
 the time JAX's distributed runtime takes to start, and what the per-execution stop agreement
-costs (tpurun.hosts.agree_on_stop). A CPU machine shows correctness and overhead, not speed-up:
+costs (tpurun.multihost.cluster.agree_on_stop). A CPU machine shows correctness and overhead, not speed-up:
 the 8 "devices" are slices of the same 2 cores, and processes add gloo all-reduces over loopback.
 
     .venv/bin/python benchmarks/multi_process.py [--epochs 4]
@@ -34,7 +34,7 @@ jax.config.update("jax_cpu_collectives_implementation", "gloo")
 t = time.perf_counter()
 jax.distributed.initialize(sys.argv[1], 2, int(sys.argv[2]))
 start = time.perf_counter() - t
-from tpurun.hosts import agree_on_stop
+from tpurun.multihost.cluster import agree_on_stop
 agree_on_stop(None)
 t = time.perf_counter()
 for _ in range(200):
@@ -95,7 +95,7 @@ def _run(tmp: Path, processes: int, epochs: int) -> float:
 
 
 def _agreement() -> tuple[float, float]:
-    from tpurun.launch import free_port
+    from tpurun.multihost.launch import free_port
 
     address = f"127.0.0.1:{free_port()}"
     procs = [subprocess.Popen([sys.executable, "-c", _AGREE, address, str(i)], env=_env(),

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from conftest import start_cli, toy_config
 
-from tpurun.boundary import Signalled, StopSignals, _broken_framework, _interrupt_in
+from tpurun.cli.boundary import Signalled, StopSignals, _broken_framework, _interrupt_in
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])

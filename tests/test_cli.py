@@ -12,7 +12,7 @@ import yaml
 from conftest import ROOT, run_cli, toy_config
 from typer.testing import CliRunner
 
-from tpurun.cli import app
+from tpurun.cli.app import app
 from tpurun.config import load_config
 from tpurun.errors import ConfigError
 
@@ -35,7 +35,7 @@ def test_help_and_version():
 
 def test_every_exit_code_is_in_the_readme_table_and_the_cli_docstring():
     """One table, one column per kind of command: doctor's 1 (a check failed) is documented."""
-    import tpurun.cli
+    import tpurun.cli.app
     from tpurun import errors
 
     codes = {0} | {v for k, v in vars(errors).items() if k.startswith("EXIT_")}
@@ -46,7 +46,7 @@ def test_every_exit_code_is_in_the_readme_table_and_the_cli_docstring():
     assert table.splitlines()[0] == "| code | `train`, `config`, `data ...` | `doctor` |"
     assert "a check failed" in dict((int(r[0].strip("| ")), r[2]) for r in rows)[1]
     for code in codes:
-        assert f" {code} " in tpurun.cli.__doc__.replace("\n", " "), code
+        assert f" {code} " in tpurun.cli.app.__doc__.replace("\n", " "), code
 
 
 def test_the_readme_commands_table_is_one_table_naming_every_command():
@@ -62,7 +62,7 @@ def test_the_readme_commands_table_is_one_table_naming_every_command():
 def test_help_imports_no_framework():
     code = (
         "import sys; sys.argv = ['tpurun', '--help'];\n"
-        "from tpurun.cli import main\n"
+        "from tpurun.cli.app import main\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
         "heavy = [m for m in ('tensorflow', 'jax', 'keras') if m in sys.modules]\n"
         "sys.stderr.write(repr(heavy)); sys.exit(3 if heavy else 0)"

@@ -347,7 +347,7 @@ def test_validation_imports_no_framework(tmp_path):
     path = write(tmp_path, GOOD)
     code = (
         "import sys; from tpurun.config import load_config; load_config(sys.argv[1]);"
-        "import tpurun.cli;"
+        "import tpurun.cli.app;"
         "heavy = [m for m in ('tensorflow', 'jax', 'keras') if m in sys.modules];"
         "print(heavy); sys.exit(1 if heavy else 0)"
     )

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tpurun.console import PlainReporter, format_duration, want_plain
-from tpurun.live import LiveReporter
+from tpurun.display.lines import PlainReporter, format_duration, want_plain
+from tpurun.display.live import LiveReporter
 
 
 class FakeTTY(io.StringIO):
@@ -42,7 +42,7 @@ def test_pipes_and_the_flag_are_plain():
 
 
 def plan(**kw):
-    """What the reporters read of a Plan (its constructor belongs to tpurun.plan)."""
+    """What the reporters read of a Plan (its constructor belongs to tpurun.runtime.plan)."""
     fields = dict(replicas=8, per_core_batch_size=16, global_batch_size=128, learning_rate=2e-3,
                   steps_per_epoch=11, validation_steps=2, steps_per_execution=11)  # fmt: skip
     return SimpleNamespace(**{**fields, **kw})

@@ -11,7 +11,7 @@ from conftest import run_cli, toy_config
 
 from tpurun.config import load_config
 from tpurun.doctor import config_checks as cc
-from tpurun.runtime import Machine
+from tpurun.runtime.choice import Machine
 
 _QUOTED = re.compile(r"`(tpurun [^`]*)`")
 
@@ -24,7 +24,7 @@ def suggested_commands(text: str) -> list[str]:
     """
     from typer.main import get_command
 
-    from tpurun.cli import app
+    from tpurun.cli.app import app
 
     root = get_command(app)
     mentioned = re.findall(rf"\btpurun (?:{'|'.join(root.commands)})\b", text)

@@ -15,7 +15,7 @@ from tpurun.doctor import Check, exit_code, probes, report, run_checks
 from tpurun.doctor import config_checks as cc
 from tpurun.doctor import machine as mc
 from tpurun.errors import ConfigError
-from tpurun.runtime import Choice, Machine, probe
+from tpurun.runtime.choice import Choice, Machine, probe
 
 
 def fake_dev(tmp_path, *names):
@@ -380,7 +380,7 @@ def test_model_check_for_an_accelerator_runs_in_a_cpu_child(tmp_path):
 def test_resume_check_says_where_train_continues_or_why_it_would_refuse(toy_data, tmp_path):
     import tpurun
     from tpurun.config import load_config
-    from tpurun.prepare import prepare_here as prepare
+    from tpurun.runtime.prepare import prepare_here as prepare
 
     config = toy_config(toy_data, tmp_path / "out", train={"epochs": 1})
     fresh = load_config(config)

@@ -17,7 +17,7 @@ from trained import in_file_order, train_toy, write_test_set
 from typer.testing import CliRunner
 
 import tpurun
-from tpurun.cli import app
+from tpurun.cli.app import app
 from tpurun.errors import TpurunError
 
 runner = CliRunner()
@@ -128,7 +128,7 @@ def scaled_mlp():
 
 
 def test_keras_format_carries_custom_code_and_a_mismatch_leaves_nothing(tmp_path, monkeypatch):
-    from tpurun import export_formats
+    from tpurun.infer import formats as export_formats
 
     code = tmp_path / "code" / "custom_model.py"
     code.parent.mkdir()

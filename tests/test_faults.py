@@ -18,8 +18,8 @@ import pytest
 import yaml
 from conftest import ROOT, toy_config, write_toy_data
 
-from tpurun import resume as resume_lib
-from tpurun.rundir import RunDir
+from tpurun.storage.rundir import RunDir
+from tpurun.training import resume as resume_lib
 
 pytestmark = pytest.mark.slow
 
@@ -137,7 +137,7 @@ def dying_replace(src, dst):
     return real_replace(src, dst)
 os.replace = dying_replace
 sys.argv = ["tpurun", "train", {str(path)!r}]
-from tpurun.cli import main
+from tpurun.cli.app import main
 main()
 """
     killed = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True,

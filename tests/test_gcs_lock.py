@@ -1,4 +1,4 @@
-"""The run lock of a run directory in a bucket (tpurun.runlock.RemoteLock), on TensorFlow's
+"""The run lock of a run directory in a bucket (tpurun.storage.runlock.RemoteLock), on TensorFlow's
 ``ram://`` file system: the same object-store code path as gs://, without a server."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import uuid
 
 import pytest
 
-from tpurun import fileio, runlock
 from tpurun.errors import TpurunError
-from tpurun.rundir import LOCK, RunDir, Summary
+from tpurun.storage import fileio, runlock
+from tpurun.storage.rundir import LOCK, RunDir, Summary
 
 
 @pytest.fixture

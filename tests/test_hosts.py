@@ -10,8 +10,8 @@ import pytest
 from tpurun.config import RuntimeConfig
 from tpurun.doctor.machine import check_hosts
 from tpurun.errors import EnvironmentSetupError
-from tpurun.hosts import cluster, shares
-from tpurun.runtime import Machine, choose
+from tpurun.multihost.cluster import cluster, shares
+from tpurun.runtime.choice import Machine, choose
 
 KERAS = {"KERAS_DISTRIBUTION_JOB_ADDRESSES": "10.0.0.1:1234,10.0.0.2:1234",
          "KERAS_DISTRIBUTION_NUM_PROCESSES": "2", "KERAS_DISTRIBUTION_PROCESS_ID": "1"}  # fmt: skip

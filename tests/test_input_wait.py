@@ -11,7 +11,7 @@ import pytest
 from conftest import toy_config
 
 import tpurun
-from tpurun.inputwait import verdict
+from tpurun.observe.input_wait import verdict
 
 MODELS = textwrap.dedent("""
     import keras

@@ -11,7 +11,8 @@ import tensorflow as tf
 import yaml
 
 from tpurun.config import DataConfig
-from tpurun.data import pipeline, schema
+from tpurun.data import pipeline
+from tpurun.data import schema_file as schema
 from tpurun.data.inspect import FeatureInfo, FileInfo, advise, inspect
 from tpurun.data.write import example_bytes, write_shards
 from tpurun.errors import DataError

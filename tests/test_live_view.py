@@ -21,9 +21,9 @@ import yaml
 from conftest import ROOT, _cli_env, toy_config
 from test_console import plan
 
-import tpurun.live
-from tpurun.console import PlainReporter, Reporter
-from tpurun.live import LiveReporter
+import tpurun.display.live
+from tpurun.display.lines import PlainReporter, Reporter
+from tpurun.display.live import LiveReporter
 
 
 class FakeTTY(io.StringIO):
@@ -43,7 +43,7 @@ class Clock:
 def live(monkeypatch):
     """A live view whose clock the test moves; closed at the end."""
     clock = Clock()
-    monkeypatch.setattr(tpurun.live.time, "monotonic", clock)
+    monkeypatch.setattr(tpurun.display.live.time, "monotonic", clock)
     reporter = LiveReporter(FakeTTY())
     reporter.console.force_terminal = True
     reporter.clock = clock
@@ -214,12 +214,12 @@ class Recorder(Reporter):
 
 def test_progress_reports_executions_compiling_validation_and_the_epoch_numbers(toy_data, tmp_path):
     """A real fit: 16 steps of 4 per execution, 4 validation batches, 2 epochs."""
-    from tpurun import runner
     from tpurun.config import load_config
+    from tpurun.training import session
 
     config = toy_config(toy_data, tmp_path / "runs", train={"epochs": 2, "steps_per_execution": 4})
     recorder = Recorder()
-    runner.run(load_config(config), reporter=recorder)
+    session.run(load_config(config), reporter=recorder)
     names = [event[0] for event in recorder.events]
     assert (
         names.count("compiled") == 1

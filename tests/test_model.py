@@ -9,7 +9,7 @@ from conftest import toy_config
 import tpurun
 from tpurun.config import NamedObject
 from tpurun.errors import ModelError
-from tpurun.model import _keras_object, build_metrics
+from tpurun.training.model import _keras_object, build_metrics
 
 
 def model_config(tmp_path, **model):

@@ -13,7 +13,7 @@ from conftest import FACTORIES, run_cli, toy_config
 
 import tpurun
 from tpurun.errors import ConfigError
-from tpurun.monitors import logged_metrics, monitor_mode
+from tpurun.training.monitored import logged_metrics, monitor_mode
 
 
 def _compiled(metrics: list) -> keras.Model:

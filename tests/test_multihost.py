@@ -19,7 +19,7 @@ import yaml
 from conftest import ROOT, toy_config, write_toy_data
 from conftest import _cli_env as cli_env
 
-from tpurun.hosts import shares
+from tpurun.multihost.cluster import shares
 
 pytestmark = pytest.mark.slow
 EXE = str(Path(sys.executable).parent / "tpurun")
@@ -106,7 +106,7 @@ def _start(path, i, n, port, **env):
 
 
 def test_processes_started_by_hand_with_config_keys_or_environment_variables(tmp_path):
-    from tpurun.launch import free_port
+    from tpurun.multihost.launch import free_port
 
     path = _config(tmp_path)
     port = free_port()
@@ -185,7 +185,7 @@ def test_a_killed_process_ends_the_others_and_a_rerun_resumes(tmp_path):
 
 
 def test_without_the_launcher_a_lost_process_is_named_by_the_watchdog(tmp_path):
-    from tpurun.launch import free_port
+    from tpurun.multihost.launch import free_port
 
     path = _config(tmp_path, epochs=40)
     port = free_port()
@@ -208,7 +208,7 @@ def test_without_the_launcher_a_lost_process_is_named_by_the_watchdog(tmp_path):
 
 
 def test_a_run_directory_not_every_process_sees_is_refused(tmp_path):
-    from tpurun.launch import free_port
+    from tpurun.multihost.launch import free_port
 
     path = _config(tmp_path)
     config = yaml.safe_load(path.read_text())

@@ -10,8 +10,8 @@ from conftest import toy_config
 from typer.testing import CliRunner
 
 import tpurun
-from tpurun.cli import app
-from tpurun.rundir import RunDir
+from tpurun.cli.app import app
+from tpurun.storage.rundir import RunDir
 
 
 def png_size(path: Path) -> tuple[int, int]:

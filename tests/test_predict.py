@@ -13,7 +13,7 @@ from trained import TEST_RECORDS, in_file_order, train_toy, write_test_set
 from typer.testing import CliRunner
 
 import tpurun
-from tpurun.cli import app
+from tpurun.cli.app import app
 
 runner = CliRunner()
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tpurun import reports
+from tpurun.display import reports
 from tpurun.doctor import Check
 
 

@@ -14,7 +14,7 @@ from conftest import make_records, toy_config
 import tpurun
 from tpurun.config import load_config
 from tpurun.data import pipeline, records, resolve
-from tpurun.data import schema as schema_lib
+from tpurun.data import schema_file as schema_lib
 from tpurun.data.write import write_shards
 from tpurun.errors import ConfigError, DataError
 
@@ -133,7 +133,7 @@ def test_kaggle_dataset_paths(tmp_path, toy_data, monkeypatch):
 
 def test_doctor_reads_the_kaggle_dataset_train_reads(tmp_path, toy_data, monkeypatch):
     from tpurun.doctor import config_checks as cc
-    from tpurun.runtime import Machine
+    from tpurun.runtime.choice import Machine
 
     config = toy_config(toy_data, tmp_path / "runs")
     config["data"].update(

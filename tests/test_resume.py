@@ -234,7 +234,7 @@ def test_the_first_signal_asks_and_the_second_interrupts():
     import signal
     import time
 
-    from tpurun.stopping import Stop, stop_on_signals
+    from tpurun.training.signals import Stop, stop_on_signals
 
     stop = Stop()
     with pytest.raises(KeyboardInterrupt), stop_on_signals(stop):

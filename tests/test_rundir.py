@@ -16,7 +16,7 @@ import yaml
 from conftest import ROOT, toy_config
 
 from tpurun.errors import TpurunError
-from tpurun.rundir import CHECKPOINTS, RunDir, Summary, run_path
+from tpurun.storage.rundir import CHECKPOINTS, RunDir, Summary, run_path
 
 
 def test_summary_round_trips_and_ignores_keys_it_does_not_know():
@@ -61,7 +61,7 @@ def test_a_process_that_does_not_write_writes_nothing(tmp_path):
 
 _HOLD = """
 import sys, time
-from tpurun.rundir import RunDir
+from tpurun.storage.rundir import RunDir
 run = RunDir(sys.argv[1])
 run.create()
 print("held", flush=True)

@@ -13,9 +13,9 @@ from conftest import start_cli, toy_config
 from typer.testing import CliRunner
 
 import tpurun
-from tpurun.cli import app
-from tpurun.rundir import RunDir, Summary
-from tpurun.runs import list_runs
+from tpurun.cli.app import app
+from tpurun.observe.runs import list_runs
+from tpurun.storage.rundir import RunDir, Summary
 
 
 def runs_json(folder: Path) -> dict[str, dict]:

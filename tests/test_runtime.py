@@ -9,7 +9,7 @@ import pytest
 
 from tpurun.config import RuntimeConfig
 from tpurun.errors import EnvironmentSetupError
-from tpurun.runtime import KERAS_19246, Choice, Machine, choose, probe, resolve_tpu_address
+from tpurun.runtime.choice import KERAS_19246, Choice, Machine, choose, probe, resolve_tpu_address
 
 CPU_BOTH = Machine(tensorflow="2.21.0", tensorflow_build="tensorflow-cpu", jax="0.10.2")
 KAGGLE_TPU_VM = Machine(
@@ -191,7 +191,7 @@ def tpu_choice(backend: str) -> Choice:
 def test_a_tpu_held_by_another_process_names_the_notebook_trap(monkeypatch):
     import jax
 
-    from tpurun import process
+    from tpurun.runtime import activate as process
 
     def held(platform=None):
         raise RuntimeError(
@@ -208,7 +208,7 @@ def test_a_tpu_held_by_another_process_names_the_notebook_trap(monkeypatch):
 def test_jax_without_the_tpu_platform_is_a_clear_error(monkeypatch):
     import jax
 
-    from tpurun import process
+    from tpurun.runtime import activate as process
 
     def missing(platform=None):
         raise RuntimeError(
@@ -223,7 +223,7 @@ def test_jax_without_the_tpu_platform_is_a_clear_error(monkeypatch):
 def test_tf_tpu_resolver_failure_is_a_clear_error(monkeypatch):
     import tensorflow as tf
 
-    from tpurun import process
+    from tpurun.runtime import activate as process
 
     class Resolver:
         def __init__(self, tpu=None):

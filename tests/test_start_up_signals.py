@@ -17,17 +17,17 @@ import typer
 import yaml
 from conftest import ROOT, _cli_env, toy_config
 
-from tpurun.boundary import Signalled, StopSignals, exit_codes
+from tpurun.cli.boundary import Signalled, StopSignals, exit_codes
 from tpurun.errors import TpurunError
-from tpurun.stopping import Stop, stop_on_signals
+from tpurun.training.signals import Stop, stop_on_signals
 
 
 def run_signalled(args: list[str], sig: str = "SIGINT", ignored: bool = False):
-    """The real entry point, ``tpurun.cli.main``, sent ``sig`` by itself as Typer starts to build
+    """The real entry point, ``tpurun.cli.app.main``, sent ``sig`` by itself as Typer starts to build
     the commands: before any command's code runs."""
     driver = (
         "import os, signal, sys\n"
-        "import tpurun.cli as cli\n"
+        "import tpurun.cli.app as cli\n"
         "real = cli.app\n"
         "def app():\n"
         f"    os.kill(os.getpid(), signal.{sig})\n"

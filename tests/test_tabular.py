@@ -13,7 +13,7 @@ import tensorflow as tf
 import yaml
 from typer.testing import CliRunner
 
-from tpurun.cli import app
+from tpurun.cli.app import app
 from tpurun.data.write import write_dataset
 from tpurun.errors import DataError
 

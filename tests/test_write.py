@@ -9,7 +9,8 @@ import pytest
 import tensorflow as tf
 
 from tpurun.config import DataConfig
-from tpurun.data import pipeline, records, schema, write
+from tpurun.data import pipeline, records, write
+from tpurun.data import schema_file as schema
 from tpurun.data.sources import Source
 from tpurun.data.write import balanced_sizes, shard_count, write_dataset
 from tpurun.errors import DataError, TpurunError

@@ -42,13 +42,13 @@ def train(
         tpurun.errors.TpurunError: a problem with the config, data, model or environment. If Keras
             was already imported in this kernel with another backend, the message says so.
     """
-    from tpurun import runner
     from tpurun.config import Config
-    from tpurun.console import PlainReporter, Reporter
+    from tpurun.display.lines import PlainReporter, Reporter
+    from tpurun.training import session
 
     cfg = config if isinstance(config, Config) else load_config(config, overrides)
     reporter = PlainReporter() if verbose else Reporter()
-    return runner.run(cfg, output=output, reporter=reporter, restart=restart, resume=resume)
+    return session.run(cfg, output=output, reporter=reporter, restart=restart, resume=resume)
 
 
 def evaluate(run_dir: str, data: str | None = None, checkpoint: str = "best") -> dict[str, Any]:
@@ -63,7 +63,7 @@ def evaluate(run_dir: str, data: str | None = None, checkpoint: str = "best") ->
     Returns:
         ``metrics`` (Keras' names: loss, accuracy...), ``records`` scored, and where from.
     """
-    from tpurun.evaluation import evaluate as _evaluate
+    from tpurun.infer.evaluate import evaluate as _evaluate
 
     return _evaluate(run_dir, data, checkpoint)
 
@@ -82,7 +82,7 @@ def predict(
     Returns:
         ``rows`` written, ``columns``, ``output``.
     """
-    from tpurun.prediction import predict as _predict
+    from tpurun.infer.predict import predict as _predict
 
     return _predict(run_dir, data, output, id_feature=id_feature, checkpoint=checkpoint)
 
@@ -101,7 +101,7 @@ def export(
     Args:
         platforms: where a JAX model's SavedModel runs (default ``cpu,cuda``; cpu included).
     """
-    from tpurun.exporting import export as _export
+    from tpurun.infer.export import export as _export
 
     return _export(run_dir, format, output, checkpoint=checkpoint, platforms=platforms)
 
@@ -114,7 +114,7 @@ def load(run_dir: str, checkpoint: str = "best"):
     precision the config gives; ``spec`` holds the features a record decodes into (``features``,
     ``inputs``, ``targets``, ``compression``) and the label's ``class_names``.
     """
-    from tpurun.loading import load as _load
+    from tpurun.infer.loading import load as _load
 
     return _load(run_dir, checkpoint)
 
@@ -129,7 +129,7 @@ def plot(runs: str | list[str], metrics: list[str] | None = None, *, output: str
         metrics: only these metrics (default: every one logged).
         output: also write the picture there as a PNG.
     """
-    from tpurun.curves import figure, inline, save
+    from tpurun.observe.curves import figure, inline, save
 
     fig = figure([runs] if isinstance(runs, str) else list(runs), metrics)
     if output:

@@ -1,5 +1,5 @@
 """``python -m tpurun``."""
 
-from tpurun.cli import main
+from tpurun.cli.app import main
 
 main()

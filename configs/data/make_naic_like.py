@@ -71,7 +71,7 @@ def write_dataset(
         "positives": fraction of labels that are 1}``.
     """
     from tpurun.data.write import write_shards
-    from tpurun.process import import_tensorflow
+    from tpurun.runtime.activate import import_tensorflow
 
     import_tensorflow()  # without TensorFlow's start-up notices on stderr
     out = Path(out)

@@ -3,7 +3,7 @@ and its loading (:mod:`.loader`).
 
 Nothing here imports TensorFlow, JAX or Keras, so ``tpurun --help`` and validation answer at once.
 Values that need the machine or the data (replicas, global batch, scaled learning rate, steps) are
-derived later, in :mod:`tpurun.plan`.
+derived later, in :mod:`tpurun.runtime.plan`.
 """
 
 from tpurun.config.base import NamedObject, Section

@@ -21,7 +21,7 @@ def bench(config: Config, steps: int = 100, warmup: int = 10) -> dict[str, Any]:
         with the batch size, the timed steps and seconds, and the CPU cores this process may use.
     """
     from tpurun.data import pipeline
-    from tpurun.prepare import prepare_here
+    from tpurun.runtime.prepare import prepare_here
 
     # The plan without activation: timing a CPU pipeline must not take the accelerator.
     prepared = prepare_here(config)

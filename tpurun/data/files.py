@@ -24,7 +24,7 @@ def expand(patterns: str | Sequence[str], resolve=lambda p: p, key: str = "") ->
     """
     import tensorflow as tf
 
-    from tpurun import fileio
+    from tpurun.storage import fileio
 
     fileio.apply_gcs_defaults()  # before the first gs:// request of this process
     files: list[str] = []

@@ -19,9 +19,8 @@ from typing import Any
 import yaml
 
 from tpurun.data import files as datafiles
-from tpurun.data import records
-from tpurun.data import schema as schema_file
-from tpurun.data.features import image_format
+from tpurun.data import records, schema_file
+from tpurun.data.decode import image_format
 from tpurun.data.write import SHARD_MB, SHARD_MULTIPLE, shard_count
 from tpurun.errors import DataError
 
@@ -140,7 +139,7 @@ def _read_samples(paths: Sequence[str], compression: str, sample: int) -> list[t
         try:
             records = [r.numpy() for r in dataset.take(sample - len(samples))]
         except tf.errors.OpError as exc:
-            from tpurun.fileio import as_storage_error
+            from tpurun.storage.fileio import as_storage_error
 
             unreadable = as_storage_error(exc, "reading it")
             if unreadable is not None:

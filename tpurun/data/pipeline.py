@@ -19,7 +19,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from tpurun.data import features as feat
+from tpurun.data import decode as feat
 from tpurun.data.files import compression_type
 
 
@@ -72,14 +72,14 @@ def make_dataset(
             are ``(inputs, targets, weights)``. So every record counts exactly once, whatever
             the batch size and the replica count, and batch shapes stay static (TPUs need them;
             a partial batch cannot be split evenly over replicas). Weighted metrics are then
-            exact; the loss needs :func:`tpurun.evaluation.exact_logs`.
+            exact; the loss needs :func:`tpurun.infer.evaluate.exact_logs`.
         repeat_eval: repeat those batches endlessly (then pass ``validation_steps``). Needed under
             a tf.distribute strategy: there, Keras miscounts metrics at the end of a finite
             dataset (measured with MirroredStrategy on 8 CPUs: val accuracy 0.65 for batches it
             scores 0.98 on when repeated). Elsewhere the finite form is exact even when
             steps_per_execution does not divide the batch count.
         shard: ``(num_shards, index)``: keep every ``num_shards``-th record from ``index`` (a
-            process's share when there are fewer files than processes; see tpurun.hosts).
+            process's share when there are fewer files than processes; see tpurun.multihost.cluster).
         cache: cache the serialized records after the first pass: ``""`` in memory, or a file
             path prefix (TF writes ``<prefix>.index`` and data files). None: no cache.
 

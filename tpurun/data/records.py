@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from tpurun.data import features as feat
-from tpurun.data import schema as schema_lib
+from tpurun.data import decode as feat
+from tpurun.data import schema_file as schema_lib
 from tpurun.data.files import compression_type, sizes
 from tpurun.errors import DataError
 
@@ -107,7 +107,7 @@ def _plural(n: int, noun: str) -> str:
 def _unreadable(path: str, exc, how: str = "") -> DataError:
     """A file that cannot be read: storage trouble (unreachable, no permission) says so and how
     to fix it; anything else is the file's own problem."""
-    from tpurun.fileio import as_storage_error
+    from tpurun.storage.fileio import as_storage_error
 
     storage = as_storage_error(exc, "reading it")
     if storage is not None:

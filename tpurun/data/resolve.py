@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from tpurun.config import Config, DataConfig, reference_problems
 from tpurun.data import files as datafiles
 from tpurun.data import records
-from tpurun.data import schema as schema_lib
+from tpurun.data import schema_file as schema_lib
 from tpurun.errors import ConfigError, DataError
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import re
 
-from tpurun.data import schema
+from tpurun.data import schema_file as schema
 from tpurun.errors import DataError
 
 

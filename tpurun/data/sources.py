@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, get_args
 import numpy as np
 
 from tpurun.config import RawDType
-from tpurun.data.features import image_format
+from tpurun.data.decode import image_format
 from tpurun.errors import DataError
 
 if TYPE_CHECKING:

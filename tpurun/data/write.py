@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tpurun.data import schema, shards
+from tpurun.data import schema_file as schema
+from tpurun.data import shards
 from tpurun.errors import DataError, TpurunError
 
 if TYPE_CHECKING:
@@ -268,7 +269,7 @@ def _writing_to(out_prefix: str, doing: str):
     unreachable, no permission, no such bucket), naming ``out_prefix``."""
     import tensorflow as tf
 
-    from tpurun import fileio
+    from tpurun.storage import fileio
 
     fileio.apply_gcs_defaults()  # before the first gs:// request of this process
     try:

@@ -13,7 +13,7 @@ from typing import Any
 from tpurun.data import files as datafiles
 from tpurun.doctor import Check, timed
 from tpurun.errors import ConfigError, TpurunError
-from tpurun.runtime import KERAS_19246, Machine
+from tpurun.runtime.choice import KERAS_19246, Machine
 
 BYTES_PER_PARAM = 4  # float32 weights in a checkpoint
 SLOTS = 3  # weights + two Adam moments
@@ -122,7 +122,7 @@ def check_model(prepared: Any, runtime: Any) -> tuple[Check, int | None]:
     import numpy as np
 
     from tpurun.data import pipeline
-    from tpurun.model import build_model, compile_model
+    from tpurun.training.model import build_model, compile_model
 
     cfg, plan = prepared.config, prepared.plan
     try:
@@ -146,7 +146,7 @@ def check_model(prepared: Any, runtime: Any) -> tuple[Check, int | None]:
                 "match the model's inputs/outputs to data.inputs / data.targets",
             ), None
         step = time.monotonic() - started
-        from tpurun.monitors import resolve_monitors
+        from tpurun.training.monitored import resolve_monitors
 
         resolve_monitors(model, cfg)  # the same check train makes before its first step
     except ConfigError as exc:
@@ -180,8 +180,8 @@ from dataclasses import asdict
 from pathlib import Path
 from tpurun.config import load_config
 from tpurun.doctor.config_checks import check_model
-from tpurun.prepare import choose_for, prepare
-from tpurun.process import activate
+from tpurun.runtime.prepare import choose_for, prepare
+from tpurun.runtime.activate import activate
 cfg = load_config(__CONFIG__, ["runtime.accelerator=cpu", "runtime.cpu_devices=1"])
 cfg._base_dir = Path(__BASE_DIR__)
 choice = choose_for(cfg)
@@ -214,9 +214,9 @@ def check_resume(cfg: Any, prepared: Any) -> Check:
 
     ``prepared`` comes from the plan check; None without one.
     """
-    from tpurun import resume as resume_lib
-    from tpurun.fileio import StorageError
-    from tpurun.rundir import RunDir, run_path
+    from tpurun.storage.fileio import StorageError
+    from tpurun.storage.rundir import RunDir, run_path
+    from tpurun.training import resume as resume_lib
 
     run_dir = run_path(cfg.output.dir, cfg.name)
     run = RunDir(run_dir)
@@ -253,7 +253,7 @@ def check_output(cfg: Any, params: int | None) -> Check:
     out = cfg.output.dir
     data: dict[str, Any] = {"dir": out}
     if out.startswith("gs://"):
-        from tpurun.rundir import run_path
+        from tpurun.storage.rundir import run_path
 
         data["run_dir"] = run_path(out, cfg.name)
         return Check("output", "skip", f"{data['run_dir']} is in a bucket: gcs.reachable writes "
@@ -327,8 +327,8 @@ def check_advice(cfg: Any, choice: Any, plan: Any) -> Check:
 def run(cfg: Any, m: Machine, holder: list, devices: dict, with_model: bool) -> list[Check]:
     import os
 
-    from tpurun.prepare import prepare
-    from tpurun.process import activate, import_tensorflow
+    from tpurun.runtime.activate import activate, import_tensorflow
+    from tpurun.runtime.prepare import prepare
 
     choice = holder[0] if holder else None
     runtime = activation_error = None

@@ -13,7 +13,7 @@ from typing import Any
 
 from tpurun.doctor import Check
 from tpurun.errors import TpurunError
-from tpurun.fileio import short_detail
+from tpurun.storage.fileio import short_detail
 
 # Lower TF's GCS retries (FIELD-NOTES: 2 retries at 100 ms fail a closed network in ~2 s).
 GCS_RETRY_ENV = {

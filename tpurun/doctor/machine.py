@@ -17,7 +17,7 @@ from typing import Any
 
 from tpurun import __version__
 from tpurun.doctor import Check
-from tpurun.runtime import Machine, installed_version
+from tpurun.runtime.choice import Machine, installed_version
 
 JAX_TPU_INSTALL = "pip install -U 'jax[tpu]'"
 
@@ -351,7 +351,7 @@ def check_hosts(cfg: Any, env: Mapping[str, str], timeout: float = 3.0) -> Check
 
     from tpurun.config import RuntimeConfig
     from tpurun.errors import TpurunError
-    from tpurun.hosts import cluster
+    from tpurun.multihost.cluster import cluster
 
     try:
         hosts = cluster(cfg.runtime if cfg is not None else RuntimeConfig(), env)

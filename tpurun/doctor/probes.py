@@ -17,7 +17,7 @@ from typing import Any
 
 from tpurun.doctor import Check
 from tpurun.errors import TpurunError
-from tpurun.runtime import Machine, choose
+from tpurun.runtime.choice import Machine, choose
 
 MARK = "@@tpurun-doctor@@"
 
@@ -149,7 +149,7 @@ def device_counts(m: Machine, timeout: float) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------- choice
 def check_choice(cfg: Any, m: Machine, holder: list) -> Check:
-    """What ``tpurun train`` would choose: :func:`tpurun.runtime.choose`, the very same call."""
+    """What ``tpurun train`` would choose: :func:`tpurun.runtime.choice.choose`, the very same call."""
     from tpurun.config import RuntimeConfig
 
     runtime_cfg = cfg.runtime if cfg is not None else RuntimeConfig()

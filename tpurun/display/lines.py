@@ -1,0 +1,281 @@
+"""What a run looks like: a Rich live view in a terminal, plain lines in notebooks, CI and logs.
+
+A notebook's ``!tpurun`` runs on a pseudo-terminal: ``isatty()`` is True and ``TERM=xterm-color``,
+yet the cell cannot redraw a live display (cursor moves and bare ``\\r`` become garbage). So the
+choice looks at the environment too: ``JPY_PARENT_PID`` (Jupyter, Kaggle, Colab), CI, ``TERM=dumb``,
+and ``--plain`` / ``TPURUN_PLAIN=1`` to force it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+_NOTEBOOK_SIGNALS = ("JPY_PARENT_PID", "COLAB_RELEASE_TAG", "KAGGLE_KERNEL_RUN_TYPE")
+PLAIN_PROGRESS_SECONDS = 30.0  # a plain progress line at most this often
+LIVE_REFRESH_SECONDS = 0.5
+
+
+def want_plain(
+    force: bool = False, stream: TextIO | None = None, env: Mapping[str, str] | None = None
+) -> bool:
+    env = os.environ if env is None else env
+    stream = sys.stdout if stream is None else stream
+    if force or env.get("TPURUN_PLAIN", "").lower() in ("1", "true", "yes"):
+        return True
+    if any(env.get(name) for name in _NOTEBOOK_SIGNALS):
+        return True
+    if env.get("CI") or env.get("TERM", "") == "dumb":
+        return True
+    try:
+        return not stream.isatty()
+    except (AttributeError, ValueError):
+        return True
+
+
+def metric_parts(logs: Mapping[str, Any] | None) -> list[str]:
+    """``name value`` for each metric: the loss first, then the training metrics, then the
+    validation ones in the same order, the learning rate last."""
+    if not logs:
+        return []
+
+    keys = sorted(  # stable: otherwise in the logs' order
+        (k for k in logs if k != "learning_rate"),
+        key=lambda k: (k.startswith("val_"), k.removeprefix("val_") != "loss"),
+    )
+    parts = [f"{key} {_num(logs[key])}" for key in keys]
+    if "learning_rate" in logs:
+        parts.append(f"lr {_num(logs['learning_rate'])}")
+    return parts
+
+
+def format_metrics(logs: Mapping[str, Any] | None) -> str:
+    return "  ".join(metric_parts(logs))
+
+
+def _num(value: Any) -> str:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return f"{value:.4g}" if abs(value) < 1e-3 and value else f"{value:.4f}"
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None or seconds != seconds:
+        return "?"
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def took(seconds: float) -> str:
+    """A duration as a person reads it, a tenth of a second finer under a minute."""
+    return f"{seconds:.1f}s" if seconds < 60 else format_duration(seconds)
+
+
+def epoch_label(epoch: int, epochs: int) -> str:
+    """``epoch  7/30``: as wide at epoch 7 as at epoch 30, so the columns after it stay put."""
+    return f"epoch {epoch:>{len(str(epochs))}}/{epochs}"
+
+
+def wrap_parts(
+    head: str, parts: list[str], width: int, sep: str = "  ", indent: str | None = None
+) -> list[str]:
+    """``head`` and ``parts`` joined by ``sep`` in lines of at most ``width``, broken between parts
+    only (never inside ``loss 0.1``); the lines after the first start with ``indent`` (by default,
+    as many spaces as put the first part of each under the first part of the first line)."""
+    lines, line = [], head
+    indent = " " * (len(head) + len(sep)) if indent is None else indent
+    for part in parts:
+        if line.strip() and len(line) + len(sep) + len(part) > width:
+            lines.append(line)
+            line = indent + part
+        else:
+            line = f"{line}{sep if line.strip() else ''}{part}"
+    return [*lines, line]
+
+
+def _first_steps(steps: int) -> str:
+    return "the first step" if steps == 1 else f"the first {steps} steps"
+
+
+class Reporter:
+    """Receives a run's events; this base class stays silent (the Python API's default).
+
+    One epoch: ``epoch_begin(epoch, steps)`` (epochs count from 1); per execution (the
+    ``steps_per_execution`` steps run as one call) ``execution_begin`` with its first and last step
+    (from 1), and at a bounded rate, and at the epoch's last step, ``progress`` (``logs`` None when
+    nothing new is known); ``compiled`` once the run's first execution is done (its steps, and its
+    seconds, compiling included); ``validation_begin``, ``validation_progress`` (bounded rate),
+    ``validation_end``; then ``epoch_end``. ``message`` is a notice (level info, warn or note) on
+    lines of its own; ``finish`` says how the run ended; ``close`` ends the output however it ended
+    (a live display gives the terminal back; idempotent).
+    """
+
+    started = False  # set by start(): training has begun
+
+    def message(self, text: str, level: str = "info") -> None: ...
+    def start(self, plan: Any, run_dir: str, epochs: int, initial_epoch: int) -> None: ...
+    def epoch_begin(self, epoch: int, steps: int) -> None: ...
+    def execution_begin(self, epoch: int, first: int, last: int) -> None: ...
+    def progress(
+        self, epoch: int, step: int, steps: int, rate: float, eta: float, logs: Mapping | None
+    ) -> None: ...
+    def compiled(self, seconds: float, steps: int) -> None: ...
+    def validation_begin(self, epoch: int, steps: int) -> None: ...
+    def validation_progress(self, epoch: int, step: int, steps: int) -> None: ...
+    def validation_end(self, epoch: int, seconds: float) -> None: ...
+    def epoch_end(
+        self, epoch: int, logs: Mapping[str, Any], seconds: float, rate: float
+    ) -> None: ...
+    def finish(self, summary: Mapping[str, Any]) -> None: ...
+    def close(self) -> None: ...
+
+    @property
+    def progress_interval(self) -> float:
+        return PLAIN_PROGRESS_SECONDS
+
+
+class PlainReporter(Reporter):
+    """Line-buffered lines, no ANSI escapes, no carriage returns: safe in a notebook cell or a log."""
+
+    def __init__(self, stream: TextIO | None = None, interval: float | None = None):
+        self.stream = stream or sys.stdout
+        self._interval = float(
+            os.environ.get("TPURUN_PROGRESS_SECONDS", interval or PLAIN_PROGRESS_SECONDS)
+        )
+        self.epochs = 0
+
+    @property
+    def progress_interval(self) -> float:
+        return self._interval
+
+    def _line(self, text: str) -> None:
+        self.stream.write(f"[tpurun] {text}\n")
+        self.stream.flush()
+
+    def message(self, text: str, level: str = "info") -> None:
+        prefix = {"warn": "warning: ", "note": ""}.get(level, "")
+        self._line(prefix + text)
+
+    def start(self, plan: Any, run_dir: str, epochs: int, initial_epoch: int) -> None:
+        self.started = True
+        self.epochs = epochs
+        self._line(
+            f"training {epochs - initial_epoch} epoch(s) x {plan.steps_per_epoch} steps, global batch "
+            f"{plan.global_batch_size} ({plan.per_core_batch_size} x {plan.replicas}), lr "
+            f"{plan.learning_rate:.4g}, steps_per_execution {plan.steps_per_execution} -> {run_dir}"
+        )
+        self._compiling_note()
+
+    def _compiling_note(self) -> None:
+        self._line("compiling the training step (the first step waits for it)...")
+
+    def compiled(self, seconds, steps) -> None:
+        self._line(f"compiled: {_first_steps(steps)} took {took(seconds)}, compiling included")
+
+    def progress(self, epoch, step, steps, rate, eta, logs) -> None:
+        if step >= steps:
+            return  # the epoch's line follows
+        pct = 100 * step / steps if steps else 0
+        metrics = format_metrics(logs)
+        self._line(
+            f"{epoch_label(epoch, self.epochs)}  step {step}/{steps} ({pct:.0f}%)  {rate:,.0f} ex/s  "
+            f"eta {format_duration(eta)}" + (f"  {metrics}" if metrics else "")
+        )
+
+    def validation_progress(self, epoch, step, steps) -> None:
+        self._line(f"{epoch_label(epoch, self.epochs)}  validating {step}/{steps}")
+
+    def _epoch_parts(self, logs, seconds, rate) -> list[str]:
+        return [*metric_parts(logs), f"{took(seconds)}  {rate:,.0f} ex/s"]
+
+    def epoch_end(self, epoch, logs, seconds, rate) -> None:
+        self._line(
+            "  ".join([epoch_label(epoch, self.epochs), *self._epoch_parts(logs, seconds, rate)])
+        )
+
+    def finish(self, summary) -> None:
+        self.close()
+        best = summary.get("best") or {}
+        best_text = ""
+        if best.get("value") is not None:
+            best_text = f", best {best['monitor']} {_num(best['value'])} at epoch {best['epoch']}"
+        self._line(
+            f"{summary['status']}: {summary['epochs_completed']} epoch(s) in "
+            f"{format_duration(summary.get('seconds'))}{best_text} -> {summary.get('run_dir')}"
+        )
+
+
+def make_reporter(plain: bool = False) -> Reporter:
+    if want_plain(plain):
+        return PlainReporter()
+    from tpurun.display.live import LiveReporter
+
+    return LiveReporter()
+
+
+class TaskProgress:
+    """A progress bar for a long step (counting, writing): Rich on a terminal, plain lines elsewhere.
+
+    Use as a context manager and call it with ``(done, total)``. Plain mode writes a line at most
+    every ``PLAIN_PROGRESS_SECONDS`` and one at the end.
+    """
+
+    def __init__(self, label: str, unit: str, plain: bool, stream: TextIO | None = None):
+        self.label, self.unit, self.plain = label, unit, plain
+        self.stream = stream or sys.stderr
+        self._bar = None
+        self._task = None
+        self._start = self._last = time.monotonic()
+        self._done = self._total = 0
+
+    def __enter__(self) -> TaskProgress:
+        if not self.plain:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+            )
+
+            self._bar = Progress(
+                TextColumn(self.label),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]}"),
+                TimeRemainingColumn(),
+                console=Console(file=self.stream),
+                transient=True,
+            )
+            self._bar.start()
+            self._task = self._bar.add_task(self.label, total=None, rate="")
+        return self
+
+    def __call__(self, done: int, total: int) -> None:
+        self._done, self._total = done, total
+        elapsed = time.monotonic() - self._start
+        rate = f"{done / elapsed:,.0f} {self.unit}/s" if elapsed > 0 else ""
+        if self._bar is not None:
+            self._bar.update(self._task, completed=done, total=total, rate=rate)
+        elif time.monotonic() - self._last >= PLAIN_PROGRESS_SECONDS:
+            self._last = time.monotonic()
+            self.stream.write(f"[tpurun] {self.label}: {done:,}/{total:,} {self.unit}  {rate}\n")
+            self.stream.flush()
+
+    def __exit__(self, *exc) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+        elif self._done and exc[0] is None:
+            elapsed = time.monotonic() - self._start
+            self.stream.write(
+                f"[tpurun] {self.label}: {self._done:,} {self.unit} in {format_duration(elapsed)}\n"
+            )
+            self.stream.flush()

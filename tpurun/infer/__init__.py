@@ -1,0 +1,1 @@
+"""After training: opening a run again, evaluate, predict and export."""

@@ -1,0 +1,387 @@
+"""``tpurun export``: a trained run's model as an artifact that loads without tpurun, described by a
+sidecar, and checked on the spot.
+
+Formats: ``keras`` (a ``.keras`` file; with a small loader module beside it when the model uses code
+of its own), ``saved_model`` (TensorFlow SavedModel with a serving signature, through Keras'
+``ExportArchive``) and ``onnx`` (Keras' own ONNX export: jax2onnx on JAX, tf2onnx on TensorFlow);
+:mod:`tpurun.infer.formats` writes them.
+
+A JAX model goes into a SavedModel through jax2tf, whose native serialization targets only the
+export-time platform unless told otherwise: a model exported on a TPU would refuse to run on a GPU.
+So it is exported for ``--platforms`` (default cpu and cuda).
+
+Everything is written into a private folder beside the output first, loaded there in a fresh Python
+process that never imports tpurun (:mod:`tpurun.infer.check`), and compared with the trained
+model's outputs on a few records. Only an artifact that matches is moved into place; otherwise
+nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tpurun.errors import TpurunError
+
+FORMATS = ("keras", "saved_model", "onnx")
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")  # what jax2tf's native_serialization_platforms takes
+DEFAULT_PLATFORMS = ("cpu", "cuda")
+CHECK_RECORDS = 16
+_HERE = Path(__file__).resolve().parent
+
+
+def check_format(value: str) -> str:
+    if value not in FORMATS:
+        raise TpurunError(f"--format {value}: expected one of {', '.join(FORMATS)}.")
+    return value
+
+
+def parse_platforms(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """``cpu,cuda`` -> ``("cpu", "cuda")``, checked.
+
+    Raises:
+        TpurunError: an unknown platform, or a list without cpu (the check runs on the CPU).
+    """
+    if value is None:
+        return DEFAULT_PLATFORMS
+    items = value.split(",") if isinstance(value, str) else list(value)
+    platforms = tuple(dict.fromkeys(p.strip().lower() for p in items if p.strip()))
+    unknown = [p for p in platforms if p not in PLATFORMS]
+    if unknown or not platforms:
+        raise TpurunError(
+            f"--platforms {value}: expected a comma-separated list of {', '.join(PLATFORMS)} "
+            f"(e.g. cpu,cuda){'; unknown: ' + ', '.join(unknown) if unknown else ''}."
+        )
+    if "cpu" not in platforms:
+        raise TpurunError(
+            f"--platforms {value}: include cpu (e.g. cpu,{','.join(platforms)}): export loads the "
+            "artifact on the CPU to check it before keeping it."
+        )
+    return platforms
+
+
+def tolerance(precision: str, accelerator: str) -> float:
+    """How close the artifact's outputs must be to the trained model's. float32 on the CPU computes
+    the same operations; an accelerator (TF32, TPU matmul passes) or a 16-bit policy differs more."""
+    if precision != "float32":
+        return 2e-2
+    return 1e-5 if accelerator == "cpu" else 1e-3
+
+
+# ------------------------------------------------------------------------------------ the check
+def reference_inputs(trained: Any, n: int = CHECK_RECORDS) -> tuple[Any, str]:
+    """Model inputs to check the artifact on: the first records of the run's validation (else
+    training) data, or, where they cannot be read here, normal draws shaped as the features."""
+    from tpurun.config import DataConfig
+    from tpurun.data import pipeline
+    from tpurun.data.resolve import path_resolver
+    from tpurun.infer import loading
+
+    data = trained.config.data
+    features = {name: data.features[name] for name in DataConfig.names(data.inputs)}
+    for key, patterns in (("data.validation", data.validation), ("data.train", data.train)):
+        if not patterns:
+            continue
+        try:
+            found = loading.find_records(patterns, features, key, path_resolver(trained.config))
+        except TpurunError:
+            continue
+        take = min(n, found.records)
+        ds = pipeline.make_ordered_dataset(found.files, found.compression, take, records=take,
+                                           features=features, inputs=data.inputs)  # fmt: skip
+        inputs, _ = next(ds.as_numpy_iterator())
+        return inputs, f"the first {take} records of {key}"
+    return loading.sample_inputs(data, n, seed=0), f"{n} random inputs (no records readable here)"
+
+
+def _structure(model_inputs: Any) -> dict:
+    if isinstance(model_inputs, dict):
+        return {"kind": "dict", "keys": sorted(model_inputs)}
+    if isinstance(model_inputs, (list, tuple)):
+        return {"kind": "list"}
+    return {"kind": "single"}
+
+
+def _check(fmt: str, artifact: str, inputs: Any, expected: list, loader: str | None,
+           backend: str, work: str, tol: float) -> dict:  # fmt: skip
+    """Load the artifact in a fresh process, run ``inputs``, compare with ``expected``.
+
+    Raises:
+        TpurunError: it does not load, or its outputs differ by more than ``tol`` (absolute and
+            relative, as ``numpy.allclose``).
+    """
+    import keras
+    import numpy as np
+
+    flat = [np.asarray(a) for a in keras.tree.flatten(inputs)]
+    paths = {k: os.path.join(work, f"check-{k}") for k in ("in.npz", "out.npz", "structure.json")}
+    np.savez(paths["in.npz"], **{f"in_{i}": a for i, a in enumerate(flat)})
+    Path(paths["structure.json"]).write_text(json.dumps({**_structure(inputs), "loader": loader}))
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
+    # On the CPU, where the check is meant to run (a TPU stays with this process), with the
+    # backend a user without tpurun would pick.
+    env.update(KERAS_BACKEND="tensorflow" if fmt == "saved_model" else backend,
+               JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="-1", TF_CPP_MIN_LOG_LEVEL="3")  # fmt: skip
+    command = [sys.executable, "-I", "-B", str(_HERE / "check.py"), fmt, artifact,
+               paths["in.npz"], paths["out.npz"], paths["structure.json"]]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+        raise TpurunError(
+            f"export: the {fmt} artifact does not load and run in a fresh Python process: "
+            f"{lines[-1] if lines else f'exit code {done.returncode}'}. Nothing was written."
+        )
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    with np.load(paths["out.npz"]) as saved:
+        got = [saved[f"out_{i}"] for i in range(len(saved.files))]
+    if len(got) != len(expected):
+        raise TpurunError(f"export: the {fmt} artifact gives {len(got)} output(s), the trained "
+                          f"model {len(expected)}. Nothing was written.")  # fmt: skip
+    diffs, close = [], True
+    for have, want in zip(got, expected, strict=True):
+        if have.shape != want.shape:
+            raise TpurunError(f"export: the {fmt} artifact's output has shape {have.shape}, the "
+                              f"trained model's {want.shape}. Nothing was written.")  # fmt: skip
+        have, want = have.astype(np.float64), want.astype(np.float64)
+        diffs.append(float(np.max(np.abs(have - want), initial=0.0)))
+        close = close and bool(np.allclose(have, want, rtol=tol, atol=tol))
+    report["max_abs_diff"] = max(diffs, default=0.0)
+    if not close:
+        raise TpurunError(
+            f"export: the {fmt} artifact's outputs differ from the trained model's on "
+            f"{len(flat[0])} inputs by up to {report['max_abs_diff']:.3g} (tolerance {tol:g}). "
+            "Nothing was written."
+        )
+    return report
+
+
+def _feature_names(data: Any) -> list[str]:
+    """The input features in the order the artifact takes its inputs (``keras.tree.flatten``)."""
+    import keras
+
+    from tpurun.config import DataConfig
+    from tpurun.data import decode as feat
+
+    names = {n: n for n in DataConfig.names(data.inputs)}
+    return [str(n) for n in keras.tree.flatten(feat.select(names, data.inputs))]
+
+
+def _described_inputs(report: dict, data: Any) -> list[dict]:
+    """The artifact's inputs, each with the feature that feeds it."""
+    order = _feature_names(data)
+    by_name = dict(data.inputs) if isinstance(data.inputs, dict) else {n: n for n in order}
+    described = []
+    for i, spec in enumerate(report["inputs"]):
+        feature = by_name.get(spec["name"]) or (order[i] if i < len(order) else None)
+        described.append({**spec, "feature": feature})
+    return described
+
+
+def _usage(fmt: str, name: str, loader: str | None) -> str:
+    if fmt == "saved_model":
+        return f"import tensorflow as tf; model = tf.saved_model.load('{name}'); y = model.serve(x)"
+    if fmt == "onnx":
+        return ("import onnxruntime as ort; session = ort.InferenceSession('" + name + "'); "
+                "y = session.run(None, {session.get_inputs()[0].name: x})[0]")  # fmt: skip
+    if loader:
+        module = os.path.basename(loader).removesuffix(".py")
+        return (f"import sys; sys.path.insert(0, FOLDER); import {module}; "
+                f"model = {module}.load(); y = model.predict(x)")  # fmt: skip
+    return f"import keras; model = keras.saving.load_model('{name}', compile=False)"
+
+
+def _destinations(fmt: str, output: str) -> list[str]:
+    folder, name = os.path.split(output)
+    paths = [output, f"{output}.json"]
+    if fmt == "keras":
+        stem = name.removesuffix(".keras")
+        paths += [os.path.join(folder, f"{stem}_code"), os.path.join(folder, f"{stem}_loader.py")]
+    return paths
+
+
+def _check_destinations(fmt: str, output: str) -> None:
+    """Refuse to replace a folder that is not a previous export's."""
+    for path in _destinations(fmt, output):
+        if not os.path.isdir(path):
+            continue
+        ours = (
+            os.path.exists(os.path.join(path, "saved_model.pb")) or not os.listdir(path)
+            if path == output and fmt == "saved_model"
+            else os.path.exists(os.path.join(path, "modules.txt")) and path != output
+        )
+        if not ours:
+            raise TpurunError(
+                f"--output {output}: {path} is a folder that export would replace, and it does "
+                "not hold an earlier export. Choose another --output."
+            )
+
+
+def _place(stage: str, replaced: list[str], aside: str) -> list[str]:
+    """Move what ``stage`` holds into the output's folder. Every earlier file at ``replaced``
+    (a previous export's, including a loader this export no longer needs) is moved aside first,
+    then deleted with ``aside``."""
+    os.makedirs(aside, exist_ok=True)
+    for i, target in enumerate(replaced):
+        if os.path.lexists(target):
+            os.rename(target, os.path.join(aside, f"{i}-{os.path.basename(target)}"))
+    placed = []
+    folder = os.path.dirname(replaced[0])
+    for name in sorted(os.listdir(stage)):
+        os.rename(os.path.join(stage, name), os.path.join(folder, name))
+        placed.append(os.path.join(folder, name))
+    return placed
+
+
+def _highest_precision():
+    """The trained model's reference outputs at full float32 matmul precision: on a TPU or a
+    recent GPU, JAX's default would round float32 matmuls to bfloat16 passes or TF32."""
+    import keras
+
+    if keras.backend.backend() != "jax":
+        return contextlib.nullcontext()
+    import jax
+
+    return jax.default_matmul_precision("highest")
+
+
+def export(
+    run_dir: str,
+    format: str,
+    output: str,
+    *,
+    checkpoint: str = "best",
+    platforms: str | Sequence[str] | None = None,
+    machine: Any = None,
+) -> dict[str, Any]:
+    """Export a run's model as ``format`` to ``output``, with a sidecar, checked on the spot.
+
+    Args:
+        run_dir: the run directory ``train`` made.
+        format: ``keras``, ``saved_model`` or ``onnx``.
+        output: where the artifact goes (a ``.keras`` file, a SavedModel folder, an ``.onnx``
+            file); the sidecar is ``<output>.json``.
+        checkpoint: best, latest, or a checkpoint file.
+        platforms: what a JAX model's SavedModel runs on (``cpu,cuda`` by default; cpu included).
+        machine: facts about the machine (tests inject them); probed when None.
+
+    Raises:
+        TpurunError: an unknown format or platform, an output that cannot be written, no such run
+            or checkpoint, a missing export package, or an artifact that does not load or does
+            not match the trained model (then nothing is written).
+    """
+    from tpurun import __version__
+    from tpurun.infer import formats, loading
+    from tpurun.storage.rundir import now_iso
+
+    started = time.monotonic()
+    fmt = check_format(format)
+    chosen = parse_platforms(platforms)
+    output = loading.writable_output(output).rstrip(os.sep)
+    if fmt == "keras" and not output.endswith(".keras"):
+        raise TpurunError(f"--output {output}: a keras export is a .keras file (Keras saves no "
+                          "other name), e.g. --output export/model.keras.")  # fmt: skip
+    if fmt == "onnx" and importlib.util.find_spec("onnxruntime") is None:
+        raise TpurunError("--format onnx: onnxruntime is not installed, and export loads the "
+                          "artifact with it to check it: pip install 'tpurun[export]'.")  # fmt: skip
+    _check_destinations(fmt, output)
+    trained = loading.open_run(run_dir)
+    found = loading.find_checkpoint(trained, checkpoint)
+    runtime = loading.activate_for(trained, machine)
+    runtime.release()  # one device: an artifact holds plain weights, not a layout over devices
+    import keras  # after activate_for: Keras fixes its backend at import
+
+    precision, notes = runtime.choice.precision, []
+    if fmt == "onnx" and precision != "float32":
+        notes.append(f"trained with {precision}; exported in float32 (Keras' ONNX export needs it)")
+        keras.mixed_precision.set_global_policy(precision := "float32")
+    model = loading.build(trained, found)
+    inputs, source = reference_inputs(trained)
+    model(inputs)  # Keras' ONNX export wants a model that has been called
+    with _highest_precision():
+        expected = [keras.ops.convert_to_numpy(o) for o in keras.tree.flatten(
+            model.predict(inputs, batch_size=len(keras.tree.flatten(inputs)[0]), verbose=0))]  # fmt: skip
+    backend = keras.backend.backend()
+    tol = tolerance(precision, runtime.choice.accelerator)
+    folder, name = os.path.split(output)
+    work = tempfile.mkdtemp(prefix=f".{name}.tpurun-", dir=folder)
+    try:
+        stage = os.path.join(work, "out")
+        os.makedirs(stage)
+        artifact = os.path.join(stage, name)
+        loader = None
+        began = time.monotonic()
+        if fmt == "saved_model":
+            formats.write_saved_model(model, artifact, chosen)
+        elif fmt == "onnx":
+            formats.write_onnx(model, artifact)
+        else:
+            loader = formats.write_keras(model, artifact, trained.config)
+        wrote = time.monotonic() - began
+        report = _check(fmt, artifact, inputs, expected, loader, backend, work, tol)
+        checked = time.monotonic() - began - wrote
+        jax_saved_model = fmt == "saved_model" and backend == "jax"
+        sidecar = {
+            "format": fmt,
+            "artifact": name,
+            "loader": os.path.basename(loader) if loader else None,
+            "usage": _usage(fmt, name, loader),
+            "inputs": _described_inputs(report, trained.config.data),
+            "outputs": report["outputs"],
+            "class_names": trained.class_names,
+            # How a record decodes into those inputs (tf.io.parse_example, then decode).
+            "data": loading.feature_spec(trained.config.data, trained.class_names),
+            "backend": backend,
+            "precision": precision,
+            "platforms": list(chosen) if jax_saved_model else None,
+            "checked": {
+                "on": source,
+                "max_abs_diff": report["max_abs_diff"],
+                "tolerance": tol,
+                "loaded_without_tpurun": not report["tpurun_imported"],
+            },  # fmt: skip
+            "notes": notes,
+            "run_dir": trained.run.path,
+            "checkpoint": found.path,
+            "exported": now_iso(),
+            "tpurun_version": __version__,
+        }
+        Path(stage, f"{name}.json").write_text(json.dumps(sidecar, indent=2) + "\n")
+        placed = _place(stage, _destinations(fmt, output), os.path.join(work, "replaced"))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {
+        **{
+            k: sidecar[k]
+            for k in (
+                "format",
+                "backend",
+                "precision",
+                "platforms",
+                "checked",
+                "notes",
+                "loader",
+                "usage",
+            )
+        },  # fmt: skip
+        "output": output,
+        "sidecar": f"{output}.json",
+        "files": placed,
+        "checkpoint": found.path,
+        "checkpoint_label": found.label,
+        "run_dir": trained.run.path,
+        "seconds": {
+            "export": round(wrote, 3),
+            "check": round(checked, 3),
+            "total": round(time.monotonic() - started, 3),
+        },  # fmt: skip
+    }

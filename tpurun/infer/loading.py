@@ -1,0 +1,338 @@
+"""A trained run, opened again: its config, a checkpoint, the model with its weights, and the records
+to run it on. Shared by ``tpurun evaluate``, ``predict`` and ``export`` and by :func:`tpurun.load`.
+
+The model is built by the run's own factory (``config.yaml`` names it, and every ``file.py:name``
+import, by an absolute path) and the checkpoint's weights are loaded into it, as a resume does. So
+custom layers are the user's code, found where training found them, and a ``.weights.h5`` resume
+point loads as a ``.keras`` file does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from tpurun.config import Config, DataConfig
+from tpurun.data import files as datafiles
+from tpurun.errors import DataError, ModelError, TpurunError
+from tpurun.storage import fileio
+from tpurun.storage.rundir import BEST_MODEL, CHECKPOINTS, MODEL, RunDir
+
+CHECKPOINT_HELP = (
+    "best (checkpoints/best.keras, else the final model.keras), latest (the resume point), or a "
+    ".keras / .weights.h5 file (a name in the run's checkpoints/ folder works too)"
+)
+
+
+@dataclass
+class TrainedRun:
+    """A run directory and the config it trained with (``config.yaml``)."""
+
+    run: RunDir
+    config: Config
+    derived: dict  # config.yaml's derived values (backend, replicas, class names...)
+
+    @property
+    def class_names(self) -> list[str] | None:
+        return self.derived.get("class_names")
+
+
+@dataclass
+class Checkpoint:
+    path: str
+    label: str  # how to name it in a report: "best", "latest (epoch 3)", the path
+
+
+class Loaded(NamedTuple):
+    """What :func:`tpurun.load` returns: ``model, spec = tpurun.load(RUN_DIR)``."""
+
+    model: Any  # a keras.Model with the checkpoint's weights
+    spec: dict  # feature_spec(): how records decode into the model's inputs, the class names
+
+
+def _local(path: str) -> str:
+    path = str(path)
+    return path if fileio.is_remote(path) else os.path.abspath(path)
+
+
+def open_run(path: str) -> TrainedRun:
+    """Read a run directory's ``config.yaml`` back into a config.
+
+    Raises:
+        TpurunError: not a run directory, or its config no longer validates.
+    """
+    from tpurun.config import load_config
+
+    run = RunDir(_local(path))
+    raw = run.read_config()
+    if raw is None:
+        if not run.exists():
+            raise TpurunError(
+                f"{run.path}: no such run directory. Give the folder `tpurun train` made "
+                "(<output.dir>/<name>, e.g. runs/my-experiment)."
+            )
+        raise TpurunError(
+            f"{run.path}: no config.yaml there, so it is not a tpurun run directory (or its run "
+            "stopped before the first step). Give the folder `tpurun train` made."
+        )
+    derived = raw.get("derived") or {}
+    return TrainedRun(run, load_config(raw), derived if isinstance(derived, dict) else {})
+
+
+def find_checkpoint(trained: TrainedRun, which: str = "best") -> Checkpoint:
+    """The weights file ``--checkpoint`` names.
+
+    Raises:
+        TpurunError: no such checkpoint; the message lists the ones there are.
+    """
+    from tpurun.training import resume
+
+    run = trained.run
+    if which == "best":
+        if fileio.exists(run.checkpoint(BEST_MODEL)):
+            return Checkpoint(run.checkpoint(BEST_MODEL), "best")
+        if run.has_model():
+            return Checkpoint(run.file(MODEL), "final (model.keras; the run kept no best model)")
+    elif which == "latest":
+        point = resume.latest(run)
+        if point is not None:
+            epoch, step = point.position
+            at = f"epoch {epoch}, step {step}" if step else f"end of epoch {epoch}"
+            return Checkpoint(point.weights, f"latest ({at})")
+    else:
+        for path in (which, run.checkpoint(which)):
+            if fileio.exists(path) and not fileio.isdir(path):
+                if path.endswith(".json"):  # a checkpoint's state file names its weights
+                    return Checkpoint(resume.from_path(path).weights, path)
+                return Checkpoint(_local(path), path)
+    raise TpurunError(
+        f"--checkpoint {which}: no such checkpoint in {run.path}. There: "
+        f"{', '.join(available(run)) or 'none'}. Give {CHECKPOINT_HELP}."
+    )
+
+
+def available(run: RunDir) -> list[str]:
+    """The checkpoints a run has, as ``--checkpoint`` takes them."""
+    from tpurun.training import resume
+
+    found = ["latest"] if resume.latest(run) is not None else []
+    if fileio.exists(run.checkpoint(BEST_MODEL)) or run.has_model():
+        found.insert(0, "best")
+    if fileio.isdir(run.checkpoints):
+        found += [f"{CHECKPOINTS}/{name}" for name in run.checkpoint_files("*.keras")]
+    if run.has_model():
+        found.append(run.file(MODEL))
+    return found
+
+
+# ------------------------------------------------------------------------------------- the model
+def activate_for(trained: TrainedRun, machine: Any = None):
+    """Set this process up as ``train`` would for this run (devices, precision), in one process,
+    on the backend it trained with where its config left the choice to ``auto`` and that backend
+    can run here: the same model code then runs on the framework it was checkpointed from.
+
+    Raises:
+        TpurunError: the environment makes this process one of several (a pod slice, SLURM):
+            these commands run in one.
+    """
+    from tpurun.runtime.activate import activate
+    from tpurun.runtime.choice import probe
+    from tpurun.runtime.prepare import choose_for
+
+    config, machine = trained.config, machine or probe()
+    alone = {"num_processes": None, "coordinator": None, "process_id": None}
+    config = config.model_copy(update={"runtime": config.runtime.model_copy(update=alone)})
+    trained_on = trained.derived.get("backend")
+    choice = None
+    if config.runtime.backend == "auto" and trained_on in ("jax", "tensorflow"):
+        runtime = config.runtime.model_copy(update={"backend": trained_on})
+        with contextlib.suppress(TpurunError):  # not here: auto decides, as for train
+            choice = choose_for(config.model_copy(update={"runtime": runtime}), machine)
+    choice = choice or choose_for(config, machine)
+    if choice.cluster.multi:
+        raise TpurunError(
+            f"this process is one of {choice.cluster.num_processes} ({choice.cluster.source}), and "
+            "evaluate, predict and export run in one process: run them on one host with those "
+            "variables unset, or on a single-host machine."
+        )
+    return activate(choice, config.seed)
+
+
+def build(trained: TrainedRun, checkpoint: Checkpoint, runtime: Any = None) -> Any:
+    """The run's model, built by its factory in the runtime's scope, with the checkpoint's weights.
+
+    Raises:
+        ModelError: the factory fails, or the weights do not fit the model it builds now.
+    """
+    import keras
+
+    from tpurun.training.model import build_model
+
+    config = trained.config
+    scope = runtime.scope() if runtime is not None else contextlib.nullcontext()
+    with scope:
+        model = build_model(config, keras.backend.backend())
+        if not model.built:  # a subclassed model: one call creates its variables
+            model(sample_inputs(config.data, 1))
+        try:
+            model.load_weights(checkpoint.path)
+        except Exception as exc:  # Keras raises ValueError, KeyError, OSError... for a misfit
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise ModelError(
+                f"{checkpoint.path}: cannot load it into the model {config.model.factory} builds: "
+                f"{type(exc).__name__}: {first}. Was the factory or model.kwargs changed since "
+                "training? The checkpoint only fits the model it was trained as."
+            ) from None
+    return model
+
+
+def decoded_dtype(feature: Any) -> str:
+    """The dtype a feature has once decoded, as the model receives it."""
+    cast = getattr(feature, "cast", None)
+    if cast:
+        return cast
+    return {"raw": getattr(feature, "dtype", "float32"), "int64": "int64", "float": "float32",
+            "bytes": "string", "image": "float32"}[feature.type]  # fmt: skip
+
+
+def sample_inputs(data: DataConfig, n: int, seed: int | None = None) -> Any:
+    """``n`` records' worth of model inputs shaped as the features decode: zeros, or with a seed,
+    normal draws for float features (what ``export`` checks an artifact on without records)."""
+    import numpy as np
+
+    from tpurun.data import decode as feat
+
+    rng = np.random.default_rng(seed) if seed is not None else None
+    arrays = {}
+    for name in DataConfig.names(data.inputs):
+        feature = data.features[name]
+        shape, dtype = (n, *feature.shape), decoded_dtype(feature)
+        if dtype == "string":
+            raise DataError(
+                f"data.inputs '{name}' is a bytes feature: no sample of it can be made."
+            )
+        floating = np.issubdtype(np.dtype(dtype if dtype != "bfloat16" else "float32"), np.floating)
+        if rng is not None and floating:
+            arrays[name] = rng.normal(size=shape).astype("float32")
+        else:
+            arrays[name] = np.zeros(shape, dtype="float32" if dtype == "bfloat16" else dtype)
+    return feat.select(arrays, data.inputs)
+
+
+def feature_spec(data: DataConfig, class_names: Sequence[str] | None) -> dict:
+    """How a record decodes into the model's inputs (and targets): the features it reads, their
+    compression, and the label's class names. The export sidecar and :func:`tpurun.load` give it."""
+    from tpurun.data import decode as feat
+
+    used = feat.used_features(data)
+    return {
+        "features": {n: f.model_dump(mode="json", exclude_none=True) for n, f in used.items()},
+        "inputs": data.inputs,
+        "targets": data.targets,
+        "compression": data.compression,
+        "class_names": list(class_names) if class_names else None,
+    }
+
+
+def load(path: str, checkpoint: str = "best", machine: Any = None) -> Loaded:
+    """The run's model with a checkpoint's weights, and its feature spec (see :func:`tpurun.load`).
+
+    The process is set up as the run's config says (backend, precision), without distributing
+    the model over the devices: a notebook's own ``model.predict`` then runs as usual.
+    """
+    trained = open_run(path)
+    found = find_checkpoint(trained, checkpoint)
+    runtime = activate_for(trained, machine)
+    runtime.release()
+    model = build(trained, found)
+    return Loaded(model, feature_spec(trained.config.data, trained.class_names))
+
+
+# ------------------------------------------------------------------------------------ the records
+@dataclass
+class Records:
+    """Record files to score, checked against the features the command reads."""
+
+    files: list[str]  # sorted by name
+    records: int
+    compression: str  # "none" | "gzip"
+    source: str  # the glob(s), for reports
+
+
+def find_records(
+    patterns: str | Sequence[str], features: Mapping[str, Any], key: str, resolve=None
+) -> Records:
+    """Expand ``patterns``, check their first record against ``features`` (only those the
+    command reads: a test set has no targets), find damaged files and count the records.
+
+    Args:
+        key: what to call the glob in messages (``--data``, ``data.validation``).
+        resolve: how a pattern becomes a path (the config's, for its own globs); relative local
+            paths are otherwise read from the working directory.
+
+    Raises:
+        DataError: no file matches, damaged files, or records that do not match the features.
+    """
+    from tpurun.data import records
+    from tpurun.data import schema_file as schema_lib
+
+    resolve = resolve or (lambda p: p if "://" in p else os.path.abspath(p))
+    files = sorted(datafiles.expand(patterns, resolve, key))
+    schemas = schema_lib.find_for(files)
+    first = schemas.get(files[0], (None, None))[1] or {}
+    compression = first.get("compression") or datafiles.detect_compression(files[0])
+    checked = records.check_split(files, key, schemas, features, compression, skip_corrupt=False)
+    source = patterns if isinstance(patterns, str) else " ".join(patterns)
+    return Records(checked.files, checked.records, compression, source)
+
+
+def global_batch(config: Config, replicas: int) -> int:
+    """The batch ``train`` fed per step on this many replicas (known to fit the devices)."""
+    from tpurun.runtime.plan import batch_sizes
+
+    return batch_sizes(config, replicas)[1]
+
+
+def first_record(found: Records) -> bytes:
+    """The first serialized record of ``found`` (what a command checks before it reads the rest)."""
+    import tensorflow as tf
+
+    from tpurun.data.files import compression_type
+
+    ds = tf.data.TFRecordDataset(
+        found.files[:1], compression_type=compression_type(found.compression, found.files)
+    )
+    return next(iter(ds.take(1))).numpy()
+
+
+def writable_output(path: str, key: str = "--output") -> str:
+    """``path`` made absolute, its folder made; an output that cannot be written is refused
+    before any work is done.
+
+    Raises:
+        TpurunError: a remote path, a folder in the way, or a folder that cannot be made or written.
+    """
+    if fileio.is_remote(str(path)):
+        raise TpurunError(
+            f"{key} {path}: this command writes local files; write it here, then copy it "
+            "(gsutil cp -r, or tf.io.gfile.copy)."
+        )
+    path = os.path.abspath(path)
+    folder = existing = os.path.dirname(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise TpurunError(f"{key} {path}: cannot make its folder {folder}: {existing} is a file, "
+                          "not a folder. Choose another path.")  # fmt: skip
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise TpurunError(
+            f"{key} {path}: cannot make its folder {folder}: {exc.strerror}. Choose another path."
+        ) from None
+    if not os.access(folder, os.W_OK):
+        raise TpurunError(f"{key} {path}: {folder} is not writable. Choose another path.")
+    return path

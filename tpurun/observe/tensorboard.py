@@ -1,0 +1,186 @@
+"""TensorBoard logs in the run directory, written with TensorFlow's own summary writer.
+
+``<run>/tensorboard/train`` and ``<run>/tensorboard/validation`` hold the same tags (``epoch_loss``,
+``epoch_accuracy``...), so TensorBoard draws training and validation on one chart, as Keras'
+TensorBoard callback lays them out. ``train`` also holds ``learning_rate``, ``examples_per_sec``,
+``input_wait`` and ``batch_loss`` (the epoch's running loss every ``loss_every_steps`` steps).
+
+Steps are global: ``epochs done x steps_per_epoch + step``, so a resumed run continues its curves.
+Events past the resume point (written after the last checkpoint by a session that was stopped or
+killed, or before a NaN restore) are removed when training continues: no step appears twice or
+goes backwards. Scalars are written as the ``scalars`` plugin's summaries with the core
+``tf.summary.write`` (``tf.summary.scalar`` needs the ``tensorboard`` package; viewing does too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import keras  # imported only after process.activate() has chosen the backend
+
+from tpurun.storage import fileio
+from tpurun.storage.rundir import TENSORBOARD, RunDir
+from tpurun.training.checkpoints import step_offset
+
+SPLITS = ("train", "validation")
+EVENTS_GLOB = "events.out.tfevents.*"
+
+
+def _scalar_metadata() -> Any:
+    from tensorflow.core.framework import summary_pb2
+
+    return summary_pb2.SummaryMetadata(
+        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
+        data_class=summary_pb2.DATA_CLASS_SCALAR,
+    )
+
+
+def event_files(folder: str) -> list[str]:
+    """The event files of ``<run>/tensorboard``, split by split, oldest name first."""
+    found = []
+    for split in SPLITS:
+        found += fileio.glob(fileio.join(fileio.escape(fileio.join(folder, split)), EVENTS_GLOB))
+    return found
+
+
+def trim_events(folder: str, last_step: int) -> int:
+    """Drop the summaries with a step past ``last_step`` from every event file under ``folder``
+    (a file left with none is removed). Returns how many were dropped.
+
+    Event files are TFRecord files of ``Event`` protos; each changed file is rewritten whole and
+    atomically (object stores cannot truncate).
+    """
+    import tensorflow as tf
+    from tensorflow.core.util import event_pb2
+
+    dropped = 0
+    for path in event_files(folder):
+        records = [bytes(r.numpy()) for r in tf.data.TFRecordDataset(path)]
+        kept, summaries = [], 0
+        for record in records:
+            event = event_pb2.Event.FromString(record)
+            if event.HasField("summary") and event.step > last_step:
+                continue
+            kept.append(record)
+            summaries += event.HasField("summary")
+        if len(kept) == len(records):
+            continue
+        dropped += len(records) - len(kept)
+        if not summaries:
+            fileio.remove(path)
+            continue
+
+        def write(tmp: str, kept: list[bytes] = kept) -> None:
+            with tf.io.TFRecordWriter(tmp) as writer:
+                for record in kept:
+                    writer.write(record)
+
+        fileio.save_atomically(path, write)
+    return dropped
+
+
+class TensorBoardLog(keras.callbacks.Callback):
+    """Writes the run's scalars; made only for the process that writes the run directory.
+
+    Placed after :class:`~tpurun.training.callbacks.Progress` (its epoch rate) and before ``RunControl``
+    (which may end ``fit`` at a batch's end).
+    """
+
+    def __init__(self, run: RunDir, steps_per_epoch: int, loss_every_steps: int | None, *,
+                 checkpointer: Any, progress: Any = None, input_wait: Any = None):  # fmt: skip
+        super().__init__()
+        self.folder = run.file(TENSORBOARD)
+        self.steps_per_epoch = steps_per_epoch
+        self.every = loss_every_steps
+        self.checkpointer = checkpointer  # its resume_at: where this fit sequence starts
+        self.progress, self.input_wait = progress, input_wait
+        self.writers: dict[str, Any] = {}
+        self.last_step = -1  # the highest step written by this session
+        self._start: int | None = None  # where the current epoch starts, until the first write
+        self._epoch = 0
+        self._metadata = None
+
+    # ------------------------------------------------------------------ writing
+    def _open(self, start: int) -> None:
+        import tensorflow as tf
+
+        if self.writers and self.last_step <= start:
+            return  # continuing where this session's events end
+        self.close()
+        trim_events(self.folder, start)
+        self._metadata = _scalar_metadata()
+        self.writers = {
+            split: tf.summary.create_file_writer(fileio.join(self.folder, split))
+            for split in SPLITS
+        }
+        self.last_step = start
+
+    def _write(self, split: str, values: Mapping[str, float], step: int) -> None:
+        import tensorflow as tf
+
+        if self._start is not None:  # opened at the first write: not before the first step
+            self._open(self._start)
+            self._start = None
+        with tf.device("/cpu:0"), self.writers[split].as_default():
+            for tag, value in values.items():
+                tf.summary.write(tag, tf.constant(float(value), tf.float32), step=step,
+                                 metadata=self._metadata)  # fmt: skip
+        self.last_step = max(self.last_step, step)
+
+    def flush(self) -> None:
+        for writer in self.writers.values():
+            writer.flush()
+
+    def close(self) -> None:
+        for writer in self.writers.values():
+            writer.close()
+        self.writers = {}
+
+    # ------------------------------------------------------------------ hooks
+    def _global_step(self, epoch: int, step: int) -> int:
+        return epoch * self.steps_per_epoch + step
+
+    def on_epoch_begin(self, epoch, logs=None):
+        # Where this epoch starts: past a resume point or a NaN restore, earlier events go.
+        self._epoch = epoch
+        self._start = self._global_step(epoch, step_offset(self.checkpointer.resume_at, epoch))
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self.every or not logs or "loss" not in logs:
+            return
+        offset = step_offset(self.checkpointer.resume_at, self._epoch)
+        step = self._global_step(self._epoch, offset + batch + 1)
+        since = self.last_step if self._start is None else self._start
+        if step // self.every > max(since, 0) // self.every:
+            self._write("train", {"batch_loss": logs["loss"]}, step)
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = dict(logs or {})
+        step = self._global_step(epoch + 1, 0)
+        train: dict[str, float] = {}
+        validation: dict[str, float] = {}
+        for key, value in logs.items():
+            try:
+                value = float(value)
+            except (TypeError, ValueError):
+                continue  # a metric with several values
+            if key == "learning_rate":
+                train["learning_rate"] = value
+            elif key.startswith("val_"):
+                validation[f"epoch_{key[4:]}"] = value
+            else:
+                train[f"epoch_{key}"] = value
+        rates = getattr(self.progress, "epoch_rates", None)
+        if rates:
+            train["examples_per_sec"] = rates[-1]
+        wait = getattr(self.input_wait, "epoch_value", None)
+        if wait is not None:
+            train["input_wait"] = wait
+        self._write("train", train, step)
+        if validation:
+            self._write("validation", validation, step)
+        self.flush()  # TensorBoard shows the epoch now, and a killed run keeps it
+
+    def on_train_end(self, logs=None):
+        self.flush()

@@ -1,0 +1,248 @@
+"""Setting this process up for a :class:`~tpurun.runtime.choice.Choice`: environment variables, simulated
+CPU devices, the Keras distribution or ``tf.distribute`` strategy, precision and seeds.
+
+:func:`activate` must run before Keras is imported: Keras fixes its backend at import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+from tpurun.errors import EnvironmentSetupError
+from tpurun.runtime.choice import Choice
+
+
+@dataclass
+class Runtime:
+    """The process, set up for a Choice: the replica count and the scope to build models in."""
+
+    choice: Choice
+    replicas: int
+    strategy: Any = None  # tf.distribute strategy (TF backend, several devices or a TPU)
+    distribution: Any = None  # keras.distribution (JAX backend)
+
+    def scope(self):
+        return self.strategy.scope() if self.strategy is not None else contextlib.nullcontext()
+
+    def release(self) -> None:
+        """Clear the global Keras distribution, so a notebook kernel's later Keras work (say,
+        ``predict`` on 3 samples) is not sharded over this run's devices."""
+        if self.distribution is not None:
+            import keras
+
+            keras.distribution.set_distribution(None)
+
+
+_SEED_ZERO = 1_000_003  # any value TF does not truncate to 0 (it takes seeds modulo 2**31 - 1)
+
+
+def import_tensorflow():
+    """Import TensorFlow without its C++ start-up notices on stderr (oneDNN, CPU features).
+
+    TF 2.21 logs them through absl before TF_CPP_MIN_LOG_LEVEL applies, and in a notebook cell they
+    bury the first lines that matter. If the import fails, what it wrote is shown after all.
+    Also sets tpurun's GCS retry defaults, which TF reads at its first gs:// request.
+    """
+    from tpurun.storage.fileio import apply_gcs_defaults
+
+    apply_gcs_defaults()
+    if "tensorflow" in sys.modules:
+        return sys.modules["tensorflow"]
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        saved = os.dup(2)
+    except OSError:
+        import tensorflow
+
+        return tensorflow
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            import tensorflow
+        except BaseException:
+            os.dup2(saved, 2)
+            capture.seek(0)
+            sys.stderr.write(capture.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+    return tensorflow
+
+
+def _prepare_environment(choice: Choice) -> None:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ chatter out
+    os.environ["KERAS_BACKEND"] = choice.backend
+    if choice.backend == "jax" and choice.accelerator == "cpu":
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        local = choice.cpu_devices // choice.cluster.num_processes  # split by `tpurun launch`
+        if local > 1:
+            flags = [
+                f
+                for f in os.environ.get("XLA_FLAGS", "").split()
+                if not f.startswith("--xla_force_host_platform_device_count")
+            ]
+            flags.append(f"--xla_force_host_platform_device_count={local}")
+            os.environ["XLA_FLAGS"] = " ".join(flags)
+
+
+#: Seconds without a heartbeat after which JAX's coordination service declares a process dead
+#: and stops the others (its default, 100 s, is long for a notebook session); tpurun's own
+#: watchdog (tpurun.multihost.cluster) names the lost process sooner.
+JAX_HEARTBEAT_SECONDS = 90
+
+
+def _join_cluster(choice: Choice) -> None:
+    """Connect to the other processes through JAX's distributed runtime, before JAX starts."""
+    import jax
+
+    hosts = choice.cluster
+    if choice.accelerator == "cpu":
+        # CPU devices of several processes reduce over gloo (checked with jax 0.10 on 127.0.0.1).
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    try:
+        jax.distributed.initialize(
+            coordinator_address=hosts.coordinator,
+            num_processes=hosts.num_processes,
+            process_id=hosts.process_id,
+            initialization_timeout=120,
+            heartbeat_timeout_seconds=JAX_HEARTBEAT_SECONDS,
+        )
+    except (RuntimeError, ValueError) as exc:
+        where = hosts.coordinator or "the coordinator JAX found"
+        raise EnvironmentSetupError(
+            f"process {hosts.process_id} of {hosts.num_processes} could not join the others at "
+            f"{where}: {str(exc).strip().splitlines()[0]}. Start the same command on every host "
+            "(process 0 first is not needed), check runtime.coordinator / "
+            "KERAS_DISTRIBUTION_JOB_ADDRESSES and that its port is open; `tpurun doctor CONFIG` "
+            "checks the coordinator."
+        ) from None
+
+
+def _jax_devices(choice: Choice) -> list:
+    import jax
+
+    platform = {"tpu": "tpu", "gpu": "gpu", "cpu": "cpu"}[choice.accelerator]
+    try:
+        devices = jax.devices(platform)
+    except RuntimeError as exc:
+        text = str(exc)
+        if "already in use" in text or "libtpu_lockfile" in text:
+            raise EnvironmentSetupError(
+                f"The TPU is held by another process ({text.strip().splitlines()[-1]}). In a "
+                "notebook this is usually the kernel itself: restart it without touching JAX or "
+                "TensorFlow, then run !tpurun. `tpurun doctor` names the holder."
+            ) from None
+        raise EnvironmentSetupError(f"JAX cannot use the {platform.upper()}: {text}") from None
+    if choice.cluster.multi:
+        return devices  # every process's: DataParallel spans them all
+    if choice.accelerator == "cpu":
+        if len(devices) < choice.cpu_devices:
+            raise EnvironmentSetupError(
+                f"runtime.cpu_devices: {choice.cpu_devices} asked for, but JAX was already started in "
+                f"this process with {len(devices)} CPU device(s). Restart the kernel, or run "
+                "!tpurun train in a cell."
+            )
+        devices = devices[: choice.cpu_devices]
+    return devices
+
+
+def _tf_strategy(choice: Choice):
+    tf = import_tensorflow()
+
+    if choice.accelerator == "cpu":
+        tf.config.set_visible_devices([], "GPU")
+        if choice.cpu_devices > 1:
+            cpu = tf.config.list_physical_devices("CPU")[0]
+            try:
+                tf.config.set_logical_device_configuration(
+                    cpu, [tf.config.LogicalDeviceConfiguration()] * choice.cpu_devices
+                )
+            except RuntimeError:
+                pass  # TF already started in this process; checked below
+            logical = tf.config.list_logical_devices("CPU")
+            if len(logical) < choice.cpu_devices:
+                raise EnvironmentSetupError(
+                    f"runtime.cpu_devices: {choice.cpu_devices} asked for, but TensorFlow was already "
+                    f"started in this process with {len(logical)} CPU device(s). Restart the kernel."
+                )
+    if choice.distribution == "tpu_strategy":
+        try:
+            resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=choice.tpu_address)
+            tf.config.experimental_connect_to_cluster(resolver)
+            tf.tpu.experimental.initialize_tpu_system(resolver)
+        except (ValueError, tf.errors.OpError, RuntimeError) as exc:
+            raise EnvironmentSetupError(
+                f"TensorFlow cannot reach the TPU at '{choice.tpu_address}': {exc}. Check "
+                "runtime.tpu, or use the JAX backend (runtime.backend: jax)."
+            ) from None
+        return tf.distribute.TPUStrategy(resolver)
+    if choice.distribution == "mirrored":
+        kind = "GPU" if choice.accelerator == "gpu" else "CPU"
+        devices = [d.name for d in tf.config.list_logical_devices(kind)]
+        if kind == "CPU":
+            devices = devices[: choice.cpu_devices]
+        return tf.distribute.MirroredStrategy(devices=devices)
+    return None
+
+
+def activate(choice: Choice, seed: int) -> Runtime:
+    """Set this process up for the choice. Call before anything imports Keras.
+
+    Raises:
+        EnvironmentSetupError: the devices asked for cannot be had in this process.
+    """
+    _prepare_environment(choice)
+    if choice.cluster.multi:
+        _join_cluster(choice)
+    if choice.backend == "jax":
+        devices = _jax_devices(choice)  # before TF, so JAX is first to claim the accelerator
+        tf = import_tensorflow()
+
+        # tf.data only feeds the input; keep TF off the GPUs so JAX has their memory.
+        with contextlib.suppress(RuntimeError):
+            tf.config.set_visible_devices([], "GPU")
+        import keras
+
+        _check_keras_backend(keras, choice)
+        distribution = None
+        if len(devices) > 1 or choice.accelerator != "cpu":
+            # Each process feeds its own share of every global batch (tpurun.multihost.cluster): Keras must
+            # not shard the dataset again.
+            distribution = keras.distribution.DataParallel(
+                devices=devices, auto_shard_dataset=not choice.cluster.multi
+            )
+        # Set (or clear) it every time: a notebook kernel keeps the previous run's distribution.
+        keras.distribution.set_distribution(distribution)
+        runtime = Runtime(choice, len(devices), distribution=distribution)
+    else:
+        strategy = _tf_strategy(choice)
+        import keras
+
+        _check_keras_backend(keras, choice)
+        if strategy is None:  # one device: TF's default strategy, nothing to distribute
+            runtime = Runtime(choice, 1)
+        else:
+            runtime = Runtime(choice, strategy.num_replicas_in_sync, strategy=strategy)
+    keras.mixed_precision.set_global_policy(choice.precision)
+    keras.utils.set_random_seed(seed)
+    if seed == 0:
+        # TF compares (global seed, op seed) with (0, 0), which fails on tf.data's per-pass seeds
+        # (tensors): keep TF's global seed non-zero. Still a function of the config's seed.
+        import_tensorflow().random.set_seed(_SEED_ZERO)
+    return runtime
+
+
+def _check_keras_backend(keras: Any, choice: Choice) -> None:
+    loaded = keras.backend.backend()
+    if loaded != choice.backend:
+        raise EnvironmentSetupError(
+            f"Keras is already imported in this process with the {loaded} backend; tpurun chose "
+            f"{choice.backend}. Set runtime.backend: {loaded}, or restart the kernel and call "
+            "tpurun.train() before importing keras."
+        )

@@ -1,0 +1,191 @@
+"""Derived values: what a config means on this machine and this data.
+
+Replicas, global batch, scaled learning rate, steps and ``steps_per_execution`` are computed here
+once, written into the run directory's ``config.yaml`` and shown by ``tpurun config``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tpurun.config import Config
+from tpurun.errors import ConfigError, DataError
+from tpurun.runtime.choice import Choice
+
+DEFAULT_PER_CORE_BATCH = 16
+MAX_AUTO_STEPS_PER_EXECUTION = 32
+
+
+@dataclass
+class Plan:
+    backend: str
+    accelerator: str
+    distribution: str
+    replicas: int
+    precision: str
+    reason: str
+    per_core_batch_size: int
+    global_batch_size: int
+    learning_rate: float
+    learning_rate_factor: float
+    steps_per_epoch: int
+    validation_steps: int | None
+    validation_scored: int | None  # records each validation scores (the last batch is padded)
+    num_processes: int
+    per_process_batch_size: int  # what each process feeds: global batch / processes
+    steps_per_execution: int
+    warmup_steps: int
+    total_steps: int
+    monitor: str
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def batch_sizes(config: Config, replicas: int) -> tuple[int, int, list[str]]:
+    """Per-core and global batch size for a replica count, with the seeds' advice as warnings."""
+    train = config.train
+    if train.global_batch_size is not None:
+        if train.global_batch_size % replicas:
+            raise ConfigError(
+                [
+                    f"train.global_batch_size: {train.global_batch_size} does not divide evenly "
+                    f"over {replicas} replicas; use a multiple of {replicas}, or set "
+                    "train.per_core_batch_size instead"
+                ]
+            )
+        per_core = train.global_batch_size // replicas
+    else:
+        per_core = train.per_core_batch_size or DEFAULT_PER_CORE_BATCH
+    warnings = []
+    if per_core < 8 or per_core % 8:
+        warnings.append(
+            f"per-core batch size {per_core} is {'below 8' if per_core < 8 else 'not a multiple of 8'}"
+            ": TPU cores work in 8x128 tiles; 128 per core keeps the 128x128 MXU busy."
+        )
+    return per_core, per_core * replicas, warnings
+
+
+def lr_factor(config: Config, global_batch: int) -> float:
+    lr = config.train.learning_rate
+    if lr.base_batch_size is None or lr.scaling == "none":
+        return 1.0
+    ratio = global_batch / lr.base_batch_size
+    return ratio if lr.scaling == "linear" else math.sqrt(ratio)
+
+
+def auto_steps_per_execution(steps_per_epoch: int, limit: int | None) -> int:
+    """The largest divisor of the epoch's steps up to 32, so every execution is full."""
+    cap = min(limit or MAX_AUTO_STEPS_PER_EXECUTION, MAX_AUTO_STEPS_PER_EXECUTION, steps_per_epoch)
+    return max(d for d in range(1, cap + 1) if steps_per_epoch % d == 0)
+
+
+def _train_steps(value: int | str, records: int, batch: int, processes: int) -> int:
+    """Steps per epoch. Training drops the last partial batch (a partial batch split over TPU
+    cores is a classic NaN), and its stream repeats, so an explicit count may pass a pass's end.
+
+    ``records`` is the smallest process's share and ``batch`` the per-process batch: every process
+    must run the same steps, or the others would wait forever at an epoch's end.
+    """
+    if value != "auto":
+        return int(value)
+    steps = records // batch
+    if steps == 0:
+        share = f" (the smallest of {processes} processes' shares)" if processes > 1 else ""
+        which = "per-process batch" if processes > 1 else "global batch"
+        raise DataError(
+            f"train.steps_per_epoch: auto found {records} training records{share}, fewer than one "
+            f"{which} of {batch}. Lower train.per_core_batch_size (or global_batch_size), or set "
+            "train.steps_per_epoch: the training stream repeats, so batches then span passes."
+        )
+    return steps
+
+
+def validation_steps(value: int | str, records: int, batch: int) -> int:
+    """Validation batches: every record scored once, the last batch padded with records weighted
+    0 (see ``pipeline.make_dataset(score_records=...)``), so any count of records works. An
+    explicit count scores the first ``value`` batches, never more than there are. ``records`` is
+    the largest process's share, ``batch`` the per-process batch."""
+    whole = -(-records // batch)
+    return whole if value == "auto" else min(int(value), whole)
+
+
+def scored_records(shares: list[int], steps: int, batch: int) -> int:
+    """Records that ``steps`` validation batches of ``batch`` per process score, over all
+    processes; the rest of what they feed is padding."""
+    return sum(min(share, steps * batch) for share in shares)
+
+
+def resolve_monitor(config: Config, monitor: str) -> str:
+    if monitor != "auto":
+        return monitor
+    return "val_loss" if config.data.validation else "loss"
+
+
+def make_plan(
+    config: Config,
+    choice: Choice,
+    replicas: int,
+    train_shares: list[int],
+    validation_shares: list[int] | None,
+) -> Plan:
+    """Derive every value that depends on the machine and the data's record counts.
+
+    Args:
+        train_shares, validation_shares: each process's records (one number on one process).
+    """
+    per_core, global_batch, warnings = batch_sizes(config, replicas)
+    warnings = [*choice.warnings, *warnings]
+    train = config.train
+    processes = len(train_shares)
+    batch = global_batch // processes
+    steps = _train_steps(train.steps_per_epoch, min(train_shares), batch, processes)
+    val_steps = scored = None
+    if validation_shares is not None:
+        val_steps = validation_steps(train.validation_steps, max(validation_shares), batch)
+        scored = scored_records(validation_shares, val_steps, batch)
+    spe = train.steps_per_execution
+    if spe == "auto":
+        spe = auto_steps_per_execution(steps, choice.max_steps_per_execution)
+    elif spe > steps:
+        warnings.append(
+            f"train.steps_per_execution: {spe} is more than the {steps} steps of an epoch; using {steps}."
+        )
+        spe = steps
+    elif steps % spe:
+        # Keras runs whole executions: 10 steps at 4 per execution would silently run 12.
+        rounded = steps - steps % spe
+        warnings.append(
+            f"train.steps_per_epoch: {steps} is not a multiple of steps_per_execution {spe}; "
+            f"using {rounded} so every epoch runs the steps it reports."
+        )
+        steps = rounded
+    factor = lr_factor(config, global_batch)
+    lr = train.learning_rate
+    checkpoint = config.callbacks.checkpoint
+    monitor = resolve_monitor(config, checkpoint.monitor if checkpoint else "auto")
+    return Plan(
+        backend=choice.backend,
+        accelerator=choice.accelerator,
+        distribution=choice.distribution,
+        replicas=replicas,
+        precision=choice.precision,
+        reason=choice.reason,
+        per_core_batch_size=per_core,
+        global_batch_size=global_batch,
+        learning_rate=lr.base * factor,
+        learning_rate_factor=factor,
+        steps_per_epoch=steps,
+        validation_steps=val_steps,
+        validation_scored=scored,
+        num_processes=processes,
+        per_process_batch_size=batch,
+        steps_per_execution=int(spe),
+        warmup_steps=round(lr.warmup_epochs * steps),
+        total_steps=steps * train.epochs,
+        monitor=monitor,
+        warnings=warnings,
+    )

@@ -1,0 +1,430 @@
+"""The run directory: every file name in it, the typed summary, the lock, and every read and write.
+
+One run directory belongs to one run at a time (:meth:`RunDir.lock`), and one process of that run
+writes it: a :class:`RunDir` made with ``writer=False`` (every process of a multi-host run but the
+chief) reads like any other and writes nothing. Imports no framework; file operations go through
+:mod:`tpurun.storage.fileio`, so the same code serves ``gs://`` paths.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import dataclasses
+import io
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tpurun.errors import TpurunError
+from tpurun.storage import fileio, runlock
+
+CONFIG = "config.yaml"
+SUMMARY = "summary.json"
+MODEL = "model.keras"
+ERROR_LOG = "error.log"
+LOCK = "run.lock"
+CHECKPOINTS = "checkpoints"
+LATEST_STATE = "latest.json"  # in CHECKPOINTS: the resume point's commit record
+BEST_MODEL = "best.keras"  # in CHECKPOINTS
+LATEST_WEIGHTS_PREFIX = "latest-"  # in CHECKPOINTS: latest-e<E>-s<S>.weights.h5
+EARLY_STOPPING_WEIGHTS = "early_stopping_best.npz"  # in CHECKPOINTS
+TENSORBOARD = "tensorboard"  # event files (train/, validation/) and profiles (plugins/profile/)
+CURVES = "curves.png"
+_WEIGHT_SUFFIXES = (".weights.h5", ".keras", ".h5")
+
+SUMMARY_VERSION = 1
+#: Statuses a summary records; ``died`` is never written, only read: see :meth:`RunDir.status`.
+STATUSES = ("running", "completed", "stopped_early", "interrupted", "nan", "failed")
+
+
+def run_path(output_dir: str, name: str) -> str:
+    """Where a run lives: ``<output.dir>/<name>``, absolute (the one place this is computed).
+
+    A relative ``output.dir`` is relative to the working directory, as ``--output`` is: on Kaggle
+    the config often sits in read-only ``/kaggle/input`` while runs belong in the working folder.
+    """
+    path = fileio.join(str(output_dir), name)
+    return path if fileio.is_remote(path) else os.path.abspath(path)
+
+
+def state_file(weights_name: str) -> str:
+    """The state file beside a best or pattern-named model: ``best.keras`` -> ``best.json``."""
+    for suffix in _WEIGHT_SUFFIXES:
+        if weights_name.endswith(suffix):
+            return weights_name[: -len(suffix)] + ".json"
+    return weights_name + ".json"
+
+
+def latest_weights_name(epochs_done: int, step: int) -> str:
+    return f"{LATEST_WEIGHTS_PREFIX}e{epochs_done:04d}-s{step:07d}.weights.h5"
+
+
+@dataclass
+class Summary:
+    """``summary.json``: what a run did, kept up to date while it runs. Versioned: readers of
+    other versions see ``version`` and may refuse."""
+
+    status: str = "running"
+    epochs_completed: int = 0
+    epochs: int = 0
+    backend: str | None = None
+    accelerator: str | None = None
+    distribution: str | None = None
+    replicas: int | None = None
+    precision: str | None = None
+    global_batch_size: int | None = None
+    per_core_batch_size: int | None = None
+    learning_rate: float | None = None
+    steps_per_epoch: int | None = None
+    validation_steps: int | None = None
+    steps_per_execution: int | None = None
+    best: dict = field(default_factory=lambda: {"monitor": None, "value": None, "epoch": None})
+    examples_per_sec: float | None = None
+    seconds: float | None = None
+    time_to_first_step: float | None = None
+    epoch_seconds: list = field(default_factory=list)
+    input_wait: float | None = None  # share of the training loop's time waiting for data
+    epoch_input_wait: list = field(default_factory=list)  # the same, per epoch of this session
+    final_metrics: dict = field(default_factory=dict)
+    resumes: list = field(default_factory=list)
+    nan_restores: list = field(default_factory=list)
+    skipped_shards: list = field(default_factory=list)
+    skipped_records: int = 0
+    run_dir: str | None = None
+    processes: int = 1  # several: process 0 wrote this, for all of them
+    tpurun_version: str | None = None
+    pid: int | None = None  # of the process that wrote it last: with ``host``, names a live run
+    host: str | None = None
+    started: str | None = None  # this session's start, ISO 8601
+    updated: str | None = None  # the last write
+    version: int = SUMMARY_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Summary:
+        """A summary from its JSON; unknown keys (a newer tpurun's) are left out."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+now_iso = runlock.now_iso
+
+
+class RunDir:
+    """One run directory. Reads always work; writes happen only when ``writer`` is true."""
+
+    def __init__(self, path: str, *, writer: bool = True):
+        self.path = str(path)
+        self.writer = writer
+        self._lock = runlock.make_lock(self.file(LOCK))
+        self.begun = False
+
+    def __repr__(self) -> str:
+        return f"RunDir({self.path!r}, writer={self.writer})"
+
+    def file(self, *names: str) -> str:
+        return fileio.join(self.path, *names)
+
+    @property
+    def checkpoints(self) -> str:
+        return self.file(CHECKPOINTS)
+
+    def checkpoint(self, name: str) -> str:
+        return self.file(CHECKPOINTS, name)
+
+    # ------------------------------------------------------------------ reads
+    def exists(self) -> bool:
+        return fileio.isdir(self.path)
+
+    def read_summary(self) -> dict | None:
+        return fileio.read_json(self.file(SUMMARY))
+
+    def read_config(self) -> dict | None:
+        """The ``config.yaml`` a previous session wrote, or None if missing or unreadable."""
+        import yaml
+
+        try:
+            data = yaml.safe_load(fileio.read_text_or_none(self.file(CONFIG)) or "")
+        except (OSError, ValueError, yaml.YAMLError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def log_name(self) -> str | None:
+        """The CSV log's file name as the run's ``config.yaml`` set it (None: the log was off)."""
+        callbacks = (self.read_config() or {}).get("callbacks") or {}
+        if "csv_log" in callbacks and callbacks["csv_log"] is None:
+            return None
+        return (callbacks.get("csv_log") or {}).get("filename", "log.csv")
+
+    def has_model(self) -> bool:
+        return fileio.exists(self.file(MODEL))
+
+    def checkpoint_files(self, pattern: str = "*") -> list[str]:
+        """File names in ``checkpoints/`` matching a glob pattern, oldest first."""
+        paths = fileio.glob(fileio.join(fileio.escape(self.checkpoints), pattern))
+        paths.sort(key=lambda p: (fileio.mtime(p), p))  # names break a tie of mtimes
+        return [fileio.basename(p) for p in paths]
+
+    def status(self, summary: Mapping[str, Any] | None = None) -> str:
+        """The summary's status, except that a run recorded as running whose lock nobody holds has
+        died (SIGKILL, a crashed VM; in a bucket: its lock's heartbeat stopped, or its process is
+        gone from this host): it can never say so itself. ``summary``: one already read."""
+        summary = (self.read_summary() if summary is None else summary) or {}
+        status = summary.get("status", "unknown")
+        if status == "running" and not self.is_locked():
+            return "died"
+        return status
+
+    # ------------------------------------------------------------------ the lock
+    def is_locked(self) -> bool:
+        """Whether a live process holds this run's lock: locally, the kernel drops a dead one's
+        flock; in a bucket, a lock whose heartbeat stopped (see :mod:`tpurun.storage.runlock`) is not."""
+        return self._lock.held or self._lock.is_locked()
+
+    def lock(self) -> None:
+        """Hold this run directory for the life of the process (or until :meth:`unlock`).
+
+        ``run.lock`` says who holds it. Locally it is an ``flock``, so a run killed with SIGKILL
+        never blocks the next one; in a bucket it is an object with a heartbeat
+        (:mod:`tpurun.storage.runlock`), taken over once its holder is dead or silent.
+
+        Raises:
+            TpurunError: another live process holds it; the message names its pid, host and start.
+        """
+        if not self.writer or self._lock.held:
+            return
+        try:
+            self._lock.acquire()
+        except runlock.Busy as busy:
+            raise self._busy(busy.holder) from None
+
+    def _busy(self, holder: dict) -> TpurunError:
+        who = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
+        age = runlock.heartbeat_age(holder)
+        alive = ""
+        if age is not None:
+            alive = (
+                f"; its last heartbeat was {age:.0f} s ago, and a lock silent for "
+                f"{runlock.STALE_SECONDS / 60:g} minutes is taken over"
+            )
+        return TpurunError(
+            f"{self.path} is in use by another tpurun run ({who}, since {holder.get('since', '?')}"
+            f"{alive}); two runs would overwrite each other's checkpoints. Wait for it to finish "
+            f"or stop it (kill {holder.get('pid', 'PID')}), or train this one elsewhere (--output "
+            "DIR, or --set name=NEW_NAME)."
+        )
+
+    def unlock(self) -> None:
+        self._lock.release()
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[RunDir]:
+        self.lock()
+        try:
+            yield self
+        finally:
+            self.unlock()
+
+    # ------------------------------------------------------------------ writes
+    def create(self, *, restart: bool = False) -> str | None:
+        """Make the folder (and ``checkpoints/``) and take its lock; with ``restart``, first move
+        an existing run aside. Returns where the old run went, if it moved.
+
+        Raises:
+            TpurunError: the folder cannot be made or written, or another run holds it.
+        """
+        if not self.writer:
+            return None
+        aside = None
+        if restart and self.exists():
+            with self.locked():  # refuse to move a live run
+                aside = f"{self.path.rstrip('/')}-{time.strftime('%Y%m%d-%H%M%S')}"
+                fileio.rename(self.path, aside)
+                if fileio.is_remote(aside):  # the lock object moved along (a folder's objects do)
+                    fileio.remove(fileio.join(aside, LOCK))
+        try:
+            fileio.makedirs(self.checkpoints)
+        except OSError as exc:
+            raise TpurunError(
+                f"output.dir: cannot create {self.path}: {exc.strerror}. Choose another with --output."
+            ) from None
+        if not fileio.is_remote(self.path) and not os.access(self.path, os.W_OK):
+            raise TpurunError(
+                f"output.dir: {self.path} is not writable. Choose another with --output."
+            )
+        self.lock()
+        return aside
+
+    def _writing(self) -> bool:
+        """Whether this RunDir writes; raises :class:`~tpurun.storage.runlock.LockLost` when another run
+        took its (remote) lock."""
+        if self.writer:
+            self._lock.check()
+        return self.writer
+
+    def _write_text(self, name: str, text: str) -> None:
+        if self._writing():
+            fileio.write_text(self.file(name), text)
+
+    def write_config(self, effective: Mapping[str, Any]) -> None:
+        import yaml
+
+        self._write_text(
+            CONFIG,
+            "# Written by tpurun: the config as run, with defaults filled in, and the values derived\n"
+            "# on this machine under `derived` (ignored when this file is loaded again).\n"
+            + yaml.safe_dump(dict(effective), sort_keys=False),
+        )
+
+    def begin(self, effective: Mapping[str, Any], summary: Summary) -> None:
+        """The run's first writes, ``config.yaml`` and ``summary.json``, once (later calls do
+        nothing). Made only once Keras has checked the model against the data, so that a config,
+        model or data problem leaves an earlier run directory as it was."""
+        if not self.begun:
+            self.begun = True
+            self.write_config(effective)
+            self.write_summary(summary)
+
+    def write_summary(self, summary: Summary) -> None:
+        """Write ``summary.json``. A failed run's summary is written on a best-effort basis: with
+        the bucket unreachable (the likely reason it failed), the error that stopped the run is
+        the one to report, promptly."""
+        if not self._writing():
+            return
+        summary.pid, summary.host, summary.updated = os.getpid(), socket.gethostname(), now_iso()
+        if summary.status != "failed":
+            fileio.write_json(self.file(SUMMARY), summary.to_dict())
+        elif not fileio.recently_unreachable():
+            with contextlib.suppress(fileio.StorageError):
+                fileio.write_json(self.file(SUMMARY), summary.to_dict())
+
+    def write_error(self, text: str) -> str | None:
+        """Keep an unexpected failure's traceback; returns the file's path (None: not written)."""
+        if not self.writer or not self.exists():
+            return None
+        self._write_text(ERROR_LOG, text)
+        return self.file(ERROR_LOG)
+
+    def _save(self, path: str, save: Callable[[str], Any]) -> None:
+        if self._writing():
+            fileio.save_atomically(path, save)
+        elif not self.writer:
+            # Keras' savers gather every variable to the host, a collective across processes:
+            # the others must save too, or process 0 waits forever. Their copy is thrown away.
+            with tempfile.TemporaryDirectory(prefix="tpurun-not-chief-") as tmp:
+                save(os.path.join(tmp, fileio.basename(path)))
+
+    def write_eval(self, name: str, result: Mapping[str, Any]) -> str | None:
+        """``eval-<name>.json``: a ``tpurun evaluate`` result. Returns its path (None: not
+        written, on a process that does not write)."""
+        if not self._writing():
+            return None
+        path = self.file(f"eval-{name}.json")
+        fileio.write_json(path, dict(result))
+        return path
+
+    def write_file(self, name: str, save: Callable[[str], Any]) -> str | None:
+        """A file in the run directory written by ``save(path)`` atomically (``curves.png``);
+        returns its path (None: not written, on a process that does not write)."""
+        if not self._writing():
+            return None
+        fileio.save_atomically(self.file(name), save)
+        return self.file(name)
+
+    def add_file(self, local: str, *names: str) -> str | None:
+        """Copy a local file to ``names`` in the run directory, folders made (a profile trace);
+        returns its path (None: not written)."""
+        if not self._writing():
+            return None
+        target = self.file(*names)
+        fileio.makedirs(fileio.dirname(target))
+        fileio.copy(local, target)
+        return target
+
+    def save_model(self, save: Callable[[str], Any]) -> None:
+        """``model.keras``, written by ``save(path)`` (Keras' saver) atomically."""
+        self._save(self.file(MODEL), save)
+
+    def save_checkpoint(self, name: str, save: Callable[[str], Any]) -> None:
+        self._save(self.checkpoint(name), save)
+
+    def write_checkpoint_state(self, name: str, state: Mapping[str, Any]) -> None:
+        if self._writing():
+            fileio.write_json(self.checkpoint(name), dict(state))
+
+    def remove_checkpoint(self, name: str) -> None:
+        if self._writing():
+            fileio.remove(self.checkpoint(name))
+
+    # ------------------------------------------------------------------ the CSV log
+    def _read_rows(self, filename: str) -> list[list[str]]:
+        text = fileio.read_text_or_none(self.file(filename)) or ""
+        return [row for row in csv.reader(io.StringIO(text)) if row]
+
+    def _write_rows(self, filename: str, rows: list[list[Any]]) -> None:
+        out = io.StringIO()
+        csv.writer(out, lineterminator="\n").writerows(rows)
+        self._write_text(filename, out.getvalue())
+
+    def append_log(self, filename: str, epoch: int, logs: Mapping[str, Any]) -> None:
+        """One row for a finished epoch (0-based ``epoch``, as Keras' CSVLogger numbers them).
+
+        The file is rewritten whole and atomically each epoch (it holds one short row per epoch):
+        a kill never leaves half a row, and the same code serves object stores, which cannot
+        append. Columns are the first row's: ``epoch`` and the metric names, sorted.
+        """
+        if not self.writer:
+            return
+        rows = self._read_rows(filename)
+        header = rows[0] if rows else ["epoch", *sorted(logs)]
+        if not rows:
+            rows = [header]
+        rows.append([epoch, *(_csv_value(logs.get(key, "NA")) for key in header[1:])])
+        self._write_rows(filename, rows)
+
+    def trim_log(self, filename: str, epochs_done: int) -> None:
+        """Keep the rows of the checkpointed epochs only, so a resume adds no duplicate row.
+
+        Rows number epochs from 0; ``epochs_done`` counts from 1.
+        """
+        rows = self._read_rows(filename)
+        if not rows:
+            return
+        kept = [rows[0]] + [r for r in rows[1:] if r[0].isdigit() and int(r[0]) < epochs_done]
+        if len(kept) != len(rows):
+            self._write_rows(filename, kept)
+
+    def carry_log(self, source: RunDir, filename: str) -> None:
+        """Resuming from another run directory (say, last session's read-only output): start this
+        run's log from that run's, so the log stays whole."""
+        if not self.writer or source.path.rstrip("/") == self.path.rstrip("/"):
+            return
+        if fileio.exists(source.file(filename)) and not fileio.exists(self.file(filename)):
+            fileio.copy(source.file(filename), self.file(filename))
+
+    def read_log(self, filename: str) -> list[dict[str, str]]:
+        """The CSV log's rows as dicts (for summaries and listings)."""
+        rows = self._read_rows(filename)
+        return [dict(zip(rows[0], r, strict=False)) for r in rows[1:]] if rows else []
+
+
+def _csv_value(value: Any) -> Any:
+    """As Keras' CSVLogger writes a value: lists quoted as ``"[a, b]"``, numbers as they are."""
+    if isinstance(value, str):
+        return value
+    if hasattr(value, "__len__") and not getattr(value, "ndim", 1) == 0:
+        return f"[{', '.join(map(str, value))}]"
+    return float(value) if hasattr(value, "item") else value
+
+
+def source_run(folder: str) -> RunDir:
+    """The run directory a checkpoints folder (or a run directory itself) belongs to."""
+    folder = str(folder).rstrip("/")
+    return RunDir(fileio.dirname(folder) if fileio.basename(folder) == CHECKPOINTS else folder)

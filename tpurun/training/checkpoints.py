@@ -1,0 +1,214 @@
+"""The run's resume point, and the best and pattern-named models.
+
+``checkpoints/latest.json`` is the resume point: it names the weights file it goes with (weights and
+optimizer state) and records the position (epochs done, steps into the next), the best value, the
+state of the stateful callbacks, and, mid-epoch, the running metric sums. It is written last, after
+its weights, and replaced atomically, so it always names a complete file: a kill at any instant
+leaves the previous resume point intact.
+
+Weights are written by Keras' ``.keras`` / ``.weights.h5`` savers, which copy the variables to the
+host and write from there, so a TPU never has to reach the local disk. Every file goes through
+:class:`~tpurun.storage.rundir.RunDir`, which writes only on the process that writes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from tpurun.errors import TpurunError
+from tpurun.storage.rundir import (
+    BEST_MODEL,
+    LATEST_STATE,
+    LATEST_WEIGHTS_PREFIX,
+    RunDir,
+    latest_weights_name,
+    state_file,
+)
+
+
+def step_offset(resume_at: tuple[int, int], epoch: int) -> int:
+    """Steps already done in (0-based) ``epoch`` before this ``fit`` began: a mid-epoch resume."""
+    return resume_at[1] if epoch == resume_at[0] else 0
+
+
+class Checkpointer:
+    """Saves and restores the run's position; driven by :class:`tpurun.training.callbacks.RunControl`.
+
+    ``mode`` (``min``/``max``) may be left None until the compiled model says which way the
+    monitored metric improves (see :func:`tpurun.training.monitored.resolve_monitors`).
+    """
+
+    def __init__(
+        self, run: RunDir, *, steps_per_epoch: int, monitor: str, mode: str | None,
+        save_best: bool = True, save_best_only: bool = True, filename: str | None = None,
+        keep: int | None = None, every_steps: int | None = None,
+        every_minutes: float | None = None, stateful: Sequence[Any] = (),
+        identity: Mapping[str, Any] | None = None,
+    ):  # fmt: skip
+        self.run = run
+        self.steps_per_epoch = steps_per_epoch
+        self.monitor = monitor
+        self.mode = mode
+        self.save_best = save_best
+        self.save_best_only = save_best_only
+        self.filename = filename
+        self.keep = keep
+        self.every_steps = every_steps
+        self.every_seconds = every_minutes * 60 if every_minutes else None
+        self.stateful = {type(c).__name__: c for c in stateful}
+        self.identity = dict(identity or {})
+        self.best: float | None = None
+        self.best_epoch: int | None = None
+        self.resume_at = (0, 0)  # (epochs done, steps into the next) where this fit starts
+        self.position = (0, 0)  # the same, as of the last save
+        self.lr_scale = 1.0  # on_nan: restore cuts the learning rate; kept for later sessions
+        self.last_logs: dict[str, float] = {}  # the last finished epoch's metrics
+        self.metrics_state: list | None = None  # running metric sums to restore mid-epoch
+        self._last_save = (0, time.monotonic())  # (global step, time)
+
+    # ------------------------------------------------------------------ resume
+    def restore(self, state: Mapping[str, Any], folder: str) -> None:
+        """Take up a saved state: best value, callback counters, metric sums, position."""
+        self.best, self.best_epoch = state.get("best"), state.get("best_epoch")
+        for name, saved in (state.get("callbacks") or {}).items():
+            callback = self.stateful.get(name)
+            if callback is not None:  # else: no longer configured, a harmless change
+                callback.restore_state(saved, folder)
+        self.resume_at = self.position = (int(state["epoch"]), int(state.get("step", 0)))
+        self.lr_scale = float(state.get("lr_scale", 1.0))
+        self.last_logs = dict(state.get("logs") or {})
+        self.metrics_state = state.get("metrics") if self.resume_at[1] else None
+        self._last_save = (self._global_step(*self.resume_at), time.monotonic())
+
+    def restore_metrics(self, model: Any, epoch: int) -> None:
+        """At a resumed epoch's start (Keras has just reset the metrics), go on from the saved
+        running sums, so the epoch's log row is the whole epoch's."""
+        if self.metrics_state is None or epoch != self.resume_at[0]:
+            return
+        variables = model.metrics_variables
+        if len(variables) == len(self.metrics_state):
+            for variable, value in zip(variables, self.metrics_state, strict=True):
+                if tuple(variable.shape) == np.shape(value):
+                    variable.assign(np.asarray(value, dtype=variable.dtype))
+        self.metrics_state = None
+
+    def _global_step(self, epochs_done: int, step: int) -> int:
+        return epochs_done * self.steps_per_epoch + step
+
+    def due(self, epochs_done: int, step: int) -> str | None:
+        """Whether a mid-epoch save is due (``every_steps`` / ``every_minutes``), and why."""
+        last_step, last_time = self._last_save
+        if (
+            self.every_steps
+            and self._global_step(epochs_done, step) - last_step >= self.every_steps
+        ):
+            return "every_steps"
+        if self.every_seconds and time.monotonic() - last_time >= self.every_seconds:
+            return "every_minutes"
+        return None
+
+    # ------------------------------------------------------------------ saving
+    def state(self, model: Any, epochs_done: int, step: int, reason: str) -> dict:
+        """The resume state at this position (writing early stopping's best weights if they
+        changed, since the state names their file)."""
+        callbacks = {name: c.save_state(self.run) for name, c in self.stateful.items()}
+        state = {
+            "epoch": epochs_done,
+            "step": step,
+            "reason": reason,
+            "monitor": self.monitor,
+            "best": self.best,
+            "best_epoch": self.best_epoch,
+            "callbacks": callbacks,
+            "lr_scale": self.lr_scale,
+            "logs": self.last_logs,
+            "identity": self.identity,
+            "time": time.time(),
+        }
+        if step:
+            state["metrics"] = [np.asarray(v).tolist() for v in model.metrics_variables]
+        return state
+
+    def save_latest(
+        self, model: Any, epochs_done: int, step: int, reason: str, state: dict | None = None
+    ) -> None:
+        """Weights first, under a new name; then ``latest.json`` naming them; then old weights go.
+
+        ``state``: this position's :meth:`state`, when the caller has it already.
+        """
+        name = latest_weights_name(epochs_done, step)
+        state = {**(state or self.state(model, epochs_done, step, reason)), "weights": name}
+        self.run.save_checkpoint(name, model.save_weights)
+        self.run.write_checkpoint_state(LATEST_STATE, state)  # the commit point
+        # Only the writer prunes: another process listing the folder while process 0 deletes
+        # from it would stat a file that is gone.
+        for old in (
+            self.run.checkpoint_files(f"{LATEST_WEIGHTS_PREFIX}*.weights.h5")
+            if self.run.writer
+            else ()
+        ):
+            if old != name:
+                self.run.remove_checkpoint(old)
+        self.position = (epochs_done, step)
+        self._last_save = (self._global_step(epochs_done, step), time.monotonic())
+
+    def _save_model(self, model: Any, name: str, state: dict) -> None:
+        """A best or pattern-named model, with its state beside it, so ``--resume`` can use it."""
+        writer = model.save_weights if name.endswith(".weights.h5") else model.save
+        self.run.save_checkpoint(name, writer)
+        self.run.write_checkpoint_state(state_file(name), {**state, "weights": name})
+
+    def _prune(self) -> None:
+        """Keep the newest ``keep`` files of the filename pattern (found by a glob, so files of
+        earlier, resumed sessions count too). Only the writer prunes."""
+        if not self.run.writer:
+            return
+        pattern = re.sub(r"\{[^}]*\}", "*", self.filename)
+        files = [
+            f for f in self.run.checkpoint_files(pattern)
+            if not f.startswith(LATEST_WEIGHTS_PREFIX) and f != BEST_MODEL
+        ]  # fmt: skip
+        for old in files[: -self.keep]:
+            self.run.remove_checkpoint(old)
+            self.run.remove_checkpoint(state_file(old))
+
+    def improved(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        if self.best is None:
+            return True
+        return value < self.best if self.mode == "min" else value > self.best
+
+    def epoch_end(self, model: Any, epoch: int, logs: Mapping[str, Any]) -> None:
+        """A finished epoch: the best model if it improved, a pattern-named one, the resume point."""
+        self.last_logs = {k: float(v) for k, v in logs.items()}
+        better = self.save_best and self.improved(float(logs[self.monitor]))
+        if better:
+            self.best, self.best_epoch = float(logs[self.monitor]), epoch + 1
+        state = self.state(model, epoch + 1, 0, "epoch")  # one state for every file it writes
+        if better:
+            self._save_model(model, BEST_MODEL, state)
+        if self.filename and (better or not self.save_best_only):
+            try:
+                name = self.filename.format(epoch=epoch + 1, **logs)
+            except (KeyError, IndexError, ValueError) as exc:
+                raise TpurunError(
+                    f"callbacks.checkpoint.filename '{self.filename}': cannot fill it in ({exc}); "
+                    f"it may use {{epoch}} and the metrics {', '.join(sorted(logs))}."
+                ) from None
+            self._save_model(model, name, state)
+            if self.keep:
+                self._prune()
+        self.save_latest(model, epoch + 1, 0, "epoch", state)
+
+    @property
+    def best_record(self) -> dict[str, Any] | None:
+        if not self.save_best:
+            return None
+        return {"monitor": self.monitor, "value": self.best, "epoch": self.best_epoch}

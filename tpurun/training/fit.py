@@ -1,0 +1,369 @@
+"""Fitting, for :func:`tpurun.training.session.run`: datasets, model, callbacks, resume, ``fit``, NaN restore.
+
+Imports Keras and TensorFlow inside its functions only: the runner imports this module before
+:func:`tpurun.runtime.activate.activate` has chosen the backend.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tpurun.config import Config, DataConfig
+from tpurun.display.lines import Reporter
+from tpurun.errors import DataError, ModelError, TpurunError
+from tpurun.runtime.activate import Runtime
+from tpurun.runtime.plan import Plan
+from tpurun.storage import fileio
+from tpurun.storage.rundir import RunDir, Summary
+from tpurun.training import resume as resume_lib
+from tpurun.training.signals import Stop, StopNow
+
+if TYPE_CHECKING:
+    from tpurun.runtime.prepare import Prepared
+    from tpurun.training.resume import ResumePoint
+
+
+@dataclass
+class TrainJob:
+    """What :func:`train` needs: the prepared config on an activated runtime, where to write, where
+    to start, and the stop request it obeys."""
+
+    prepared: Prepared
+    runtime: Runtime
+    run: RunDir
+    point: ResumePoint | None  # where to continue from; None: epoch 1
+    identity: dict  # what the checkpoints are bound to (resume.identity)
+    effective: dict  # config.yaml's content
+    summary: Summary  # written with config.yaml once Keras has checked the model against the data
+    reporter: Reporter
+    stop: Stop
+
+
+@dataclass
+class TrainResult:
+    """How the fit ended: where, with which metrics, how fast. Why it ended is ``job.stop``."""
+
+    model: Any
+    position: tuple[int, int]  # (epochs done, steps into the next) of the last save
+    best: dict | None  # {monitor, value, epoch}; None when callbacks.checkpoint is off
+    last_logs: dict  # the last finished epoch's metrics
+    epoch_seconds: list[float]
+    epoch_rates: list[float]  # examples/s per epoch
+    first_step_seconds: float | None
+    nan_restores: list[dict] = field(default_factory=list)
+    input_waits: list[tuple[float, float]] = field(default_factory=list)  # (waiting, training) s
+
+
+def _cache(config: Config, split: str) -> str | None:
+    """``data.cache`` for one split: "" keeps records in memory, a path prefix on disk."""
+    cache = config.data.cache
+    if cache is None:
+        return None
+    if cache == "memory":
+        return ""
+    prefix = f"{cache}-{split}"
+    fileio.clear_tf_cache_leftovers(prefix)
+    return prefix
+
+
+def train(job: TrainJob) -> TrainResult:
+    """Build datasets, model and callbacks; restore the resume point if any; fit to the end.
+
+    With ``callbacks.on_nan: restore``, a NaN loss reloads the latest checkpoint with the learning
+    rate cut, and training goes on from there (as Model Garden's loss recovery does).
+    """
+    import tensorflow as tf
+
+    from tpurun.data import pipeline
+    from tpurun.observe.callbacks import epoch_waits
+    from tpurun.training import callbacks as cbs
+    from tpurun.training.model import build_model, check_loss_fits, compile_model
+    from tpurun.training.monitored import resolve_monitors
+
+    prepared, runtime, run, point, stop = job.prepared, job.runtime, job.run, job.point, job.stop
+    config, plan, reporter = prepared.config, prepared.plan, job.reporter
+
+    batch, share, val_share = (
+        plan.per_process_batch_size,
+        prepared.train_share,
+        prepared.validation_share,
+    )
+
+    def train_data(epoch: int, step: int):
+        """This process's training stream from a position: the batches an unbroken run would see."""
+        return pipeline.make_dataset(
+            share.files, config.data, batch, training=True, seed=config.seed,
+            start_record=(epoch * plan.steps_per_epoch + step) * batch, records_per_pass=share.records,
+            cache=_cache(config, "train"), shard=share.shard,
+        )  # fmt: skip
+
+    val_ds = None
+    if val_share is not None:
+        val_ds = pipeline.make_dataset(
+            val_share.files, config.data, batch, training=False, score_records=val_share.records,
+            take_batches=plan.validation_steps, repeat_eval=runtime.strategy is not None,
+            cache=_cache(config, "validation"), shard=val_share.shard,
+        )  # fmt: skip
+    with runtime.scope():
+        model = build_model(config, plan.backend)
+        note = compile_model(model, config, plan)
+    if note:
+        reporter.message(note, "note")
+    callbacks, progress, control = cbs.build_callbacks(
+        config, plan, run, reporter, stop, job.identity
+    )
+    checkpoint = control.checkpointer
+
+    try:
+        first_batch = next(iter(train_data(0, 0).take(1)))
+    except tf.errors.DataLossError as exc:  # the shuffle buffer fills before the first step
+        raise _damaged_while_training(prepared, exc) from None
+    check_loss_fits(model, config, first_batch[1])
+
+    log = config.callbacks.csv_log.filename if config.callbacks.csv_log else None
+    if point is not None:
+        _restore(model, first_batch[0], point.weights, runtime, str(point.source))
+        checkpoint.restore(point.state, point.folder)
+        _apply_lr_scale(model, config, plan, checkpoint.lr_scale, saved=checkpoint.lr_scale)
+        if point.state.get("warm_start"):
+            reporter.message(f"starting from the weights in {point.source} (no resume state beside "
+                             "it: epoch 1, fresh optimizer position)", "note")  # fmt: skip
+        else:
+            reporter.message(point.describe(), "note")
+
+    def on_train_begin(logs=None) -> None:
+        # Keras has built the model and its metrics against the data by now (symbolic build): the
+        # monitors can be checked, and the run's first writes made.
+        cbs.apply_monitor_modes(resolve_monitors(model, config), control)
+        if log is not None and point is not None:
+            run.carry_log(point.run, log)
+        if log is not None:  # rows past the resume point are redone; none at all on a fresh run
+            run.trim_log(log, point.position[0] if point is not None else 0)
+        run.begin(job.effective, job.summary)
+        if config.callbacks.on_nan == "restore" and checkpoint.position == (0, 0):
+            checkpoint.save_latest(model, 0, 0, "start")  # something to go back to before epoch 1
+
+    once = _once(on_train_begin)
+    callbacks = [cbs.keras.callbacks.LambdaCallback(on_train_begin=once), *callbacks]
+    reporter.start(plan, run.path, config.train.epochs, checkpoint.position[0])
+    # Under a tf.distribute strategy the validation set repeats and needs its step count; elsewhere
+    # it is finite and Keras reads it to the end (see pipeline.make_dataset).
+    val_steps = plan.validation_steps if runtime.strategy is not None else None
+    restores: list[dict] = []
+    while True:
+        try:
+            _fit_from(model, train_data, val_ds, val_steps, plan, config.train.epochs, checkpoint,
+                      progress, callbacks)  # fmt: skip
+        except tf.errors.DataLossError as exc:
+            raise _damaged_while_training(prepared, exc) from None
+        except ValueError as exc:
+            if int(model.optimizer.iterations.numpy()) > 0:
+                raise
+            # Before the first step, a ValueError is the model not fitting the data's shapes.
+            raise ModelError(_misfit(exc, model, config)) from None
+        except (fileio.StorageError, tf.errors.OpError) as exc:  # a bucket failed mid-run
+            stopped = fileio.training_stopped(exc, run.checkpoints)
+            if stopped is None:
+                raise
+            raise stopped from None
+        except TpurunError:
+            raise
+        except Exception as exc:
+            missing = _missing_package(exc)
+            if missing is None:
+                raise
+            extra = ", ".join(spec.name for spec in config.callbacks.extra)
+            used_by = f" (callbacks.extra: {extra})" if extra else ""
+            raise TpurunError(
+                f"training stopped: a package is not installed: {missing}{used_by}. Install it "
+                "(pip install ...), or leave out what needs it. Nothing after the last checkpoint "
+                "was lost; rerunning continues."
+            ) from None
+        if stop.nan_at is None or config.callbacks.on_nan != "restore":
+            break
+        if len(restores) + len(job.summary.nan_restores) >= config.callbacks.max_nan_restores:
+            break
+        back = resume_lib.latest(run)
+        if back is None:
+            break
+        epoch, step = stop.nan_at
+        scale = checkpoint.lr_scale * config.callbacks.nan_lr_factor  # cuts add up
+        _restore(model, first_batch[0], back.weights, runtime, back.source)
+        checkpoint.restore(back.state, back.folder)  # its lr_scale: the one it was saved with
+        _apply_lr_scale(model, config, plan, scale, saved=checkpoint.lr_scale)
+        checkpoint.lr_scale = scale
+        restores.append({"epoch": epoch, "step": step, "restored_to": list(back.position),
+                         "lr_scale": checkpoint.lr_scale})  # fmt: skip
+        reporter.message(
+            f"NaN loss at epoch {epoch}, step {step}: {back.describe()} with the learning rate "
+            f"x{checkpoint.lr_scale:g} (restore {len(restores) + len(job.summary.nan_restores)} "
+            f"of {config.callbacks.max_nan_restores})",
+            "warn",
+        )
+        stop.nan_at = None
+    return TrainResult(
+        model=model,
+        position=checkpoint.position,
+        best=checkpoint.best_record,
+        last_logs=checkpoint.last_logs,
+        epoch_seconds=progress.epoch_seconds,
+        epoch_rates=progress.epoch_rates,
+        first_step_seconds=progress.first_step_seconds,
+        nan_restores=restores,
+        input_waits=epoch_waits(callbacks),
+    )
+
+
+def _missing_package(exc: BaseException) -> str | None:
+    """The "No module named ..." behind an exception, if a missing package caused it (TF's
+    TBNotInstalledError, raised mid-fit by Keras' TensorBoard callback, wraps one)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, ImportError):
+            return str(exc)
+        # __context__ even when suppressed: Keras re-raises callback errors "from None" to
+        # shorten their tracebacks, which hides the cause.
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+def _once(fn):
+    """``fn`` on its first call only (fit runs more than once per run)."""
+    done = []
+
+    def wrapper(*args, **kwargs):
+        if not done:
+            done.append(True)
+            fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _damaged_while_training(prepared: Prepared, exc: Exception) -> DataError:
+    """TF's DataLossError does not say which file it was reading: find it, and say what to do."""
+    from tpurun.data import records
+
+    files = prepared.data.train_files + prepared.data.validation_files
+    found = records.find_corrupt(files, prepared.config.data.compression)
+    if not found:
+        first = (getattr(exc, "message", "") or str(exc)).strip().splitlines()[0]
+        return DataError(f"reading the training data failed: {first}")
+    if not prepared.config.data.skip_corrupt:
+        return records.corrupt_error(found)
+    # Damaged after the run checked it (a copy still in progress?). The verdict is remembered, so
+    # the rerun leaves the file out.
+    return DataError(
+        f"{found[0].path}: damaged while training ({found[0].problem()}). Run the same command "
+        "again: data.skip_corrupt leaves it out, and training continues from the last checkpoint."
+    )
+
+
+def _fit_from(model, train_data, val_ds, val_steps, plan: Plan, epochs: int, checkpoint, progress,
+              callbacks: list) -> None:  # fmt: skip
+    """Fit from the checkpoint's position to ``epochs``.
+
+    Keras can only start at an epoch's beginning, so a mid-epoch resume first fits the rest of that
+    epoch as a short epoch of its own (the callbacks count its steps from the resume point and
+    restore its running metrics), then the remaining epochs.
+    """
+    epoch, step = checkpoint.position
+    spe = plan.steps_per_execution
+    if step >= plan.steps_per_epoch:  # the epoch got shorter since (more replicas, less data)
+        epoch, step = epoch + 1, 0
+    step -= step % spe  # a changed steps_per_execution: redo the part of an execution
+    progress.resume_at = checkpoint.resume_at = (epoch, step)
+    if step:
+        _fit(model, train_data(epoch, step), val_ds, val_steps, plan.steps_per_epoch - step,
+             epoch + 1, epoch, callbacks)  # fmt: skip
+        if model.stop_training:
+            return
+        epoch += 1
+    if epoch < epochs:
+        _fit(model, train_data(epoch, 0), val_ds, val_steps, plan.steps_per_epoch, epochs, epoch,
+             callbacks)  # fmt: skip
+
+
+def _misfit(exc: Exception, model, config: Config) -> str:
+    """Keras' shape error in one line: the line that names shapes (its first often says only
+    "Exception encountered when calling Functional.call()"), and the output/target counts."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    named = [
+        line for line in lines
+        if re.search(r"shape|arity|expected", line, re.I) and not line.startswith("Exception encountered")
+    ]  # fmt: skip
+    detail = (named or lines or [type(exc).__name__])[0]
+    outputs = len(getattr(model, "outputs", None) or [])
+    targets = len(DataConfig.names(config.data.targets))
+    counts = ""
+    if outputs and outputs != targets:
+        counts = f" The model has {outputs} outputs and data.targets names {targets} feature(s)."
+    return f"the model does not fit the data (data.inputs / data.targets): {detail}{counts}"
+
+
+def _fit(model, train_ds, val_ds, val_steps, steps: int, epochs: int, initial_epoch: int,
+         callbacks: list) -> Any:  # fmt: skip
+    """``model.fit``, with data problems turned into clear errors, and a saved stop ended."""
+    import warnings
+
+    import tensorflow as tf
+
+    try:
+        with warnings.catch_warnings():
+            # A finite validation set "runs out", on purpose, at the end of each validation pass.
+            warnings.filterwarnings("ignore", message="Your input ran out of data")
+            return model.fit(
+                train_ds,
+                epochs=epochs,
+                initial_epoch=initial_epoch,
+                steps_per_epoch=steps,
+                validation_data=val_ds,
+                validation_steps=val_steps,
+                callbacks=callbacks,
+                shuffle=False,  # the pipeline shuffles files and records itself
+                verbose=0,
+            )
+    except StopNow:
+        # A stop mid-epoch, saved: Keras (JAX) left its last step's state unsynced; write it to
+        # the variables now, or a later sync would overwrite what a NaN restore loads into them.
+        getattr(model, "jax_state_sync", lambda: None)()
+        return None
+    except tf.errors.InvalidArgumentError as exc:
+        first = (exc.message or str(exc)).strip().splitlines()[0]
+        raise DataError(f"reading the training data failed: {first}") from None
+
+
+def _restore(model, inputs, weights: str, runtime: Runtime, source: str) -> None:
+    """Build the model and optimizer variables, then load the weights and optimizer state."""
+    with runtime.scope():
+        if not model.built:
+            model(inputs)
+        if not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+        try:
+            model.load_weights(weights)
+        except Exception as exc:  # Keras raises ValueError, KeyError, OSError... for a misfit file
+            raise ModelError(
+                f"{source}: cannot load {fileio.basename(weights)} into this model: {type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            ) from None
+
+
+def _apply_lr_scale(model, config: Config, plan: Plan, scale: float, saved: float) -> None:
+    """Run at ``scale`` x the configured learning rate (``on_nan: restore`` cuts it).
+
+    ``saved`` is the scale the loaded checkpoint was saved with. A plain learning rate is an
+    optimizer variable, saved with the checkpoint, so it already holds ``saved``: it is multiplied
+    by ``scale / saved``. A schedule is not saved: it is rebuilt at ``scale``, and the step function
+    retraced (the schedule is compiled into it).
+    """
+    from tpurun.training.model import learning_rate_schedule
+
+    schedule = learning_rate_schedule(config, plan, scale)
+    if isinstance(schedule, float):
+        if scale != saved:
+            model.optimizer.learning_rate = float(model.optimizer.learning_rate) * scale / saved
+    elif scale != 1.0:
+        model.optimizer.learning_rate = schedule
+        model.train_function = None

@@ -1,0 +1,428 @@
+"""The model: import the factory, build optimizer, loss, metrics and the LR schedule, compile."""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import inspect
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from tpurun.config import Config, NamedObject
+from tpurun.errors import ModelError
+from tpurun.runtime.plan import Plan
+
+
+def import_object(spec: str, base_dir: Path, what: str) -> Any:
+    """Import ``"path/to/file.py:name"`` (relative to ``base_dir``) or ``"package.module:name"``.
+
+    Raises:
+        ModelError: the file, module or attribute does not exist, or the module fails to import.
+    """
+    module_part, _, attr = spec.rpartition(":")
+    if module_part.endswith(".py") or "/" in module_part:
+        path = Path(module_part)
+        path = path if path.is_absolute() else base_dir / path
+        if not path.is_file():
+            raise ModelError(f"{what} '{spec}': no such file {path}.")
+        name = f"tpurun_user_{path.stem}_{abs(hash(str(path.resolve())))}"
+        module = sys.modules.get(name)
+        if module is None:
+            module_spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(module_spec)
+            # The file's folder goes on sys.path so it can import its sibling modules.
+            sys.path.insert(0, str(path.parent))
+            try:
+                module_spec.loader.exec_module(module)
+            except Exception as exc:
+                raise ModelError(
+                    f"{what} '{spec}': importing {path} failed: {_brief(exc)}"
+                ) from None
+            sys.modules[name] = module
+    else:
+        if str(base_dir) not in sys.path:
+            sys.path.insert(0, str(base_dir))
+        try:
+            module = importlib.import_module(module_part)
+        except ModuleNotFoundError as exc:
+            raise ModelError(f"{what} '{spec}': no module named '{exc.name}'.") from None
+        except Exception as exc:
+            raise ModelError(
+                f"{what} '{spec}': importing {module_part} failed: {_brief(exc)}"
+            ) from None
+    if not hasattr(module, attr):
+        names = [n for n in dir(module) if not n.startswith("_")]
+        close = difflib.get_close_matches(attr, names, n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        raise ModelError(f"{what} '{spec}': {module_part} has no '{attr}'.{hint}")
+    return getattr(module, attr)
+
+
+def _brief(exc: BaseException) -> str:
+    """The exception, with the innermost frame of user code, in one line."""
+    frames = [
+        f for f in traceback.extract_tb(exc.__traceback__) if "site-packages" not in f.filename
+    ]
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def build_model(config: Config, backend: str) -> Any:
+    """Call the factory with its kwargs and check that it returned a Keras model."""
+    import keras
+
+    factory = import_object(config.model.factory, config.base_dir, "model.factory")
+    if not callable(factory):
+        raise ModelError(f"model.factory '{config.model.factory}' is not callable.")
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin or C function: nothing to check against
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(**config.model.kwargs)
+        except TypeError as exc:
+            raise ModelError(
+                f"model.kwargs do not fit {config.model.factory}{signature}: {exc}"
+            ) from None
+    try:
+        model = factory(**config.model.kwargs)
+    except Exception as exc:
+        raise _factory_failed(config, backend, exc) from None
+    if not isinstance(model, keras.Model):
+        raise ModelError(
+            f"model.factory '{config.model.factory}' returned {type(model).__name__}, not a Keras "
+            "model (keras.Model, Sequential or a functional model)."
+        )
+    return model
+
+
+def _factory_failed(config: Config, backend: str, exc: BaseException) -> ModelError:
+    message = f"model.factory '{config.model.factory}' raised {_brief(exc)}"
+    text = "".join(traceback.format_exception(exc))
+    if backend == "jax" and ("tensorflow" in text or "tf." in str(exc)):
+        message += (
+            ". The model was built on the JAX backend, and this looks like it uses TensorFlow ops:"
+            " set runtime.backend: tensorflow, or use keras.ops."
+        )
+    return ModelError(message)
+
+
+# ------------------------------------------------------------------------- optimizer, loss, metrics
+def _keras_object(spec: NamedObject, module: Any, what: str, config: Config, **extra: Any) -> Any:
+    """Resolve a Keras name (``adam``, ``binary_crossentropy``) or ``module:Name``."""
+    if ":" in spec.name:
+        target = import_object(spec.name, config.base_dir, what)
+        if inspect.isclass(target):
+            return _call(target, {**spec.kwargs, **extra}, what, spec.name)
+        if spec.kwargs or extra:
+            raise ModelError(f"{what} '{spec.name}' is a function; it takes no kwargs.")
+        return target
+    known = [
+        n
+        for n in dir(module)
+        if not n.startswith("_") and n not in ("get", "serialize", "deserialize")
+    ]
+    # Keras' own lower-case names do not camel-case back to every class ("sgd" is SGD, "rmsprop"
+    # RMSprop, "adamw" AdamW), so class names also match case-insensitively, without underscores.
+    classes = {n.lower(): n for n in known if inspect.isclass(getattr(module, n))}
+    camel = "".join(part[:1].upper() + part[1:] for part in spec.name.split("_"))
+    folded = classes.get(spec.name.replace("_", "").lower())
+    for candidate in (spec.name, camel, folded):
+        target = getattr(module, candidate, None) if candidate else None
+        if inspect.isclass(target):
+            return _call(target, {**spec.kwargs, **extra}, what, spec.name)
+    if not spec.kwargs and not extra:
+        try:
+            return module.get(spec.name)
+        except (ValueError, TypeError):
+            pass
+    # Compared without case, so that "adamm" suggests Adam rather than Nadam; a lower-case name
+    # gets a lower-case suggestion, which resolves as above.
+    lowered = {n.lower(): n for n in known}
+    close = difflib.get_close_matches(spec.name.lower(), list(lowered), n=1)
+    if close:
+        suggestion = close[0] if spec.name.islower() else lowered[close[0]]
+        hint = f"; did you mean '{suggestion}'?"
+    else:
+        hint = "; use a Keras name or 'module:Name'"
+    raise ModelError(f"{what}: unknown name '{spec.name}'{hint}")
+
+
+def _call(cls: Any, kwargs: dict, what: str, name: str) -> Any:
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ModelError(f"{what} '{name}': {exc}") from None
+
+
+def learning_rate_schedule(config: Config, plan: Plan, scale: float = 1.0) -> Any:
+    """A float, or a built-in Keras schedule (so ``model.keras`` loads without tpurun).
+
+    ``scale`` multiplies it throughout (``callbacks.on_nan: restore`` cuts the learning rate).
+    """
+    import keras
+
+    lr = config.train.learning_rate
+    peak = plan.learning_rate * scale
+    if lr.schedule == "constant" and plan.warmup_steps == 0:
+        return peak
+    # CosineDecay covers all cases: linear warmup to `peak` over warmup_steps, then cosine decay
+    # to 0 over the remaining steps; alpha=1 makes the "decay" a constant. The warmup starts at
+    # peak/warmup_steps, not 0: the first update uses lr(0), and 0 would waste it.
+    return keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=peak / plan.warmup_steps if plan.warmup_steps else peak,
+        decay_steps=max(1, plan.total_steps - plan.warmup_steps),
+        alpha=1.0 if lr.schedule == "constant" else 0.0,
+        warmup_target=peak if plan.warmup_steps else None,
+        warmup_steps=plan.warmup_steps,
+    )
+
+
+def build_optimizer(config: Config, plan: Plan) -> Any:
+    import keras
+
+    spec = config.model.optimizer
+    if "learning_rate" in spec.kwargs:
+        raise ModelError(
+            "model.optimizer.learning_rate: set the learning rate in train.learning_rate.base "
+            "(tpurun scales it with the batch size and applies warmup and schedule)."
+        )
+    schedule = learning_rate_schedule(config, plan)
+    return _keras_object(spec, keras.optimizers, "model.optimizer", config, learning_rate=schedule)
+
+
+def build_loss(config: Config) -> Any:
+    import keras
+
+    loss = config.model.loss
+    if isinstance(loss, list):
+        return [_keras_object(s, keras.losses, "model.loss", config) for s in loss]
+    if isinstance(loss, dict):
+        return {
+            k: _keras_object(s, keras.losses, f"model.loss.{k}", config) for k, s in loss.items()
+        }
+    return _keras_object(loss, keras.losses, "model.loss", config)
+
+
+def build_metrics(config: Config) -> list[Any]:
+    import keras
+
+    out = []
+    for spec in config.model.metrics:
+        if spec.kwargs or ":" in spec.name:
+            out.append(_keras_object(spec, keras.metrics, "model.metrics", config))
+            continue
+        try:
+            keras.metrics.get(spec.name)
+        except ValueError:
+            # A class name in another case ("meaniou"), or an error with a suggestion.
+            out.append(_keras_object(spec, keras.metrics, "model.metrics", config))
+            continue
+        # Passed as the string: Keras picks e.g. sparse_categorical_accuracy for 'accuracy' from
+        # the loss and target shapes.
+        out.append(spec.name)
+    return out
+
+
+def _function(metric: Any) -> bool:
+    """A plain function given as a metric (not a Keras name or Metric object)."""
+    return inspect.isfunction(metric)
+
+
+def _name(obj: Any) -> str:
+    """How to call a loss, metric or optimizer in one line."""
+    if isinstance(obj, str):
+        return obj
+    return getattr(obj, "name", None) or getattr(obj, "__name__", None) or type(obj).__name__
+
+
+def compile_model(model: Any, config: Config, plan: Plan) -> str | None:
+    """Compile with the config's optimizer (at tpurun's learning rate), loss and metrics.
+
+    A factory may compile its model itself. What the config's ``model`` section leaves out is then
+    the factory's (its optimizer class and settings at tpurun's scaled learning rate, its loss, its
+    metrics); what the config sets replaces the factory's. Returns one line saying which, when
+    the factory had compiled.
+
+    Raises:
+        ModelError: no loss anywhere, or Keras refuses the combination.
+    """
+    given = config.model.model_fields_set
+    factory = model._compile_config.config if getattr(model, "compiled", False) else None
+    theirs_optimizer = getattr(model, "optimizer", None)
+    if config.model.loss is not None:
+        loss = build_loss(config)
+    elif factory is not None:
+        loss = factory["loss"]
+    else:
+        raise ModelError(
+            "model.loss is not set, and the factory returned a model it did not compile: name a "
+            "Keras loss (binary_crossentropy, sparse_categorical_crossentropy, mse, ...), or "
+            "compile the model in the factory."
+        )
+    if factory is not None and "optimizer" not in given:
+        settings = {
+            **theirs_optimizer.get_config(),
+            "learning_rate": learning_rate_schedule(config, plan),
+        }
+        optimizer = _call(
+            type(theirs_optimizer), settings, "the factory's optimizer", _name(theirs_optimizer)
+        )
+    else:
+        optimizer = build_optimizer(config, plan)
+    if factory is not None and "metrics" not in given:
+        metrics = [*(factory.get("metrics") or []), *(factory.get("weighted_metrics") or [])]
+    else:
+        metrics = build_metrics(config)
+    try:
+        model.compile(
+            optimizer=optimizer,
+            loss=loss,
+            # Weighted: validation pads its last batch with records weighted 0, so that every
+            # record is scored once (tpurun.infer.evaluate); training feeds no weights, so nothing
+            # else changes. Keras' plain `metrics` ignore sample weights.
+            weighted_metrics=[m for m in metrics if not _function(m)],
+            # A metric function may reduce a batch to one number, which cannot be weighted: it
+            # is left unweighted (so it also counts the validation padding).
+            metrics=[m for m in metrics if _function(m)] or None,
+            steps_per_execution=plan.steps_per_execution,
+        )
+    except ValueError as exc:
+        raise ModelError(f"model.compile failed: {exc}") from None
+    if factory is None:
+        return None
+    kept = [k for k, set_ in (("optimizer", "optimizer" in given), ("loss", config.model.loss is not None),
+                              ("metrics", "metrics" in given)) if not set_]  # fmt: skip
+    replaced = [k for k in ("optimizer", "loss", "metrics") if k not in kept]
+    parts = []
+    if replaced:
+        parts.append(f"the config's model.{'/'.join(replaced)} replace(s) the factory's")
+    if kept:
+        parts.append(f"the factory's {'/'.join(kept)} kept (left out of the config)")
+    return (
+        f"the factory compiled its model ({type(theirs_optimizer).__name__}, loss "
+        f"{_name(factory.get('loss'))}): " + "; ".join(parts) + "; the learning rate is tpurun's "
+        "(train.learning_rate)"
+    )
+
+
+# ------------------------------------------------------------------------- does the loss fit?
+_CATEGORICAL = ("categoricalcrossentropy", "categoricalfocalcrossentropy", "categoricalhinge")
+_SPARSE = ("sparsecategoricalcrossentropy",)
+_BINARY = ("binarycrossentropy", "binaryfocalcrossentropy")
+
+
+def check_loss_fits(model: Any, config: Config, targets: Any) -> None:
+    """Check a built-in classification loss against the output width and the labels of a real
+    batch, before training: the wrong pair either fails with a shape error that blames the data,
+    or, worse, trains silently to nonsense (sparse cross-entropy on one sigmoid unit).
+
+    Only a single Keras loss on a single-output model is checked; anything else is left to Keras.
+
+    Raises:
+        ModelError: naming model.loss, what the labels and the output are, and the loss that fits.
+    """
+    import numpy as np
+
+    loss = config.model.loss
+    outputs = getattr(model, "outputs", None)
+    if not isinstance(loss, NamedObject) or ":" in loss.name or not outputs or len(outputs) != 1:
+        return
+    if isinstance(targets, (dict, list, tuple)):
+        return
+    kind = loss.name.replace("_", "").lower()
+    shape = tuple(outputs[0].shape)
+    width = shape[-1] if len(shape) > 1 else 1
+    y = np.asarray(targets)
+    label_shape = y.shape[1:]
+    one_per_record = label_shape in ((), (1,))
+    target = config.data.targets if isinstance(config.data.targets, str) else "the target"
+    lo, hi = (float(y.min()), float(y.max())) if y.size else (0.0, 0.0)
+    labels = f"data.targets '{target}'"
+    if kind in _CATEGORICAL and one_per_record and width > 1:
+        raise ModelError(
+            f"model.loss: {loss.name} expects one-hot targets, {width} values per record, and "
+            f"{labels} holds one class index per record. Use sparse_categorical_crossentropy "
+            "(accuracy then follows it), or store one-hot labels."
+        )
+    if kind in _SPARSE:
+        if width == 1:
+            raise ModelError(
+                f"model.loss: {loss.name} needs one output unit per class, and the model's output "
+                "has 1 unit: it would train to nonsense. For two classes on one sigmoid unit use "
+                "binary_crossentropy; for K classes end the model with Dense(K, "
+                "activation='softmax')."
+            )
+        if not one_per_record:
+            raise ModelError(
+                f"model.loss: {loss.name} expects one class index per record, and {labels} holds "
+                f"{int(np.prod(label_shape))} values per record (one-hot?): use "
+                "categorical_crossentropy."
+            )
+        if lo < 0 or hi >= width or lo != int(lo) or hi != int(hi):
+            raise ModelError(
+                f"model.loss: {loss.name} needs class indices 0..{width - 1} for the model's "
+                f"{width} output units, and {labels} runs from {lo:g} to {hi:g} in the first batch. "
+                f"Give the last layer {int(hi) + 1} units, or check data.targets."
+            )
+    matches_output = one_per_record or label_shape == shape[1:]
+    if kind in _BINARY and matches_output and (lo < 0 or hi > 1):
+        classes = f"{int(hi) + 1} classes" if hi == int(hi) and lo >= 0 else "labels like these"
+        raise ModelError(
+            f"model.loss: {loss.name} needs labels in [0, 1], and {labels} runs from {lo:g} to "
+            f"{hi:g} in the first batch. For {classes} use sparse_categorical_crossentropy with a "
+            "softmax output of one unit per class."
+        )
+
+
+# ------------------------------------------------------------------------- the final model file
+def _flat(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in _flat(v)]
+    if isinstance(value, (list, tuple)):
+        return [x for v in value for x in _flat(v)]
+    return [] if value is None else [value]
+
+
+def _user_code(obj: Any) -> bool:
+    """Whether a compiled loss, metric or optimizer is the user's code rather than Keras' own."""
+    if isinstance(obj, str):
+        return False
+    target = getattr(obj, "fn", obj)  # Keras wraps loss and metric functions
+    module = getattr(target, "__module__", None) or type(target).__module__
+    return not module.startswith("keras")
+
+
+def custom_training_code(model: Any) -> list[str]:
+    """The compiled loss, metrics and optimizer that are the user's code (from the config by
+    import path, or from the factory's own compile): plain ``keras.saving.load_model`` cannot
+    find them in another process."""
+    compiled = model._compile_config.config
+    objs = [model.optimizer, *_flat(compiled.get("loss")), *_flat(compiled.get("metrics")),
+            *_flat(compiled.get("weighted_metrics"))]  # fmt: skip
+    return [_name(o) for o in objs if _user_code(o)]
+
+
+def inference_saver(model: Any):
+    """How to write ``model.keras`` so that plain ``keras.saving.load_model`` opens it anywhere.
+
+    With a custom loss, metric or optimizer, Keras would store the training setup (its compile
+    config) and then fail to load it without that code ("Could not locate function"). The final
+    model is for inference: it is then saved without its training setup, and training goes on
+    from the checkpoints, which keep everything.
+    """
+    if not custom_training_code(model):
+        return model.save
+
+    def save(path: str) -> None:
+        model.get_compile_config = lambda: None  # this save only
+        try:
+            model.save(path)
+        finally:
+            del model.get_compile_config
+
+    return save

@@ -1,0 +1,179 @@
+"""Where a run continues from: finding a resume point, and refusing one that no longer fits.
+
+A resume point is a JSON state file written by :class:`tpurun.training.callbacks.RunCheckpoint` (the run's
+``checkpoints/latest.json``, or the ``.json`` beside a best or pattern-named model) and the weights
+file it names. This module reads them and compares what the checkpoint was trained with against
+the config now; it imports no framework.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tpurun.errors import TpurunError
+from tpurun.storage import fileio
+from tpurun.storage.rundir import CHECKPOINTS, LATEST_STATE, RunDir, source_run, state_file
+
+# What a checkpoint is bound to: change one and the saved weights, optimizer state or data position
+# no longer mean the same thing. Anything else (epochs, callbacks, learning rate, time limit, data
+# files) may change between sessions.
+_BINDING = ("model.", "data.features", "data.inputs", "data.targets", "global_batch_size",
+            "precision")  # fmt: skip
+
+
+@dataclass
+class ResumePoint:
+    state: dict  # epoch (done), step (into the next), best, callbacks, metrics, identity...
+    weights: str  # the weights file's path
+    source: str  # what to call it in messages
+
+    @property
+    def folder(self) -> str:
+        return fileio.dirname(self.weights)
+
+    @property
+    def run(self) -> RunDir:
+        """The run directory the checkpoint belongs to (its log is carried over on a resume)."""
+        return source_run(self.folder)
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return int(self.state.get("epoch", 0)), int(self.state.get("step", 0))
+
+    def describe(self) -> str:
+        epoch, step = self.position
+        where = f"epoch {epoch + 1}, step {step}" if step else f"epoch {epoch + 1}"
+        return f"resuming at {where} from {self.source}"
+
+
+def _from_state(path: str, source: str) -> ResumePoint | None:
+    state = fileio.read_json(path)
+    if not state or "epoch" not in state or "weights" not in state:
+        return None
+    weights = fileio.join(fileio.dirname(path), state["weights"])
+    if not fileio.exists(weights):
+        return None
+    return ResumePoint(state, weights, source)
+
+
+def latest(run: RunDir) -> ResumePoint | None:
+    """The run's own resume point, if it has a complete one."""
+    path = run.checkpoint(LATEST_STATE)
+    return _from_state(path, path)
+
+
+def from_path(path: str) -> ResumePoint:
+    """``--resume PATH``: a run directory, its checkpoints folder, a state file or a model file.
+
+    A model file without a state file beside it (say, one from another tool) gives a warm start:
+    its weights, from epoch 1.
+
+    Raises:
+        TpurunError: nothing to resume from at PATH.
+    """
+    path = str(path).rstrip("/")
+    candidates: list[str] = []
+    if fileio.isdir(path):
+        candidates = [fileio.join(path, CHECKPOINTS, LATEST_STATE), fileio.join(path, LATEST_STATE)]
+    elif path.endswith(".json"):
+        candidates = [path]
+    elif fileio.exists(path):
+        sidecar = fileio.join(fileio.dirname(path) or ".", state_file(fileio.basename(path)))
+        point = _from_state(sidecar, path) if fileio.exists(sidecar) else None
+        if point is not None and fileio.basename(point.weights) == fileio.basename(path):
+            return point
+        return ResumePoint({"epoch": 0, "step": 0, "warm_start": True}, path, path)
+    for candidate in candidates:
+        point = _from_state(candidate, candidate)
+        if point is not None:
+            return point
+    raise TpurunError(
+        f"--resume {path}: no checkpoint there. Give a run directory, its checkpoints folder, a "
+        "checkpoint's .json state file, or a .keras / .weights.h5 file."
+    )
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts -> ``{"a.b.c": value}``; lists stay values."""
+    if not isinstance(data, dict):
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def identity(config: dict, plan: Any) -> dict[str, Any]:
+    """What a checkpoint is bound to, as dotted keys (see ``_BINDING``).
+
+    Args:
+        config: the effective config as plain data (features filled in from a schema).
+        plan: the run's :class:`~tpurun.runtime.plan.Plan` (global batch size, precision).
+    """
+    derived = {"global_batch_size": plan.global_batch_size, "precision": plan.precision}
+    flat = flatten({**config, **derived})
+    return {k: v for k, v in flat.items() if any(k.startswith(b) for b in _BINDING)}
+
+
+def _show(value: Any) -> str:
+    text = "unset" if value is None else str(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_unchanged(point: ResumePoint, now: dict[str, Any]) -> None:
+    """Refuse a resume whose checkpoint was trained with another model, features or batch.
+
+    Raises:
+        TpurunError: naming each change, with what was and what is.
+    """
+    saved = point.state.get("identity")
+    if not saved:
+        return  # a warm start: nothing recorded to compare
+    changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+    if not changed:
+        return
+    shown = "; ".join(f"{k}: {_show(saved.get(k))} -> {_show(now.get(k))}" for k in changed[:4])
+    more = f" (and {len(changed) - 4} more)" if len(changed) > 4 else ""
+    raise TpurunError(
+        f"cannot resume from {point.source}: the config changed in a way the checkpoint cannot "
+        f"follow ({shown}{more}). A checkpoint only fits the model, features, batch size and "
+        "precision it was trained with. Undo the change, pass --restart to start over (the old run "
+        "is moved aside), or give the changed config another name."
+    )
+
+
+def changed_settings(previous: dict | None, now: dict) -> list[str]:
+    """Harmless changes since the last session (``epochs: 10 -> 20``), for one line of output."""
+    if not previous:
+        return []
+    before, after = flatten(previous), flatten(now)
+    return [
+        f"{k}: {_show(before.get(k))} -> {_show(after.get(k))}"
+        for k in sorted(set(before) | set(after))
+        if before.get(k) != after.get(k) and not k.startswith("derived.")
+    ]
+
+
+_DATA_FACTS = (
+    ("train_records", "training records"),
+    ("steps_per_epoch", "steps per epoch"),
+    ("validation_records", "validation records"),
+    ("validation_steps", "validation steps"),
+    ("train_files", "training files"),
+    ("validation_files", "validation files"),
+)
+
+
+def changed_data(previous: dict | None, now: dict) -> list[str]:
+    """What changed in the data since the last session (``training records: 4000 -> 4500``), from
+    the ``derived`` sections of the two configs: rewritten data is announced, not silent."""
+    before = (previous or {}).get("derived") or {}
+    after = now.get("derived") or {}
+    if not before:
+        return []
+    return [
+        f"{label}: {_show(before.get(key))} -> {_show(after.get(key))}"
+        for key, label in _DATA_FACTS
+        if before.get(key) != after.get(key)
+    ]

@@ -1,0 +1,351 @@
+"""One training run: resolve, prepare the run directory, fit, and write what happened.
+
+Prints nothing: progress goes to the injected :class:`~tpurun.display.lines.Reporter`, problems are raised
+as :class:`~tpurun.errors.TpurunError`, and the summary is returned.
+
+(Named runner.py, not train.py: ``tpurun.train`` is the public function, and a submodule of that
+name would replace it on the package once imported.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+from tpurun import __version__
+from tpurun.config import Config
+from tpurun.display.lines import Reporter
+from tpurun.errors import EXIT_USER_ERROR, Interrupted, TpurunError
+from tpurun.multihost.cluster import Watchdog, check_shared_folder, sync_processes
+from tpurun.observe import input_wait
+from tpurun.runtime.activate import activate
+from tpurun.runtime.choice import Machine, probe
+from tpurun.runtime.prepare import Prepared, choose_for, prepare
+from tpurun.storage.rundir import CONFIG, RunDir, Summary, now_iso, run_path
+from tpurun.training import fit
+from tpurun.training import resume as resume_lib
+from tpurun.training.model import custom_training_code, inference_saver
+from tpurun.training.signals import Stop, stop_on_signals
+
+
+def _examples_per_sec(rates: list[float]) -> float:
+    # The first epoch includes compilation; leave it out when there is more than one.
+    steady = rates[1:] or rates
+    return sum(steady) / len(steady) if steady else 0.0
+
+
+def _inside(path: str, folder: str) -> bool:
+    if "://" in path or "://" in folder:
+        return path.startswith(folder.rstrip("/") + "/")
+    return os.path.realpath(path).startswith(os.path.realpath(folder) + os.sep)
+
+
+def _on_lost(hosts, run: RunDir, summary: Summary):
+    """What this process does once another is lost: say so, record it, and end at once. The main
+    thread may be stuck in a collective, and JAX's own shutdown would wait for the lost process,
+    then abort with a stack trace: so ``os._exit``."""
+
+    def lost(message: str) -> None:
+        summary.status = "failed"
+        if run.begun:
+            run.write_summary(summary)
+        sys.stderr.write(f"error: process {hosts.process_id}: {message}\n")
+        sys.stderr.flush()
+        os._exit(EXIT_USER_ERROR)
+
+    return lost
+
+
+def _lost_peer(exc: BaseException) -> bool:
+    """Whether a collective failed because another process went away (gloo on CPUs, the
+    coordination service elsewhere)."""
+    text = str(exc)
+    return type(exc).__name__ == "JaxRuntimeError" and any(
+        s in text
+        for s in ("Connection reset", "Connection refused", "heartbeat", "Barrier", "closed")
+    )
+
+
+def _unfinished_elsewhere(config: Config, run: RunDir) -> str | None:
+    """The run directory this config would have beside it (``output.dir`` read from the config's
+    folder), when that is not this run's and holds an unfinished run: the usual cause is running
+    the same command from another working directory."""
+    beside = RunDir(run_path(config.resolve_path(config.output.dir), config.name))
+    if beside.path == run.path or run.exists():
+        return None
+    summary = beside.read_summary()
+    return beside.path if summary and summary.get("status") != "completed" else None
+
+
+def _new_summary(prepared: Prepared, run: RunDir, point, previous: dict) -> Summary:
+    plan, data = prepared.plan, prepared.data
+    state = point.state if point else {}
+    best = {"monitor": plan.monitor, "value": None, "epoch": None}
+    if state.get("best") is not None:
+        best = {
+            "monitor": state.get("monitor"),
+            "value": state["best"],
+            "epoch": state.get("best_epoch"),
+        }
+    return Summary(
+        epochs_completed=int(state.get("epoch", 0)),
+        epochs=prepared.config.train.epochs,
+        backend=plan.backend,
+        accelerator=plan.accelerator,
+        distribution=plan.distribution,
+        replicas=plan.replicas,
+        precision=plan.precision,
+        global_batch_size=plan.global_batch_size,
+        per_core_batch_size=plan.per_core_batch_size,
+        learning_rate=plan.learning_rate,
+        steps_per_epoch=plan.steps_per_epoch,
+        validation_steps=plan.validation_steps,
+        steps_per_execution=plan.steps_per_execution,
+        best=best,
+        examples_per_sec=previous.get("examples_per_sec"),
+        final_metrics=previous.get("final_metrics", {}),
+        resumes=list(previous.get("resumes", [])),
+        nan_restores=list(previous.get("nan_restores", [])),
+        skipped_shards=[s.to_dict() for s in data.skipped],
+        skipped_records=sum(s.records for s in data.skipped),
+        run_dir=run.path,
+        tpurun_version=__version__,
+        processes=prepared.plan.num_processes,
+        started=now_iso(),
+    )
+
+
+def run(
+    config: Config,
+    *,
+    output: str | None = None,
+    reporter: Reporter | None = None,
+    restart: bool = False,
+    resume: str | None = None,
+    machine: Machine | None = None,
+) -> dict[str, Any]:
+    """Train a config end to end and return its summary (also written to ``summary.json``).
+
+    Rerunning on the same run directory continues from its latest checkpoint, mid-epoch if that
+    is where it was saved.
+
+    Args:
+        config: a validated config.
+        output: overrides ``output.dir``.
+        reporter: receives progress events; silent by default.
+        restart: start over, moving an existing run directory aside instead of resuming it.
+        resume: continue from this checkpoint (a run directory, a state file or a model file)
+            instead of the run directory's own.
+        machine: facts about the machine (tests inject them); probed when None.
+
+    Raises:
+        TpurunError: a problem with the config, the data, the model or the environment. An
+            unexpected exception is raised as it is, after its traceback is written to the run
+            directory's ``error.log`` (its path in the exception's ``tpurun_error_log``).
+    """
+    reporter = reporter or Reporter()
+    started = time.monotonic()
+    choice = choose_for(config, machine or probe())
+    hosts = choice.cluster
+    if not hosts.chief:
+        reporter = Reporter()  # process 0 speaks for all; errors still reach stderr
+    reporter.message(choice.summary, "note")
+    runtime = activate(choice, config.seed)
+    output_dir = output or config.output.dir
+    run_dir = RunDir(run_path(output_dir, config.name), writer=hosts.chief)
+    try:
+        if hosts.multi:
+            check_shared_folder(output_dir, hosts)
+        return _run(config, runtime, run_dir, reporter, started=started, output=output,
+                    restart=restart, resume=resume)  # fmt: skip
+    finally:
+        run_dir.unlock()
+        runtime.release()
+
+
+def _run(
+    config: Config, runtime, run: RunDir, reporter: Reporter, *, started: float,
+    output: str | None, restart: bool, resume: str | None,
+) -> dict[str, Any]:  # fmt: skip
+    # Environment and data are checked before anything is written.
+    prepared = prepare(config, runtime.choice, runtime.replicas)
+    for warning in prepared.plan.warnings:
+        reporter.message(warning, "warn")
+    plan, epochs = prepared.plan, config.train.epochs
+    effective = prepared.effective()
+    identity = resume_lib.identity(effective, plan)
+    point = resume_lib.from_path(resume) if resume else None
+    if point is not None:
+        resume_lib.check_unchanged(point, identity)
+        if restart and _inside(point.weights, run.path):
+            raise TpurunError(
+                f"--restart moves {run.path} aside, and --resume {resume} is inside it: pass one "
+                "of them (to start over from that checkpoint, copy it out first)."
+            )
+    elsewhere = _unfinished_elsewhere(config, run) if output is None else None
+    if elsewhere:
+        reporter.message(
+            f"this config has an unfinished run in {elsewhere}, but output.dir "
+            f"'{config.output.dir}' is relative to the working directory, so this run is "
+            f"{run.path}. To continue that one, run from {os.path.dirname(os.path.dirname(elsewhere))}"
+            f" or pass --output {os.path.dirname(elsewhere)}.",
+            "warn",
+        )
+    aside = run.create(restart=restart)
+    if runtime.choice.cluster.multi:  # process 0 made (or moved aside) the run directory
+        sync_processes("tpurun: run directory ready")
+    if aside:
+        reporter.message(f"--restart: the previous run was moved to {aside}", "note")
+    if point is None:
+        point = resume_lib.latest(run)
+        if point is not None:
+            resume_lib.check_unchanged(point, identity)
+    previous = run.read_summary() or {}
+    summary = _new_summary(prepared, run, point, previous)
+    if summary.epochs_completed >= epochs and run.has_model():
+        reporter.message(
+            f"{run.path} has already trained {summary.epochs_completed} epoch(s) of {epochs}; "
+            "raise train.epochs to train further, or pass --restart to start over.",
+            "note",
+        )
+        summary.status = previous.get("status", "completed")
+        summary.seconds = previous.get("seconds")
+        result = summary.to_dict()
+        reporter.finish(result)
+        return result
+    if previous.get("status") == "running":  # we hold the lock now: that session died
+        reporter.message(
+            f"the previous session (pid {previous.get('pid', '?')} on {previous.get('host', '?')}) "
+            "ended without a word: killed, or its machine stopped.",
+            "note",
+        )
+    if point is not None:
+        previous_config = run.read_config()
+        changes = resume_lib.changed_settings(previous_config, effective)
+        if changes:
+            reporter.message("changed since the last session: " + "; ".join(changes[:6]), "note")
+        data_changes = resume_lib.changed_data(previous_config, effective)
+        if data_changes:
+            reporter.message(
+                "the data changed since the last session: " + "; ".join(data_changes), "warn"
+            )
+        epoch, step = point.position
+        summary.resumes.append(
+            {"epoch": epoch, "step": step, "from": point.source, "time": now_iso()}
+        )
+
+    def finish(status: str, curves: bool = True) -> dict[str, Any]:
+        summary.status = status
+        summary.seconds = round(time.monotonic() - started, 3)
+        if run.begun or status in ("completed", "stopped_early"):
+            run.begin(effective, summary)
+            run.write_summary(summary)
+            if curves and status != "failed":
+                _write_curves(run, reporter)
+        return summary.to_dict()
+
+    limit = config.train.time_limit
+    stop = Stop(deadline=started + limit if limit else None)
+    hosts = runtime.choice.cluster
+    lost = _on_lost(hosts, run, summary)
+    watchdog = Watchdog(hosts, lost) if hosts.multi else contextlib.nullcontext()
+    job = fit.TrainJob(prepared, runtime, run, point, identity, effective, summary, reporter, stop)
+    try:
+        with stop_on_signals(stop), watchdog:
+            result = fit.train(job)
+    except TpurunError:
+        finish("failed")
+        raise
+    except KeyboardInterrupt:
+        finish("interrupted", curves=False)  # a second signal: stop at once
+        raise
+    except Exception as exc:
+        if hosts.multi and _lost_peer(exc):
+            lost(f"another process is gone (a collective failed: {str(exc).splitlines()[0][:160]})"
+                 ": killed, out of memory, or its machine stopped. Rerun the same command on every "
+                 "host to resume from the last checkpoint.")  # fmt: skip
+        finish("failed")
+        exc.tpurun_error_log = run.write_error(traceback.format_exc())
+        raise
+
+    done, step = result.position
+    summary.epochs_completed = done
+    summary.epoch_seconds = [round(s, 3) for s in result.epoch_seconds]
+    summary.epoch_input_wait = input_wait.fractions(result.input_waits)
+    wait = input_wait.overall(result.input_waits)
+    summary.input_wait = None if wait is None else round(wait, 4)
+    summary.examples_per_sec = round(_examples_per_sec(result.epoch_rates), 1)
+    if result.first_step_seconds is not None:
+        summary.time_to_first_step = round(result.first_step_seconds, 3)
+    summary.final_metrics = result.last_logs
+    summary.nan_restores.extend(result.nan_restores)
+    if result.best is not None:
+        summary.best = result.best
+    if stop.nan_at is not None:
+        epoch, nan_step = stop.nan_at
+        finish("nan")
+        raise TpurunError(_nan_message(config, summary, (epoch, nan_step), result.position, run))
+    if stop.reason is not None and done < epochs:  # a stop after the last step is just the end
+        where = f"epoch {done + 1}, step {step}" if step else f"the end of epoch {done}"
+        finish("interrupted")
+        raise Interrupted(
+            f"{stop.reason}: stopped at {where}; the checkpoint is saved in {run.checkpoints}. Run "
+            "the same command again to continue."
+        )
+    run.save_model(inference_saver(result.model))
+    custom = custom_training_code(result.model)
+    if custom:
+        reporter.message(
+            f"model.keras is saved without its training setup ({', '.join(custom)}: your code), "
+            "so plain keras.saving.load_model opens it anywhere, for inference; to train on, "
+            "resume from the run's checkpoints.",
+            "note",
+        )
+    final = finish("completed" if done >= epochs else "stopped_early")
+    said = input_wait.verdict(result.input_waits, run.file(CONFIG))
+    if said:
+        reporter.message(*said)
+    reporter.finish(final)
+    return final
+
+
+def _write_curves(run: RunDir, reporter: Reporter) -> None:
+    """``curves.png`` from the run's log, at the end of every session; a picture never fails a
+    run."""
+    from tpurun.observe.curves import save_curves
+
+    try:
+        save_curves(run)
+    except TpurunError as exc:  # matplotlib is not installed
+        reporter.message(f"curves.png not written: {exc}", "note")
+    except Exception as exc:
+        reporter.message(f"curves.png not written: {type(exc).__name__}: {exc}", "warn")
+
+
+def _nan_message(config: Config, summary: Summary, at: tuple, saved: tuple, run: RunDir) -> str:
+    """What a NaN stop says: where, the likely causes, and the checkpoint it left, if any."""
+    tried = (
+        f" after {len(summary.nan_restores)} restore(s) (callbacks.max_nan_restores)"
+        if config.callbacks.on_nan == "restore"
+        else ""
+    )
+    if saved == (0, 0):
+        kept = "No epoch finished, so there is no checkpoint to go back to."
+    else:
+        where = (
+            f"epoch {saved[0] + 1}, step {saved[1]}" if saved[1] else f"the end of epoch {saved[0]}"
+        )
+        kept = (
+            f"The last good checkpoint ({where}) is in {run.checkpoints}; callbacks.on_nan: "
+            "restore reloads it with a lower learning rate and goes on."
+        )
+    return (
+        f"training stopped at epoch {at[0]}, step {at[1]}: the loss became NaN or Inf{tried}. "
+        "Likely causes: a learning rate too high for this global batch (lower "
+        "train.learning_rate.base), float16 overflow (use mixed_bfloat16 or float32), or bad "
+        f"input values (a partial last batch is ruled out: tpurun drops it). {kept}"
+    )
