@@ -34,7 +34,7 @@ jax.config.update("jax_cpu_collectives_implementation", "gloo")
 t = time.perf_counter()
 jax.distributed.initialize(sys.argv[1], 2, int(sys.argv[2]))
 start = time.perf_counter() - t
-from tpurun.multihost.cluster import agree_on_stop
+from tpurun.multihost.collectives import agree_on_stop
 agree_on_stop(None)
 t = time.perf_counter()
 for _ in range(200):

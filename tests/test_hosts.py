@@ -10,7 +10,8 @@ import pytest
 from tpurun.config import RuntimeConfig
 from tpurun.doctor.machine import check_hosts
 from tpurun.errors import EnvironmentSetupError
-from tpurun.multihost.cluster import cluster, shares
+from tpurun.multihost.cluster import cluster
+from tpurun.multihost.shares import shares
 from tpurun.runtime.choice import Machine, choose
 
 KERAS = {"KERAS_DISTRIBUTION_JOB_ADDRESSES": "10.0.0.1:1234,10.0.0.2:1234",

@@ -19,7 +19,7 @@ import yaml
 from conftest import ROOT, toy_config, write_toy_data
 from conftest import _cli_env as cli_env
 
-from tpurun.multihost.cluster import shares
+from tpurun.multihost.shares import shares
 
 pytestmark = pytest.mark.slow
 EXE = str(Path(sys.executable).parent / "tpurun")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tpurun.config import Config
-from tpurun.multihost.cluster import Share, share_warning, shares
+from tpurun.multihost.shares import Share, share_warning, shares
 from tpurun.runtime.choice import Choice, Machine, choose, probe
 from tpurun.runtime.plan import Plan, make_plan
 

@@ -22,7 +22,7 @@ from tpurun.config import Config
 from tpurun.display.lines import Reporter
 from tpurun.errors import TpurunError
 from tpurun.infer.evaluate import correctable, exact_logs
-from tpurun.multihost.cluster import agree_on_stop
+from tpurun.multihost.collectives import agree_on_stop
 from tpurun.observe.callbacks import observers
 from tpurun.runtime.plan import Plan, resolve_monitor
 from tpurun.storage import fileio

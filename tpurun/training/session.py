@@ -20,7 +20,8 @@ from tpurun import __version__
 from tpurun.config import Config
 from tpurun.display.lines import Reporter
 from tpurun.errors import EXIT_USER_ERROR, Interrupted, TpurunError
-from tpurun.multihost.cluster import Watchdog, check_shared_folder, sync_processes
+from tpurun.multihost.collectives import check_shared_folder, sync_processes
+from tpurun.multihost.watchdog import Watchdog
 from tpurun.observe import input_wait
 from tpurun.runtime.activate import activate
 from tpurun.runtime.choice import Machine, probe
