@@ -19,6 +19,12 @@ os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+from tpurun import frameworks  # noqa: E402
+
+# The environment above sets this process up as tpurun.runtime.activate would (the JAX backend, 8
+# CPU devices), so tests may import Keras and tpurun's modules that build on it.
+frameworks.activated("jax")
+
 ROOT = Path(__file__).resolve().parent.parent
 FACTORIES = Path(__file__).resolve().parent / "factories.py"
 

@@ -11,7 +11,7 @@ from conftest import run_cli, toy_config
 
 from tpurun.config import load_config
 from tpurun.doctor import config_checks as cc
-from tpurun.runtime.choice import Machine
+from tpurun.runtime.machine import Machine
 
 _QUOTED = re.compile(r"`(tpurun [^`]*)`")
 

@@ -15,7 +15,8 @@ from tpurun.doctor import Check, exit_code, probes, report, run_checks
 from tpurun.doctor import config_checks as cc
 from tpurun.doctor import machine as mc
 from tpurun.errors import ConfigError
-from tpurun.runtime.choice import Choice, Machine, probe
+from tpurun.runtime.choice import Choice
+from tpurun.runtime.machine import Machine, probe
 
 
 def fake_dev(tmp_path, *names):

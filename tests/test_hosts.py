@@ -12,7 +12,8 @@ from tpurun.doctor.machine import check_hosts
 from tpurun.errors import EnvironmentSetupError
 from tpurun.multihost.cluster import cluster
 from tpurun.multihost.shares import shares
-from tpurun.runtime.choice import Machine, choose
+from tpurun.runtime.choice import choose
+from tpurun.runtime.machine import Machine
 
 KERAS = {"KERAS_DISTRIBUTION_JOB_ADDRESSES": "10.0.0.1:1234,10.0.0.2:1234",
          "KERAS_DISTRIBUTION_NUM_PROCESSES": "2", "KERAS_DISTRIBUTION_PROCESS_ID": "1"}  # fmt: skip

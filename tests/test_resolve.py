@@ -133,7 +133,7 @@ def test_kaggle_dataset_paths(tmp_path, toy_data, monkeypatch):
 
 def test_doctor_reads_the_kaggle_dataset_train_reads(tmp_path, toy_data, monkeypatch):
     from tpurun.doctor import config_checks as cc
-    from tpurun.runtime.choice import Machine
+    from tpurun.runtime.machine import Machine
 
     config = toy_config(toy_data, tmp_path / "runs")
     config["data"].update(

@@ -9,7 +9,8 @@ import pytest
 
 from tpurun.config import RuntimeConfig
 from tpurun.errors import EnvironmentSetupError
-from tpurun.runtime.choice import KERAS_19246, Choice, Machine, choose, probe, resolve_tpu_address
+from tpurun.runtime.choice import KERAS_19246, Choice, choose, resolve_tpu_address
+from tpurun.runtime.machine import Machine, probe
 
 CPU_BOTH = Machine(tensorflow="2.21.0", tensorflow_build="tensorflow-cpu", jax="0.10.2")
 KAGGLE_TPU_VM = Machine(

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from tpurun import frameworks
 from tpurun.cli.args import ConfigArg, SetOpt
 from tpurun.cli.boundary import SetCommand, exit_codes, fail
 from tpurun.errors import TpurunError
@@ -142,9 +143,8 @@ def data_write(
     progress = TaskProgress("writing", "records", plain=plain or as_json)
     with exit_codes(interrupted="interrupted: nothing was left half-written"):
         from tpurun.display import reports
-        from tpurun.runtime.activate import import_tensorflow
 
-        import_tensorflow()  # first: without its start-up notices
+        frameworks.tensorflow()  # first: without its start-up notices
         from tpurun.data.write import write_dataset
 
         with progress:
@@ -178,9 +178,8 @@ def data_inspect(
     progress = TaskProgress("counting records", "files", plain=plain or as_json)
     with exit_codes():
         from tpurun.display import reports
-        from tpurun.runtime.activate import import_tensorflow
 
-        import_tensorflow()  # first: without its start-up notices
+        frameworks.tensorflow()  # first: without its start-up notices
         from tpurun.data.inspect import inspect
 
         with progress:

@@ -20,6 +20,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from tpurun import frameworks
 from tpurun.config import (
     BytesFeature,
     DataConfig,
@@ -51,8 +52,7 @@ def record_key(name: str, feature: Any) -> str:
 
 def parse_spec(features: Mapping[str, Any]) -> dict[str, Any]:
     """The ``tf.io.parse_example`` spec, keyed by record key."""
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     spec = {}
     for name, f in features.items():
         if isinstance(f, (RawFeature, ImageFeature)):
@@ -67,8 +67,7 @@ def parse_spec(features: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _decode_image(encoded, f: ImageFeature):
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     height, width, channels = f.shape
     image = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
     image.set_shape([None, None, channels])
@@ -78,8 +77,7 @@ def _decode_image(encoded, f: ImageFeature):
 
 def decode_batch(parsed: Mapping[str, Any], features: Mapping[str, Any]) -> dict[str, Any]:
     """Turn a parsed batch (keyed by record key) into decoded tensors keyed by feature name."""
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     out = {}
     for name, f in features.items():
         value = parsed[record_key(name, f)]
@@ -122,8 +120,7 @@ def check_record(serialized: bytes, features: Mapping[str, Any], filename: str) 
     Raises:
         DataError: naming the feature, the file, what was declared and what the record holds.
     """
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     try:
         example = tf.train.Example.FromString(serialized)
     except Exception:  # protobuf raises its own DecodeError type

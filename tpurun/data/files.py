@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from tpurun import frameworks
 from tpurun.errors import DataError
 
 _COMPRESSION = {"none": "", "gzip": "GZIP"}
@@ -22,11 +23,9 @@ def expand(patterns: str | Sequence[str], resolve=lambda p: p, key: str = "") ->
         StorageError: a gs:// glob cannot be listed (storage unreachable, no permission, no such
             bucket), naming the bucket and the fix.
     """
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     from tpurun.storage import fileio
 
-    fileio.apply_gcs_defaults()  # before the first gs:// request of this process
     files: list[str] = []
     for pattern in [patterns] if isinstance(patterns, str) else patterns:
         path = resolve(pattern)
@@ -50,8 +49,7 @@ def expand(patterns: str | Sequence[str], resolve=lambda p: p, key: str = "") ->
 def _files_only(matched: list[str]) -> list[str]:
     """The matches that are files. In a bucket, asking each match would cost two requests per
     file; one listing per folder tells them apart (a folder is listed as ``name/``)."""
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     remote = [m for m in matched if "://" in m]
     if not remote:
         return [m for m in matched if not tf.io.gfile.isdir(m)]
@@ -68,8 +66,7 @@ def _files_only(matched: list[str]) -> list[str]:
 
 def sizes(files: Sequence[str]) -> list[int]:
     """Each file's size in bytes, asked several at a time (one request each in a bucket)."""
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     if not files:
         return []
     with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
@@ -78,8 +75,7 @@ def sizes(files: Sequence[str]) -> list[int]:
 
 def detect_compression(path: str) -> str:
     """GZIP files start with 1f 8b; TFRecord files start with a record length and its CRC."""
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     with tf.io.gfile.GFile(path, "rb") as f:
         return "gzip" if f.read(3) == b"\x1f\x8b\x08" else "none"  # magic + deflate
 

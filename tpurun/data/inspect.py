@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from tpurun import frameworks
 from tpurun.data import files as datafiles
 from tpurun.data import records, schema_file
 from tpurun.data.decode import image_format
@@ -129,8 +130,7 @@ def inspect(
 # ------------------------------------------------------------------------------------ reading
 def _read_samples(paths: Sequence[str], compression: str, sample: int) -> list[tuple[Any, int]]:
     """The first ``sample`` records, as (parsed tf.train.Example, serialized bytes) pairs."""
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     samples: list[tuple[Any, int]] = []
     for path in paths:
         dataset = tf.data.TFRecordDataset(
@@ -236,8 +236,7 @@ def _infer_key(kind: str, values: list[list[Any]]) -> tuple[dict | None, list[st
 
 
 def _image_shape(blobs: list[bytes]) -> tuple[list[int] | None, list[str]]:
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     shapes = []
     for blob in blobs:
         if not image_format(blob):

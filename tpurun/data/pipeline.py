@@ -19,6 +19,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from tpurun import frameworks
 from tpurun.data import decode as feat
 from tpurun.data.files import compression_type
 
@@ -86,8 +87,7 @@ def make_dataset(
     Returns:
         A ``tf.data.Dataset`` of ``(inputs, targets)`` batches.
     """
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     autotune = tf.data.AUTOTUNE
     compression = compression_type(data.compression, files)
     used = feat.used_features(data)
@@ -196,8 +196,7 @@ def make_ordered_dataset(
     Returns:
         A ``tf.data.Dataset`` of ``(inputs, {name: values} of extra)`` batches.
     """
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     compression = compression_type(compression, files)
     spec = feat.parse_spec(features)
     ds = tf.data.TFRecordDataset(list(files), compression_type=compression).take(records)

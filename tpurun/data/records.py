@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from tpurun import frameworks
 from tpurun.data import decode as feat
 from tpurun.data import schema_file as schema_lib
 from tpurun.data.files import compression_type, sizes
@@ -128,16 +129,14 @@ def _cache_file() -> Path:
 
 
 def _file_key(path: str) -> str:
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     stat = tf.io.gfile.stat(path)
     return f"{path}|{stat.length}|{stat.mtime_nsec}"
 
 
 def _read_through(path: str, compression: str, *, skip_errors: bool) -> tuple[int, int]:
     """Records and data bytes in a file, in one pass of TF's (CRC-checking) reader."""
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     ds = tf.data.TFRecordDataset(path, compression_type=compression)
     if skip_errors:
         ds = ds.ignore_errors()  # ends the file at its first damaged record
@@ -154,8 +153,7 @@ def _count_one(path: str, compression: str) -> int | CorruptShard:
     Raises:
         DataError: the file cannot be read for another reason than damage (permissions, ...).
     """
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     tf_compression = compression_type(compression, [path])
     kind = "gzip" if tf_compression else "none"
     try:
@@ -300,8 +298,7 @@ def find_corrupt(files: Sequence[str], compression: str) -> list[CorruptShard]:
 
 def check_first_record(files: Sequence[str], features: Mapping[str, Any], compression: str) -> None:
     """Fail early, with a clear message, when the records do not match the declared features."""
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     ds = tf.data.TFRecordDataset(files[0], compression_type=compression_type(compression, files))
     try:
         first = next(iter(ds.take(1)), None)

@@ -38,6 +38,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
+from tpurun import frameworks
 from tpurun.errors import DataError
 
 FORMAT = "tpurun.schema"
@@ -113,8 +114,7 @@ def read(path: str) -> dict[str, Any]:
     Raises:
         DataError: the file is not a tpurun schema of a version this tpurun reads.
     """
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     try:
         with tf.io.gfile.GFile(path, "r") as f:
             data = json.loads(f.read())
@@ -136,8 +136,7 @@ def find_for(files: Iterable[str]) -> dict[str, tuple[str, dict]]:
     Looks for ``*.schema.json`` in each shard's folder once; a schema whose listed size disagrees
     is still trusted only for the shards it names.
     """
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     found: dict[str, tuple[str, dict]] = {}
     folders: dict[str, list[tuple[str, dict]]] = {}
     for file in files:

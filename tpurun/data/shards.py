@@ -15,14 +15,14 @@ from __future__ import annotations
 import contextlib
 import re
 
+from tpurun import frameworks
 from tpurun.data import schema_file as schema
 from tpurun.errors import DataError
 
 
 def tf_options(compression: str):
     """TF's writer options for "none" or "gzip"."""
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     return tf.io.TFRecordOptions(compression_type="GZIP" if compression == "gzip" else "")
 
 
@@ -39,8 +39,7 @@ class ShardSet:
         self.index, self.count, self.writer = 0, 0, None
 
     def write(self, record: bytes) -> None:
-        import tensorflow as tf
-
+        tf = frameworks.tensorflow()
         if self.writer is None:
             if self.index == len(self.paths):
                 raise DataError("the source yielded more records than it counted.")
@@ -55,8 +54,7 @@ class ShardSet:
 
     def finish(self) -> list[tuple[str, int, int]]:
         """Check every shard is complete; return ``(path, records, bytes)`` for each."""
-        import tensorflow as tf
-
+        tf = frameworks.tensorflow()
         if self.index != len(self.paths):
             raise DataError("the source yielded fewer records than it counted.")
         sizes = [tf.io.gfile.stat(p).length for p in self.partials]
@@ -64,9 +62,7 @@ class ShardSet:
 
     def abandon(self) -> None:
         """Close and remove whatever this set wrote; used when the write fails."""
-        import tensorflow as tf
-
-        # Best effort: the error that brought us here is the one to report, not a cleanup one.
+        tf = frameworks.tensorflow()
         if self.writer is not None:
             with contextlib.suppress(Exception):
                 self.writer.close()
@@ -82,8 +78,7 @@ def commit(out_prefix: str, folder: str, base: str, shard_sets: list[ShardSet]) 
     Renames are atomic one file at a time only: a kill between them leaves shards without a schema
     file, which readers handle by counting records.
     """
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     new = {basename(path) for s in shard_sets for path in s.paths}
     old = [path for path in files_of(folder, base, partial=False) if basename(path) not in new]
     # The old schema may name shards that the new set reuses with other counts: without a schema,
@@ -112,8 +107,7 @@ def _partial_path(path: str) -> str:
 
 def refuse_existing(out_prefix: str, folder: str, base: str) -> None:
     """Refuse to replace a dataset the user may not mean to lose: its shards or schema file."""
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     if not tf.io.gfile.isdir(folder):
         return
     found = files_of(folder, base, partial=False)
@@ -130,8 +124,7 @@ def refuse_existing(out_prefix: str, folder: str, base: str) -> None:
 
 def prepare_folder(folder: str, base: str) -> None:
     """Create the output folder; remove partial shards that a killed write left behind."""
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     if not tf.io.gfile.isdir(folder):
         tf.io.gfile.makedirs(folder)
     for stale in files_of(folder, base, partial=True):
@@ -140,8 +133,7 @@ def prepare_folder(folder: str, base: str) -> None:
 
 def files_of(folder: str, base: str, *, partial: bool) -> list[str]:
     """The shards (or partial shards) of prefix ``folder/base``, with or without a split."""
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     name = rf"{re.escape(base)}(-train|-validation)?-\d{{5,}}-of-\d{{5,}}\.tfrecord"
     pattern = re.compile(rf"\.{name}\.partial" if partial else name)
     return [
@@ -152,8 +144,7 @@ def files_of(folder: str, base: str, *, partial: bool) -> list[str]:
 
 
 def remove(path: str) -> None:
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     try:
         tf.io.gfile.remove(path)
     except tf.errors.NotFoundError:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 import numpy as np
 
+from tpurun import frameworks
 from tpurun.config import RawDType
 from tpurun.data.decode import image_format
 from tpurun.errors import DataError
@@ -336,8 +337,7 @@ class ImageFolderSource(Source):
             yield {"image": images, "label": np.array([label for _, label in batch], np.int64)}
 
     def _resize(self, data: bytes, file: str) -> bytes:
-        import tensorflow as tf
-
+        tf = frameworks.tensorflow()
         try:
             image = tf.io.decode_image(data, channels=self._channels, expand_animations=False)
         except tf.errors.OpError as exc:
@@ -360,8 +360,7 @@ def _read_image(file: str) -> bytes:
 
 
 def _image_shape(data: bytes, file: str) -> tuple[int, int, int]:
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     try:
         shape = tf.io.decode_image(data, expand_animations=False).shape
     except tf.errors.OpError as exc:

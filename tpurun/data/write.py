@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tpurun import frameworks
 from tpurun.data import schema_file as schema
 from tpurun.data import shards
 from tpurun.errors import DataError, TpurunError
@@ -31,8 +32,8 @@ def example_bytes(record: Mapping[str, Any]) -> bytes:
     ``array.astype(dtype).tobytes()``.
     """
     import numpy as np
-    import tensorflow as tf
 
+    tf = frameworks.tensorflow()
     feature = {}
     for key, value in record.items():
         if isinstance(value, str):
@@ -63,8 +64,7 @@ def write_shards(
     Returns:
         The shard paths, in order.
     """
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     paths = schema.shard_names(prefix, None, num_shards)
     writers = [tf.io.TFRecordWriter(p, shards.tf_options(compression)) for p in paths]
     try:
@@ -267,11 +267,9 @@ def write_dataset(
 def _writing_to(out_prefix: str, doing: str):
     """TensorFlow's I/O errors as a DataError (a local folder) or a StorageError (a bucket:
     unreachable, no permission, no such bucket), naming ``out_prefix``."""
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     from tpurun.storage import fileio
 
-    fileio.apply_gcs_defaults()  # before the first gs:// request of this process
     try:
         yield
     except tf.errors.OpError as exc:

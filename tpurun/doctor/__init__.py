@@ -94,7 +94,7 @@ def run_checks(
     """
     from tpurun.doctor import machine as mc
     from tpurun.doctor import probes
-    from tpurun.runtime.choice import probe
+    from tpurun.runtime.machine import probe
 
     cfg = None
     if config is not None:

@@ -13,7 +13,8 @@ from typing import Any
 from tpurun.data import files as datafiles
 from tpurun.doctor import Check, timed
 from tpurun.errors import ConfigError, TpurunError
-from tpurun.runtime.choice import KERAS_19246, Machine
+from tpurun.runtime.choice import KERAS_19246
+from tpurun.runtime.machine import Machine
 
 BYTES_PER_PARAM = 4  # float32 weights in a checkpoint
 SLOTS = 3  # weights + two Adam moments
@@ -327,7 +328,8 @@ def check_advice(cfg: Any, choice: Any, plan: Any) -> Check:
 def run(cfg: Any, m: Machine, holder: list, devices: dict, with_model: bool) -> list[Check]:
     import os
 
-    from tpurun.runtime.activate import activate, import_tensorflow
+    from tpurun import frameworks
+    from tpurun.runtime.activate import activate
     from tpurun.runtime.prepare import prepare
 
     choice = holder[0] if holder else None
@@ -341,7 +343,7 @@ def run(cfg: Any, m: Machine, holder: list, devices: dict, with_model: bool) -> 
             activation_error = exc  # the plan check reports it
     elif choice is not None and "keras" not in sys.modules:
         os.environ["KERAS_BACKEND"] = choice.backend  # never activate an accelerator here
-    import_tensorflow()  # quietly, before the data checks import it
+    frameworks.tensorflow()  # quietly, before the data checks import it
     checks = timed("config", lambda: check_config(cfg))
     replicas = choice.replicas if choice else None
     if choice and replicas is None:

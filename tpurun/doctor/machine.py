@@ -17,7 +17,7 @@ from typing import Any
 
 from tpurun import __version__
 from tpurun.doctor import Check
-from tpurun.runtime.choice import Machine, installed_version
+from tpurun.runtime.machine import Machine, installed_version
 
 JAX_TPU_INSTALL = "pip install -U 'jax[tpu]'"
 

@@ -17,7 +17,8 @@ from typing import Any
 
 from tpurun.doctor import Check
 from tpurun.errors import TpurunError
-from tpurun.runtime.choice import Machine, choose
+from tpurun.runtime.choice import choose
+from tpurun.runtime.machine import Machine
 
 MARK = "@@tpurun-doctor@@"
 

@@ -18,6 +18,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+from tpurun import frameworks
 from tpurun.errors import DataError
 
 _CORRECTABLE = ("sum_over_batch_size", "mean")  # Keras' default reduction, and its alias
@@ -92,8 +93,7 @@ def split_name(data: str | None) -> str:
 def _check_targets(data: Any, found: Any) -> None:
     """A test set without labels cannot be evaluated: say so, and what to use instead; then check
     the targets' types and shapes."""
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     from tpurun.config import DataConfig
     from tpurun.data import decode as feat
     from tpurun.infer.loading import first_record

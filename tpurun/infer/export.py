@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tpurun import frameworks
 from tpurun.errors import TpurunError
 
 FORMATS = ("keras", "saved_model", "onnx")
@@ -120,7 +121,7 @@ def _check(fmt: str, artifact: str, inputs: Any, expected: list, loader: str | N
         TpurunError: it does not load, or its outputs differ by more than ``tol`` (absolute and
             relative, as ``numpy.allclose``).
     """
-    import keras
+    keras = frameworks.keras()
     import numpy as np
 
     flat = [np.asarray(a) for a in keras.tree.flatten(inputs)]
@@ -167,7 +168,7 @@ def _check(fmt: str, artifact: str, inputs: Any, expected: list, loader: str | N
 
 def _feature_names(data: Any) -> list[str]:
     """The input features in the order the artifact takes its inputs (``keras.tree.flatten``)."""
-    import keras
+    keras = frameworks.keras()
 
     from tpurun.config import DataConfig
     from tpurun.data import decode as feat
@@ -245,11 +246,11 @@ def _place(stage: str, replaced: list[str], aside: str) -> list[str]:
 def _highest_precision():
     """The trained model's reference outputs at full float32 matmul precision: on a TPU or a
     recent GPU, JAX's default would round float32 matmuls to bfloat16 passes or TF32."""
-    import keras
+    keras = frameworks.keras()
 
     if keras.backend.backend() != "jax":
         return contextlib.nullcontext()
-    import jax
+    jax = frameworks.jax()
 
     return jax.default_matmul_precision("highest")
 
@@ -298,7 +299,7 @@ def export(
     found = loading.find_checkpoint(trained, checkpoint)
     runtime = loading.activate_for(trained, machine)
     runtime.release()  # one device: an artifact holds plain weights, not a layout over devices
-    import keras  # after activate_for: Keras fixes its backend at import
+    keras = frameworks.keras()
 
     precision, notes = runtime.choice.precision, []
     if fmt == "onnx" and precision != "float32":

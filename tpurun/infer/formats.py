@@ -17,21 +17,23 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tpurun import frameworks
 from tpurun.errors import TpurunError
 
 _HERE = Path(__file__).resolve().parent
 
 
 def _input_signature(model: Any) -> Any:
-    from keras.src.export.export_utils import get_input_signature  # what model.export uses
+    get_input_signature = frameworks.keras(
+        "src.export.export_utils"
+    ).get_input_signature  # what model.export uses
 
     return get_input_signature(model)
 
 
 def write_saved_model(model: Any, path: str, platforms: Sequence[str]) -> None:
-    import keras
-    import tensorflow as tf
-
+    keras = frameworks.keras()
+    tf = frameworks.tensorflow()
     kwargs = {}
     if keras.backend.backend() == "jax":
         kwargs["jax2tf_kwargs"] = {"native_serialization_platforms": tuple(platforms)}
@@ -67,7 +69,7 @@ def _all_plugins() -> None:
 def write_onnx(model: Any, path: str) -> None:
     import warnings
 
-    import keras
+    keras = frameworks.keras()
 
     backend = keras.backend.backend()
     needed = "jax2onnx" if backend == "jax" else "tf2onnx"
@@ -91,7 +93,7 @@ def write_onnx(model: Any, path: str) -> None:
 
 def _user_code(model: Any) -> list[str]:
     """Classes and functions in the saved model's config that are not Keras' own."""
-    import keras
+    keras = frameworks.keras()
 
     found: list[str] = []
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from tpurun import frameworks
 from tpurun.config import Config, DataConfig
 from tpurun.data import files as datafiles
 from tpurun.errors import DataError, ModelError, TpurunError
@@ -139,7 +140,7 @@ def activate_for(trained: TrainedRun, machine: Any = None):
             these commands run in one.
     """
     from tpurun.runtime.activate import activate
-    from tpurun.runtime.choice import probe
+    from tpurun.runtime.machine import probe
     from tpurun.runtime.prepare import choose_for
 
     config, machine = trained.config, machine or probe()
@@ -167,7 +168,7 @@ def build(trained: TrainedRun, checkpoint: Checkpoint, runtime: Any = None) -> A
     Raises:
         ModelError: the factory fails, or the weights do not fit the model it builds now.
     """
-    import keras
+    keras = frameworks.keras()
 
     from tpurun.training.model import build_model
 
@@ -298,8 +299,7 @@ def global_batch(config: Config, replicas: int) -> int:
 
 def first_record(found: Records) -> bytes:
     """The first serialized record of ``found`` (what a command checks before it reads the rest)."""
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     from tpurun.data.files import compression_type
 
     ds = tf.data.TFRecordDataset(

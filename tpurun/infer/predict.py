@@ -16,6 +16,7 @@ import zipfile
 from collections.abc import Sequence
 from typing import Any
 
+from tpurun import frameworks
 from tpurun.errors import DataError, TpurunError
 
 KINDS = (".csv", ".npy", ".npz")
@@ -39,8 +40,7 @@ def output_kind(path: str) -> str:
 def id_spec(data: Any, name: str, serialized: bytes, filename: str) -> Any:
     """How to read ``--id-feature NAME``: as data.features declares it, else as the first record
     holds it (one bytes, int64 or float value)."""
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     from tpurun.config.features import BytesFeature, FloatFeature, Int64Feature
 
     if name in data.features:
@@ -308,7 +308,7 @@ def predict(
 
 def _run(model: Any, dataset: Any, writer: _Writer, records: int, targets: Any,
          id_feature: str | None) -> None:  # fmt: skip
-    import keras
+    keras = frameworks.keras()
     import numpy as np
 
     remaining, names = records, None

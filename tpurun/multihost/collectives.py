@@ -3,6 +3,7 @@ directory is shared, wait for each other. Each is a collective: every process mu
 
 from __future__ import annotations
 
+from tpurun import frameworks
 from tpurun.errors import EnvironmentSetupError
 from tpurun.multihost.cluster import Cluster
 
@@ -19,7 +20,8 @@ def agree_on_stop(reason: str | None, save: str | None = None) -> tuple[str | No
     was. Costs one small all-gather per execution (measured in benchmarks/multi_process.py).
     """
     import numpy as np
-    from jax.experimental import multihost_utils
+
+    multihost_utils = frameworks.jax("experimental.multihost_utils")
 
     codes = np.array([_REASONS.index(reason) if reason in _REASONS else int(bool(reason)),
                       int(bool(save))], dtype=np.int32)  # fmt: skip
@@ -38,7 +40,8 @@ def check_shared_folder(folder: str, cluster: Cluster) -> None:
     import secrets
 
     import numpy as np
-    from jax.experimental import multihost_utils
+
+    multihost_utils = frameworks.jax("experimental.multihost_utils")
 
     from tpurun.storage import fileio
 
@@ -66,6 +69,6 @@ def check_shared_folder(folder: str, cluster: Cluster) -> None:
 
 def sync_processes(name: str) -> None:
     """Wait until every process reaches this point."""
-    from jax.experimental import multihost_utils
+    multihost_utils = frameworks.jax("experimental.multihost_utils")
 
     multihost_utils.sync_global_devices(name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from tpurun import frameworks
 from tpurun.multihost.cluster import Cluster
 
 #: A process whose heartbeat has not moved for this long is lost (JAX's own, longer timeout
@@ -38,7 +39,7 @@ class Watchdog:
     def _run(self) -> None:
         import time
 
-        from jax._src import distributed
+        distributed = frameworks.jax("_src.distributed")
 
         client = distributed.global_state.client
         me, n = self.cluster.process_id, self.cluster.num_processes

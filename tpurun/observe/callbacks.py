@@ -12,13 +12,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import keras  # imported only after process.activate() has chosen the backend
-
+from tpurun import frameworks
 from tpurun.config import Config
 from tpurun.display.lines import Reporter
 from tpurun.observe.input_wait import KEY, measurable
 from tpurun.runtime.plan import Plan
 from tpurun.storage.rundir import RunDir
+
+keras = frameworks.keras()  # the process is set up: see tpurun.frameworks
 
 
 class _TimedIterator:

@@ -17,34 +17,33 @@ import os
 import shutil
 import tempfile
 
-import keras  # imported only after process.activate() has chosen the backend
-
+from tpurun import frameworks
 from tpurun.display.lines import Reporter
 from tpurun.storage import fileio
 from tpurun.storage.rundir import TENSORBOARD, RunDir
+
+keras = frameworks.keras()  # the process is set up: see tpurun.frameworks
 
 PROFILE_FOLDER = "plugins/profile"  # under <run>/tensorboard, where TensorBoard looks
 
 
 def _start(backend: str, folder: str) -> None:
     if backend == "jax":
-        import jax
+        jax = frameworks.jax()
 
         jax.profiler.start_trace(folder)
     else:
-        import tensorflow as tf
-
+        tf = frameworks.tensorflow()
         tf.profiler.experimental.start(folder)
 
 
 def _stop(backend: str) -> None:
     if backend == "jax":
-        import jax
+        jax = frameworks.jax()
 
         jax.profiler.stop_trace()
     else:
-        import tensorflow as tf
-
+        tf = frameworks.tensorflow()
         tf.profiler.experimental.stop()
 
 

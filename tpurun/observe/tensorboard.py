@@ -17,18 +17,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import keras  # imported only after process.activate() has chosen the backend
-
+from tpurun import frameworks
 from tpurun.storage import fileio
 from tpurun.storage.rundir import TENSORBOARD, RunDir
 from tpurun.training.checkpoints import step_offset
+
+keras = frameworks.keras()  # the process is set up: see tpurun.frameworks
 
 SPLITS = ("train", "validation")
 EVENTS_GLOB = "events.out.tfevents.*"
 
 
 def _scalar_metadata() -> Any:
-    from tensorflow.core.framework import summary_pb2
+    summary_pb2 = frameworks.tensorflow("core.framework.summary_pb2")
 
     return summary_pb2.SummaryMetadata(
         plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
@@ -51,8 +52,8 @@ def trim_events(folder: str, last_step: int) -> int:
     Event files are TFRecord files of ``Event`` protos; each changed file is rewritten whole and
     atomically (object stores cannot truncate).
     """
-    import tensorflow as tf
-    from tensorflow.core.util import event_pb2
+    tf = frameworks.tensorflow()
+    event_pb2 = frameworks.tensorflow("core.util.event_pb2")
 
     dropped = 0
     for path in event_files(folder):
@@ -103,8 +104,7 @@ class TensorBoardLog(keras.callbacks.Callback):
 
     # ------------------------------------------------------------------ writing
     def _open(self, start: int) -> None:
-        import tensorflow as tf
-
+        tf = frameworks.tensorflow()
         if self.writers and self.last_step <= start:
             return  # continuing where this session's events end
         self.close()
@@ -117,8 +117,7 @@ class TensorBoardLog(keras.callbacks.Callback):
         self.last_step = start
 
     def _write(self, split: str, values: Mapping[str, float], step: int) -> None:
-        import tensorflow as tf
-
+        tf = frameworks.tensorflow()
         if self._start is not None:  # opened at the first write: not before the first step
             self._open(self._start)
             self._start = None

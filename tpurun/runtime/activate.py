@@ -1,24 +1,25 @@
 """Setting this process up for a :class:`~tpurun.runtime.choice.Choice`: environment variables, simulated
 CPU devices, the Keras distribution or ``tf.distribute`` strategy, precision and seeds.
 
-:func:`activate` must run before Keras is imported: Keras fixes its backend at import.
+:func:`activate` runs before anything imports Keras or JAX (Keras fixes its backend at import, JAX
+its devices at first use); :mod:`tpurun.frameworks` refuses them until it has declared the process
+set up.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import sys
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from tpurun import frameworks
 from tpurun.errors import EnvironmentSetupError
 from tpurun.runtime.choice import Choice
 
 
 @dataclass
-class Runtime:
+class ActiveRuntime:
     """The process, set up for a Choice: the replica count and the scope to build models in."""
 
     choice: Choice
@@ -33,46 +34,12 @@ class Runtime:
         """Clear the global Keras distribution, so a notebook kernel's later Keras work (say,
         ``predict`` on 3 samples) is not sharded over this run's devices."""
         if self.distribution is not None:
-            import keras
+            keras = frameworks.keras()
 
             keras.distribution.set_distribution(None)
 
 
 _SEED_ZERO = 1_000_003  # any value TF does not truncate to 0 (it takes seeds modulo 2**31 - 1)
-
-
-def import_tensorflow():
-    """Import TensorFlow without its C++ start-up notices on stderr (oneDNN, CPU features).
-
-    TF 2.21 logs them through absl before TF_CPP_MIN_LOG_LEVEL applies, and in a notebook cell they
-    bury the first lines that matter. If the import fails, what it wrote is shown after all.
-    Also sets tpurun's GCS retry defaults, which TF reads at its first gs:// request.
-    """
-    from tpurun.storage.fileio import apply_gcs_defaults
-
-    apply_gcs_defaults()
-    if "tensorflow" in sys.modules:
-        return sys.modules["tensorflow"]
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    try:
-        saved = os.dup(2)
-    except OSError:
-        import tensorflow
-
-        return tensorflow
-    with tempfile.TemporaryFile() as capture:
-        os.dup2(capture.fileno(), 2)
-        try:
-            import tensorflow
-        except BaseException:
-            os.dup2(saved, 2)
-            capture.seek(0)
-            sys.stderr.write(capture.read().decode(errors="replace"))
-            raise
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-    return tensorflow
 
 
 def _prepare_environment(choice: Choice) -> None:
@@ -99,7 +66,7 @@ JAX_HEARTBEAT_SECONDS = 90
 
 def _join_cluster(choice: Choice) -> None:
     """Connect to the other processes through JAX's distributed runtime, before JAX starts."""
-    import jax
+    jax = frameworks.jax()
 
     hosts = choice.cluster
     if choice.accelerator == "cpu":
@@ -125,7 +92,7 @@ def _join_cluster(choice: Choice) -> None:
 
 
 def _jax_devices(choice: Choice) -> list:
-    import jax
+    jax = frameworks.jax()
 
     platform = {"tpu": "tpu", "gpu": "gpu", "cpu": "cpu"}[choice.accelerator]
     try:
@@ -153,7 +120,7 @@ def _jax_devices(choice: Choice) -> list:
 
 
 def _tf_strategy(choice: Choice):
-    tf = import_tensorflow()
+    tf = frameworks.tensorflow()
 
     if choice.accelerator == "cpu":
         tf.config.set_visible_devices([], "GPU")
@@ -191,23 +158,24 @@ def _tf_strategy(choice: Choice):
     return None
 
 
-def activate(choice: Choice, seed: int) -> Runtime:
+def activate(choice: Choice, seed: int) -> ActiveRuntime:
     """Set this process up for the choice. Call before anything imports Keras.
 
     Raises:
         EnvironmentSetupError: the devices asked for cannot be had in this process.
     """
     _prepare_environment(choice)
+    frameworks.activated(choice.backend)  # Keras and JAX may be imported from here on
     if choice.cluster.multi:
         _join_cluster(choice)
     if choice.backend == "jax":
         devices = _jax_devices(choice)  # before TF, so JAX is first to claim the accelerator
-        tf = import_tensorflow()
+        tf = frameworks.tensorflow()
 
         # tf.data only feeds the input; keep TF off the GPUs so JAX has their memory.
         with contextlib.suppress(RuntimeError):
             tf.config.set_visible_devices([], "GPU")
-        import keras
+        keras = frameworks.keras()
 
         _check_keras_backend(keras, choice)
         distribution = None
@@ -219,22 +187,22 @@ def activate(choice: Choice, seed: int) -> Runtime:
             )
         # Set (or clear) it every time: a notebook kernel keeps the previous run's distribution.
         keras.distribution.set_distribution(distribution)
-        runtime = Runtime(choice, len(devices), distribution=distribution)
+        runtime = ActiveRuntime(choice, len(devices), distribution=distribution)
     else:
         strategy = _tf_strategy(choice)
-        import keras
+        keras = frameworks.keras()
 
         _check_keras_backend(keras, choice)
         if strategy is None:  # one device: TF's default strategy, nothing to distribute
-            runtime = Runtime(choice, 1)
+            runtime = ActiveRuntime(choice, 1)
         else:
-            runtime = Runtime(choice, strategy.num_replicas_in_sync, strategy=strategy)
+            runtime = ActiveRuntime(choice, strategy.num_replicas_in_sync, strategy=strategy)
     keras.mixed_precision.set_global_policy(choice.precision)
     keras.utils.set_random_seed(seed)
     if seed == 0:
         # TF compares (global seed, op seed) with (0, 0), which fails on tf.data's per-pass seeds
         # (tensors): keep TF's global seed non-zero. Still a function of the config's seed.
-        import_tensorflow().random.set_seed(_SEED_ZERO)
+        frameworks.tensorflow().random.set_seed(_SEED_ZERO)
     return runtime
 
 

@@ -2,8 +2,8 @@
 
 Two steps, kept apart so that the decision can be tested anywhere:
 
-* :func:`probe` gathers facts about the machine *without importing* TensorFlow, JAX or Keras
-  (device files, environment variables, installed distributions);
+* :func:`tpurun.runtime.machine.probe` gathers facts about the machine *without importing*
+  TensorFlow, JAX or Keras (device files, environment variables, installed distributions);
 * :func:`choose` is a pure function of the config and those facts: TPU -> GPUs -> CPU, then the
   backend that can run the config as written, then the distribution.
 
@@ -12,111 +12,16 @@ Two steps, kept apart so that the decision can be tested anywhere:
 
 from __future__ import annotations
 
-import contextlib
-import glob
-import importlib.metadata
-import importlib.util
-import os
-import sys
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tpurun.config import RuntimeConfig
 from tpurun.errors import EnvironmentSetupError
 from tpurun.multihost.cluster import Cluster, cluster
+from tpurun.runtime.machine import Machine
 
 # keras-team/keras#19246: TF backend + MirroredStrategy with 2+ replicas + steps_per_execution > 1
 # fails inside fit() with "You must feed a value for placeholder tensor".
 KERAS_19246 = "keras-team/keras#19246"
-_TF_BUILDS = ("tensorflow-tpu", "tensorflow", "tensorflow-cpu", "tf-nightly", "tf-nightly-cpu")
-
-
-def installed_version(dist: str) -> str | None:
-    """The version of an installed distribution (``tensorflow-cpu``, ``jax``), without importing it."""
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-@dataclass(frozen=True)
-class Machine:
-    """What this machine and Python environment offer, found without importing any framework."""
-
-    env: Mapping[str, str] = field(default_factory=dict)
-    tpu_device_files: tuple[str, ...] = ()
-    gpu_count: int = 0
-    tensorflow: str | None = None  # version
-    tensorflow_build: str | None = None  # tensorflow | tensorflow-cpu | tensorflow-tpu | ...
-    jax: str | None = None
-    jax_tpu: bool = False  # libtpu installed: JAX can drive a TPU
-    jax_gpu: bool = False  # a CUDA plugin installed: JAX can drive GPUs
-    keras: str | None = None
-    keras_loaded_backend: str | None = None  # Keras already imported in this process (a notebook)
-
-    @property
-    def tpu_vm(self) -> bool:
-        """A TPU attached to this host (TPU VM), as opposed to a network TPU node."""
-        env = self.env
-        return bool(
-            self.tpu_device_files
-            or env.get("ISTPUVM") == "1"
-            or env.get("COLAB_TPU_1VM") == "1"
-            or env.get("TPU_PROCESS_ADDRESSES") == "local"
-        )
-
-    @property
-    def tpu_node(self) -> str | None:
-        """The address of a network TPU node (retired on Kaggle and Colab, still on Cloud)."""
-        if self.env.get("TPU_NAME"):
-            return self.env["TPU_NAME"]
-        if self.env.get("COLAB_TPU_ADDR"):
-            return "grpc://" + self.env["COLAB_TPU_ADDR"]
-        return None
-
-    @property
-    def tpu_present(self) -> bool:
-        return self.tpu_vm or self.tpu_node is not None
-
-    @property
-    def tf_can_drive_tpu(self) -> bool:
-        if self.tensorflow is None:
-            return False
-        # A TPU node is driven over gRPC by any TF; a TPU VM needs a TPU build of TF.
-        return self.tensorflow_build == "tensorflow-tpu" or (
-            self.tpu_node is not None and not self.tpu_vm
-        )
-
-    @property
-    def tf_can_drive_gpu(self) -> bool:
-        return self.tensorflow_build in ("tensorflow", "tf-nightly")
-
-
-def probe(env: Mapping[str, str] | None = None, dev_root: str = "/dev") -> Machine:
-    """Gather the facts :func:`choose` needs. Cheap: no framework is imported."""
-    env = dict(os.environ if env is None else env)
-    tpu_files = sorted(glob.glob(f"{dev_root}/accel*") + glob.glob(f"{dev_root}/vfio/[0-9]*"))
-    gpus = [p for p in glob.glob(f"{dev_root}/nvidia*") if p[len(dev_root) + 7 :].isdigit()]
-    build = next((b for b in _TF_BUILDS if installed_version(b)), None)
-    loaded = None
-    if "keras" in sys.modules:
-        with contextlib.suppress(Exception):
-            loaded = sys.modules["keras"].backend.backend()
-    return Machine(
-        env=env,
-        tpu_device_files=tuple(tpu_files),
-        gpu_count=len(gpus),
-        tensorflow=installed_version(build) if build else None,
-        tensorflow_build=build,
-        jax=installed_version("jax") if importlib.util.find_spec("jax") else None,
-        jax_tpu=bool(installed_version("libtpu") or installed_version("libtpu-nightly")),
-        jax_gpu=any(
-            installed_version(p)
-            for p in ("jax-cuda12-plugin", "jax-cuda13-plugin", "jax-rocm-plugin")
-        ),
-        keras=installed_version("keras"),
-        keras_loaded_backend=loaded,
-    )
 
 
 @dataclass(frozen=True)
@@ -225,7 +130,7 @@ def choose(cfg: RuntimeConfig, steps_per_execution: int | str, machine: Machine)
     Args:
         cfg: the config's ``runtime`` section.
         steps_per_execution: ``train.steps_per_execution`` as written (an int or ``"auto"``).
-        machine: facts from :func:`probe`.
+        machine: facts from :func:`tpurun.runtime.machine.probe`.
 
     Raises:
         EnvironmentSetupError: the config cannot run here as written; the message says what to
@@ -239,35 +144,70 @@ def choose(cfg: RuntimeConfig, steps_per_execution: int | str, machine: Machine)
             f"Install {_install_hint(cfg.backend, accelerator)}, or set runtime.backend: auto."
         )
     hosts = cluster(cfg, machine.env)
-    if accelerator == "tpu":
-        replicas = None
-    elif accelerator == "gpu":
-        replicas = machine.gpu_count * hosts.num_processes  # the same GPUs on every host
-    else:
-        replicas = cfg.cpu_devices  # all processes together: `tpurun launch` splits them
+    replicas = _replicas(cfg, accelerator, machine, hosts)
     if accelerator != "cpu" and cfg.cpu_devices > 1:
         why += "; runtime.cpu_devices applies only on the CPU"
     if hosts.multi:
-        if cfg.backend == "tensorflow" or (cfg.backend == "auto" and "jax" not in drivers):
-            raise EnvironmentSetupError(
-                f"{hosts.num_processes} processes ({hosts.source}) train together on JAX's "
-                "distributed runtime only: Keras 3's fit does not support TensorFlow's "
-                "MultiWorkerMirroredStrategy (keras-team/keras#20601). Set runtime.backend: jax "
-                "(pip install jax)."
-            )
-        if accelerator == "cpu" and cfg.cpu_devices % hosts.num_processes:
-            raise EnvironmentSetupError(
-                f"runtime.cpu_devices: {cfg.cpu_devices} does not split evenly over "
-                f"{hosts.num_processes} processes; use a multiple of {hosts.num_processes}."
-            )
-        why += f"; {hosts.num_processes} processes from {hosts.source}"
-
+        why += _check_hosts(cfg, accelerator, drivers, hosts)
     multi = replicas is None or replicas > 1
-    explicit_spe = steps_per_execution if isinstance(steps_per_execution, int) else 1
 
     def hits_19246(backend: str) -> bool:
         return backend == "tensorflow" and accelerator != "tpu" and multi
 
+    spe = steps_per_execution if isinstance(steps_per_execution, int) else 1
+    backend, backend_why = _backend(cfg, machine, accelerator, drivers, hits_19246, spe, replicas)
+    precision, warnings = _precision(cfg, accelerator, backend, machine)
+    tpu_address = None
+    if accelerator == "tpu" and backend == "tensorflow":
+        tpu_address = resolve_tpu_address(cfg.tpu, machine)
+    return Choice(
+        backend=backend,
+        accelerator=accelerator,
+        distribution=_distribution(accelerator, backend, multi),
+        replicas=replicas,
+        precision=precision,
+        reason=f"{why}; backend {backend}: {backend_why}",
+        tpu_address=tpu_address,
+        cpu_devices=cfg.cpu_devices if accelerator == "cpu" else 1,
+        # Where keras#19246 applies, an `auto` steps_per_execution must resolve to 1.
+        max_steps_per_execution=1 if hits_19246(backend) else None,
+        warnings=tuple(warnings),
+        cluster=hosts,
+    )
+
+
+def _replicas(cfg: RuntimeConfig, accelerator: str, machine: Machine, hosts: Cluster) -> int | None:
+    """Replicas over all processes; None on a TPU, whose core count is known once it starts."""
+    if accelerator == "tpu":
+        return None
+    if accelerator == "gpu":
+        return machine.gpu_count * hosts.num_processes  # the same GPUs on every host
+    return cfg.cpu_devices  # all processes together: `tpurun launch` splits them
+
+
+def _check_hosts(cfg: RuntimeConfig, accelerator: str, drivers: list[str], hosts: Cluster) -> str:
+    """Refuse what several processes cannot run; returns the reason's note on the processes."""
+    if cfg.backend == "tensorflow" or (cfg.backend == "auto" and "jax" not in drivers):
+        raise EnvironmentSetupError(
+            f"{hosts.num_processes} processes ({hosts.source}) train together on JAX's "
+            "distributed runtime only: Keras 3's fit does not support TensorFlow's "
+            "MultiWorkerMirroredStrategy (keras-team/keras#20601). Set runtime.backend: jax "
+            "(pip install jax)."
+        )
+    if accelerator == "cpu" and cfg.cpu_devices % hosts.num_processes:
+        raise EnvironmentSetupError(
+            f"runtime.cpu_devices: {cfg.cpu_devices} does not split evenly over "
+            f"{hosts.num_processes} processes; use a multiple of {hosts.num_processes}."
+        )
+    return f"; {hosts.num_processes} processes from {hosts.source}"
+
+
+def _backend(
+    cfg: RuntimeConfig, machine: Machine, accelerator: str, drivers: list[str], hits_19246,
+    spe: int, replicas: int | None,
+) -> tuple[str, str]:  # fmt: skip
+    """The backend to run, and why: the config's, else the fastest that drives the accelerator
+    and can run the config as written."""
     candidates = [cfg.backend] if cfg.backend != "auto" else drivers
     if machine.keras_loaded_backend:
         # Keras fixes its backend at first import; in a notebook kernel that already imported it,
@@ -281,51 +221,32 @@ def choose(cfg: RuntimeConfig, steps_per_execution: int | str, machine: Machine)
                 " keras, or run `!tpurun train CONFIG` in a cell."
             )
         candidates = [loaded]
-    runnable = [b for b in candidates if not (hits_19246(b) and explicit_spe > 1)]
+    runnable = [b for b in candidates if not (hits_19246(b) and spe > 1)]
     if not runnable:
         raise EnvironmentSetupError(
-            f"train.steps_per_execution: {explicit_spe} with the TensorFlow backend on "
+            f"train.steps_per_execution: {spe} with the TensorFlow backend on "
             f"{replicas} replicas hits a known Keras 3 bug ({KERAS_19246}: fit() fails with "
             "'You must feed a value for placeholder tensor'). Set runtime.backend: jax (it runs this "
             "fine; pip install jax if it is missing), or train.steps_per_execution: 1."
         )
     backend = runnable[0]
     if cfg.backend != "auto":
-        backend_why = "asked for in runtime.backend"
-    elif machine.keras_loaded_backend:
-        backend_why = "Keras is already imported with it in this process"
-    elif backend == "jax":
-        backend_why = "JAX is the fastest backend installed that drives it"
-    elif drivers[0] == "jax":
-        backend_why = f"steps_per_execution > 1 on several replicas needs it ({KERAS_19246})"
-    else:
-        backend_why = "the only installed backend that drives it"
+        return backend, "asked for in runtime.backend"
+    if machine.keras_loaded_backend:
+        return backend, "Keras is already imported with it in this process"
+    if backend == "jax":
+        return backend, "JAX is the fastest backend installed that drives it"
+    if drivers[0] == "jax":
+        return backend, f"steps_per_execution > 1 on several replicas needs it ({KERAS_19246})"
+    return backend, "the only installed backend that drives it"
 
+
+def _distribution(accelerator: str, backend: str, multi: bool) -> str:
     if accelerator == "tpu":
-        distribution = "data_parallel" if backend == "jax" else "tpu_strategy"
-    elif backend == "jax":
-        distribution = "data_parallel"
-    else:
-        distribution = "mirrored" if multi else "default"
-
-    precision, warnings = _precision(cfg, accelerator, backend, machine)
-    tpu_address = None
-    if accelerator == "tpu" and backend == "tensorflow":
-        tpu_address = resolve_tpu_address(cfg.tpu, machine)
-    return Choice(
-        backend=backend,
-        accelerator=accelerator,
-        distribution=distribution,
-        replicas=replicas,
-        precision=precision,
-        reason=f"{why}; backend {backend}: {backend_why}",
-        tpu_address=tpu_address,
-        cpu_devices=cfg.cpu_devices if accelerator == "cpu" else 1,
-        # Where keras#19246 applies, an `auto` steps_per_execution must resolve to 1.
-        max_steps_per_execution=1 if hits_19246(backend) else None,
-        warnings=tuple(warnings),
-        cluster=hosts,
-    )
+        return "data_parallel" if backend == "jax" else "tpu_strategy"
+    if backend == "jax":
+        return "data_parallel"
+    return "mirrored" if multi else "default"
 
 
 def _precision(

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from tpurun.config import Config
 from tpurun.multihost.shares import Share, share_warning, shares
-from tpurun.runtime.choice import Choice, Machine, choose, probe
+from tpurun.runtime.choice import Choice, choose
+from tpurun.runtime.machine import Machine, probe
 from tpurun.runtime.plan import Plan, make_plan
 
 if TYPE_CHECKING:

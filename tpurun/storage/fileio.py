@@ -11,7 +11,7 @@ upload (an object appears whole or not at all), and :func:`rename` is a copy plu
 A remote operation that fails raises :class:`StorageError`, which says which bucket, why (not
 reachable, no permission, no such bucket) and what to do; a missing file still raises
 ``NotFoundError`` for the reads that expect one. How long TF's GCS client retries before it gives
-up is bounded by :data:`GCS_DEFAULTS`, set wherever the user has not set them.
+up is bounded by :data:`tpurun.frameworks.GCS_DEFAULTS`, set with TensorFlow's import.
 """
 
 from __future__ import annotations
@@ -28,25 +28,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from tpurun import frameworks
 from tpurun.errors import TpurunError
-
-#: TF's GCS client reads these once, at a process's first gs:// use. Its own defaults retry a
-#: refused connection 10 times with delays growing to 32 s (about 196 s before an error), and wait
-#: 120 s for each connection. tpurun's: 4 retries from 0.25 s, at most 2 s apart (a dead endpoint
-#: fails in about 6 s; blips of a few seconds are ridden out), 20 s to connect. Variables the user
-#: set are left as they are.
-GCS_DEFAULTS = {
-    "GCS_RETRY_CONFIG_MAX_RETRIES": "4",
-    "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "250000",
-    "GCS_RETRY_CONFIG_MAX_DELAY_TIME_US": "2000000",
-    "GCS_REQUEST_CONNECTION_TIMEOUT_SECS": "20",
-}
-
-
-def apply_gcs_defaults() -> None:
-    """Set :data:`GCS_DEFAULTS` where the environment has no value (before the first gs:// use)."""
-    for key, value in GCS_DEFAULTS.items():
-        os.environ.setdefault(key, value)
 
 
 class StorageError(TpurunError):
@@ -170,10 +153,7 @@ def _remote(path: str, doing: str, *, missing_is_error: bool = False) -> Iterato
 
 
 def _gfile():
-    from tpurun.runtime.activate import import_tensorflow
-
-    apply_gcs_defaults()
-    return import_tensorflow().io.gfile
+    return frameworks.tensorflow().io.gfile
 
 
 def join(folder: str, *names: str) -> str:

@@ -15,9 +15,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import keras  # imported only after process.activate() has chosen the backend
 import numpy as np
 
+from tpurun import frameworks
 from tpurun.config import Config
 from tpurun.display.lines import Reporter
 from tpurun.errors import TpurunError
@@ -30,6 +30,8 @@ from tpurun.storage.rundir import EARLY_STOPPING_WEIGHTS, RunDir
 from tpurun.training.checkpoints import Checkpointer, step_offset
 from tpurun.training.model import import_object
 from tpurun.training.signals import Stop, StopNow
+
+keras = frameworks.keras()  # the process is set up: see tpurun.frameworks
 
 
 class Progress(keras.callbacks.Callback):

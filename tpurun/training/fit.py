@@ -10,10 +10,11 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tpurun import frameworks
 from tpurun.config import Config, DataConfig
 from tpurun.display.lines import Reporter
 from tpurun.errors import DataError, ModelError, TpurunError
-from tpurun.runtime.activate import Runtime
+from tpurun.runtime.activate import ActiveRuntime
 from tpurun.runtime.plan import Plan
 from tpurun.storage import fileio
 from tpurun.storage.rundir import RunDir, Summary
@@ -31,7 +32,7 @@ class TrainJob:
     to start, and the stop request it obeys."""
 
     prepared: Prepared
-    runtime: Runtime
+    runtime: ActiveRuntime
     run: RunDir
     point: ResumePoint | None  # where to continue from; None: epoch 1
     identity: dict  # what the checkpoints are bound to (resume.identity)
@@ -74,8 +75,7 @@ def train(job: TrainJob) -> TrainResult:
     With ``callbacks.on_nan: restore``, a NaN loss reloads the latest checkpoint with the learning
     rate cut, and training goes on from there (as Model Garden's loss recovery does).
     """
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     from tpurun.data import pipeline
     from tpurun.observe.callbacks import epoch_waits
     from tpurun.training import callbacks as cbs
@@ -307,8 +307,7 @@ def _fit(model, train_ds, val_ds, val_steps, steps: int, epochs: int, initial_ep
     """``model.fit``, with data problems turned into clear errors, and a saved stop ended."""
     import warnings
 
-    import tensorflow as tf
-
+    tf = frameworks.tensorflow()
     try:
         with warnings.catch_warnings():
             # A finite validation set "runs out", on purpose, at the end of each validation pass.
@@ -334,7 +333,7 @@ def _fit(model, train_ds, val_ds, val_steps, steps: int, epochs: int, initial_ep
         raise DataError(f"reading the training data failed: {first}") from None
 
 
-def _restore(model, inputs, weights: str, runtime: Runtime, source: str) -> None:
+def _restore(model, inputs, weights: str, runtime: ActiveRuntime, source: str) -> None:
     """Build the model and optimizer variables, then load the weights and optimizer state."""
     with runtime.scope():
         if not model.built:

@@ -11,6 +11,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from tpurun import frameworks
 from tpurun.config import Config, NamedObject
 from tpurun.errors import ModelError
 from tpurun.runtime.plan import Plan
@@ -72,7 +73,7 @@ def _brief(exc: BaseException) -> str:
 
 def build_model(config: Config, backend: str) -> Any:
     """Call the factory with its kwargs and check that it returned a Keras model."""
-    import keras
+    keras = frameworks.keras()
 
     factory = import_object(config.model.factory, config.base_dir, "model.factory")
     if not callable(factory):
@@ -164,7 +165,7 @@ def learning_rate_schedule(config: Config, plan: Plan, scale: float = 1.0) -> An
 
     ``scale`` multiplies it throughout (``callbacks.on_nan: restore`` cuts the learning rate).
     """
-    import keras
+    keras = frameworks.keras()
 
     lr = config.train.learning_rate
     peak = plan.learning_rate * scale
@@ -183,7 +184,7 @@ def learning_rate_schedule(config: Config, plan: Plan, scale: float = 1.0) -> An
 
 
 def build_optimizer(config: Config, plan: Plan) -> Any:
-    import keras
+    keras = frameworks.keras()
 
     spec = config.model.optimizer
     if "learning_rate" in spec.kwargs:
@@ -196,7 +197,7 @@ def build_optimizer(config: Config, plan: Plan) -> Any:
 
 
 def build_loss(config: Config) -> Any:
-    import keras
+    keras = frameworks.keras()
 
     loss = config.model.loss
     if isinstance(loss, list):
@@ -209,7 +210,7 @@ def build_loss(config: Config) -> Any:
 
 
 def build_metrics(config: Config) -> list[Any]:
-    import keras
+    keras = frameworks.keras()
 
     out = []
     for spec in config.model.metrics:

@@ -11,6 +11,7 @@ import difflib
 from collections.abc import Mapping
 from typing import Any
 
+from tpurun import frameworks
 from tpurun.config import Config
 from tpurun.errors import ConfigError
 from tpurun.runtime.plan import resolve_monitor
@@ -22,7 +23,7 @@ def logged_metrics(model: Any) -> dict[str, Any]:
     Compiled metrics and losses are nested in Keras' containers; their names are what the logs
     use (before a ``val_`` prefix).
     """
-    from keras.src.trainers import compile_utils
+    compile_utils = frameworks.keras("src.trainers.compile_utils")
 
     containers = (compile_utils.CompileMetrics, compile_utils.MetricsList)
     found: dict[str, Any] = {}

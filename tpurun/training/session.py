@@ -24,7 +24,7 @@ from tpurun.multihost.collectives import check_shared_folder, sync_processes
 from tpurun.multihost.watchdog import Watchdog
 from tpurun.observe import input_wait
 from tpurun.runtime.activate import activate
-from tpurun.runtime.choice import Machine, probe
+from tpurun.runtime.machine import Machine, probe
 from tpurun.runtime.prepare import Prepared, choose_for, prepare
 from tpurun.storage.rundir import CONFIG, RunDir, Summary, now_iso, run_path
 from tpurun.training import fit

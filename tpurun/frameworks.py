@@ -1,0 +1,127 @@
+"""The one door to TensorFlow, JAX and Keras: every tpurun module imports them through here.
+
+The rule it keeps: **Keras and JAX only after the process is set up** for its choice of backend and
+devices (:func:`tpurun.runtime.activate.activate` calls :func:`activated`). Keras fixes its backend
+at its first import, and JAX its devices at its first use, so a module that reached either one
+earlier would train on the wrong backend or device count. :func:`keras` and :func:`jax` refuse
+before then, loudly, as the programming error it would be. TensorFlow can come at any time: it
+reads files and feeds ``tf.data`` for every backend, and its import fixes nothing activation needs.
+
+What the door adds to a plain import:
+
+- TensorFlow without its C++ start-up notices on stderr (oneDNN, CPU features): TF 2.21 logs them
+  through absl before ``TF_CPP_MIN_LOG_LEVEL`` applies, and in a notebook cell they bury the lines
+  that matter. If the import fails, what it wrote is shown after all.
+- TensorFlow's GCS client settings (:data:`GCS_DEFAULTS`), which it reads once, at the process's
+  first ``gs://`` use.
+
+tpurun's own child scripts that must run without tpurun (``infer/check.py``, ``infer/loader.py``)
+import the frameworks directly; ``tests/test_layout.py`` checks that no other module does.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import tempfile
+from types import ModuleType
+
+#: TF's GCS client reads these once, at a process's first gs:// use. Its own defaults retry a
+#: refused connection 10 times with delays growing to 32 s (about 196 s before an error), and wait
+#: 120 s for each connection. tpurun's: 4 retries from 0.25 s, at most 2 s apart (a dead endpoint
+#: fails in about 6 s; blips of a few seconds are ridden out), 20 s to connect. Variables the user
+#: set are left as they are.
+GCS_DEFAULTS = {
+    "GCS_RETRY_CONFIG_MAX_RETRIES": "4",
+    "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "250000",
+    "GCS_RETRY_CONFIG_MAX_DELAY_TIME_US": "2000000",
+    "GCS_REQUEST_CONNECTION_TIMEOUT_SECS": "20",
+}
+
+_backend: str | None = None  # set by activated(): the backend this process was set up for
+
+
+class ImportOrderError(RuntimeError):
+    """Keras or JAX was asked for before the process was set up: a bug in tpurun, not the user's."""
+
+
+def activated(backend: str) -> None:
+    """Declare the process set up for ``backend``: the environment that fixes Keras' backend and
+    JAX's devices is in place, so both may be imported from now on."""
+    global _backend
+    _backend = backend
+
+
+def backend() -> str | None:
+    """The backend :func:`activated` declared, or None before then."""
+    return _backend
+
+
+def apply_gcs_defaults() -> None:
+    """Set :data:`GCS_DEFAULTS` where the environment has no value (before the first gs:// use)."""
+    for key, value in GCS_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+def tensorflow(submodule: str | None = None) -> ModuleType:
+    """TensorFlow (or ``tensorflow.<submodule>``), imported quietly. Allowed at any time."""
+    apply_gcs_defaults()
+    tf = sys.modules.get("tensorflow") or _quiet_import("tensorflow")
+    return importlib.import_module(f"tensorflow.{submodule}") if submodule else tf
+
+
+def keras(submodule: str | None = None) -> ModuleType:
+    """Keras (or ``keras.<submodule>``), once the process is set up.
+
+    Raises:
+        ImportOrderError: before :func:`activated`.
+    """
+    _check_order("Keras", "keras")
+    return importlib.import_module(f"keras.{submodule}" if submodule else "keras")
+
+
+def jax(submodule: str | None = None) -> ModuleType:
+    """JAX (or ``jax.<submodule>``), once the process is set up.
+
+    Raises:
+        ImportOrderError: before :func:`activated`.
+    """
+    _check_order("JAX", "jax")
+    return importlib.import_module(f"jax.{submodule}" if submodule else "jax")
+
+
+# tf.data map functions ask the door for TensorFlow while they are traced. AutoGraph would convert
+# these functions too (and warn that os.environ has no source); marked as TF's own
+# tf.autograph.experimental.do_not_convert marks a function, they are called as they are.
+for _door in (tensorflow, keras, jax, apply_gcs_defaults):
+    _door.autograph_info__ = {}
+
+
+def _check_order(name: str, module: str) -> None:
+    if _backend is None:
+        raise ImportOrderError(
+            f"{name} was asked for before tpurun.runtime.activate set this process up, so "
+            f"'{module}' would start with the wrong backend or devices. Call it after activate()."
+        )
+
+
+def _quiet_import(name: str) -> ModuleType:
+    """Import ``name`` with file descriptor 2 captured; on failure, replay what it wrote."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to capture (a daemon, some notebook hosts)
+        return importlib.import_module(name)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            return importlib.import_module(name)
+        except BaseException:
+            os.dup2(saved, 2)
+            capture.seek(0)
+            sys.stderr.write(capture.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
