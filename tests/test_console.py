@@ -8,8 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from tpurun.display.lines import PlainReporter, format_duration, want_plain
+from tpurun.display.lines import PlainReporter, format_duration
 from tpurun.display.live import LiveReporter
+from tpurun.display.reporter import want_plain
 
 
 class FakeTTY(io.StringIO):

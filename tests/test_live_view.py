@@ -22,8 +22,9 @@ from conftest import ROOT, _cli_env, toy_config
 from test_console import plan
 
 import tpurun.display.live
-from tpurun.display.lines import PlainReporter, Reporter
+from tpurun.display.lines import PlainReporter
 from tpurun.display.live import LiveReporter
+from tpurun.display.reporter import Reporter
 
 
 class FakeTTY(io.StringIO):

@@ -43,7 +43,8 @@ def train(
             was already imported in this kernel with another backend, the message says so.
     """
     from tpurun.config import Config
-    from tpurun.display.lines import PlainReporter, Reporter
+    from tpurun.display.lines import PlainReporter
+    from tpurun.display.reporter import Reporter
     from tpurun.training import session
 
     cfg = config if isinstance(config, Config) else load_config(config, overrides)

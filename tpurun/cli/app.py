@@ -94,7 +94,7 @@ def train(
     """Train a model as CONFIG describes; rerunning continues an unfinished run."""
     with exit_codes(train=True), StopSignals() as signals:
         from tpurun.config import load_config
-        from tpurun.display.lines import make_reporter
+        from tpurun.display import make_reporter
 
         reporter = signals.reporter = make_reporter(plain)
         if time_limit:

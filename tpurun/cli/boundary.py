@@ -74,7 +74,7 @@ def _check_set_items(args: list[str]) -> None:
 def say(text: str) -> None:
     """A message on stderr. On a terminal, wrapped between words at its width, so a path is never
     cut in two; plain (a notebook, CI, a pipe: :func:`tpurun.display.lines.want_plain`), as it is."""
-    from tpurun.display.lines import want_plain
+    from tpurun.display.reporter import want_plain
 
     if not want_plain(stream=sys.stderr):
         width = shutil.get_terminal_size().columns

@@ -135,7 +135,8 @@ def data_write(
     ] = False,
 ) -> None:
     """Write sharded TFRecords (and a schema file) from arrays, CSV files or an image folder."""
-    from tpurun.display.lines import TaskProgress, want_plain
+    from tpurun.display.lines import TaskProgress
+    from tpurun.display.reporter import want_plain
 
     if compression not in ("none", "gzip"):
         raise fail(TpurunError(f"--compression: expected none or gzip, got {compression!r}."))
@@ -172,7 +173,8 @@ def data_inspect(
     ] = False,
 ) -> None:
     """List files, bytes and records, infer the features, and print a ready-to-paste features: block."""
-    from tpurun.display.lines import TaskProgress, want_plain
+    from tpurun.display.lines import TaskProgress
+    from tpurun.display.reporter import want_plain
 
     plain = want_plain(plain)
     progress = TaskProgress("counting records", "files", plain=plain or as_json)

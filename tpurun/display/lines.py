@@ -1,10 +1,5 @@
-"""What a run looks like: a Rich live view in a terminal, plain lines in notebooks, CI and logs.
-
-A notebook's ``!tpurun`` runs on a pseudo-terminal: ``isatty()`` is True and ``TERM=xterm-color``,
-yet the cell cannot redraw a live display (cursor moves and bare ``\\r`` become garbage). So the
-choice looks at the environment too: ``JPY_PARENT_PID`` (Jupyter, Kaggle, Colab), CI, ``TERM=dumb``,
-and ``--plain`` / ``TPURUN_PLAIN=1`` to force it.
-"""
+"""Plain lines: what a run prints in notebooks, CI and logs (no ANSI escapes, no carriage
+returns), the formatting the live view shares, and a progress bar for the data commands."""
 
 from __future__ import annotations
 
@@ -14,26 +9,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-_NOTEBOOK_SIGNALS = ("JPY_PARENT_PID", "COLAB_RELEASE_TAG", "KAGGLE_KERNEL_RUN_TYPE")
-PLAIN_PROGRESS_SECONDS = 30.0  # a plain progress line at most this often
-LIVE_REFRESH_SECONDS = 0.5
-
-
-def want_plain(
-    force: bool = False, stream: TextIO | None = None, env: Mapping[str, str] | None = None
-) -> bool:
-    env = os.environ if env is None else env
-    stream = sys.stdout if stream is None else stream
-    if force or env.get("TPURUN_PLAIN", "").lower() in ("1", "true", "yes"):
-        return True
-    if any(env.get(name) for name in _NOTEBOOK_SIGNALS):
-        return True
-    if env.get("CI") or env.get("TERM", "") == "dumb":
-        return True
-    try:
-        return not stream.isatty()
-    except (AttributeError, ValueError):
-        return True
+from tpurun.display.reporter import PLAIN_PROGRESS_SECONDS, Reporter
 
 
 def metric_parts(logs: Mapping[str, Any] | None) -> list[str]:
@@ -102,43 +78,6 @@ def wrap_parts(
 
 def _first_steps(steps: int) -> str:
     return "the first step" if steps == 1 else f"the first {steps} steps"
-
-
-class Reporter:
-    """Receives a run's events; this base class stays silent (the Python API's default).
-
-    One epoch: ``epoch_begin(epoch, steps)`` (epochs count from 1); per execution (the
-    ``steps_per_execution`` steps run as one call) ``execution_begin`` with its first and last step
-    (from 1), and at a bounded rate, and at the epoch's last step, ``progress`` (``logs`` None when
-    nothing new is known); ``compiled`` once the run's first execution is done (its steps, and its
-    seconds, compiling included); ``validation_begin``, ``validation_progress`` (bounded rate),
-    ``validation_end``; then ``epoch_end``. ``message`` is a notice (level info, warn or note) on
-    lines of its own; ``finish`` says how the run ended; ``close`` ends the output however it ended
-    (a live display gives the terminal back; idempotent).
-    """
-
-    started = False  # set by start(): training has begun
-
-    def message(self, text: str, level: str = "info") -> None: ...
-    def start(self, plan: Any, run_dir: str, epochs: int, initial_epoch: int) -> None: ...
-    def epoch_begin(self, epoch: int, steps: int) -> None: ...
-    def execution_begin(self, epoch: int, first: int, last: int) -> None: ...
-    def progress(
-        self, epoch: int, step: int, steps: int, rate: float, eta: float, logs: Mapping | None
-    ) -> None: ...
-    def compiled(self, seconds: float, steps: int) -> None: ...
-    def validation_begin(self, epoch: int, steps: int) -> None: ...
-    def validation_progress(self, epoch: int, step: int, steps: int) -> None: ...
-    def validation_end(self, epoch: int, seconds: float) -> None: ...
-    def epoch_end(
-        self, epoch: int, logs: Mapping[str, Any], seconds: float, rate: float
-    ) -> None: ...
-    def finish(self, summary: Mapping[str, Any]) -> None: ...
-    def close(self) -> None: ...
-
-    @property
-    def progress_interval(self) -> float:
-        return PLAIN_PROGRESS_SECONDS
 
 
 class PlainReporter(Reporter):
@@ -210,14 +149,6 @@ class PlainReporter(Reporter):
             f"{summary['status']}: {summary['epochs_completed']} epoch(s) in "
             f"{format_duration(summary.get('seconds'))}{best_text} -> {summary.get('run_dir')}"
         )
-
-
-def make_reporter(plain: bool = False) -> Reporter:
-    if want_plain(plain):
-        return PlainReporter()
-    from tpurun.display.live import LiveReporter
-
-    return LiveReporter()
 
 
 class TaskProgress:

@@ -1,4 +1,4 @@
-"""The live view of a run on a real terminal (:func:`tpurun.display.lines.make_reporter` picks it there;
+"""The live view of a run on a real terminal (:func:`tpurun.display.make_reporter` picks it there;
 notebooks, CI and pipes get :class:`~tpurun.display.lines.PlainReporter`'s lines)."""
 
 from __future__ import annotations
@@ -6,13 +6,8 @@ from __future__ import annotations
 import time
 from typing import Any, TextIO
 
-from tpurun.display.lines import (
-    LIVE_REFRESH_SECONDS,
-    PlainReporter,
-    epoch_label,
-    metric_parts,
-    wrap_parts,
-)
+from tpurun.display.lines import PlainReporter, epoch_label, metric_parts, wrap_parts
+from tpurun.display.reporter import LIVE_REFRESH_SECONDS
 
 RATE_SECONDS = 5.0  # the rate shown follows the executions of about the last 5 seconds
 

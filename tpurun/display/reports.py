@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from tpurun.display.lines import want_plain
+from tpurun.display.reporter import want_plain
 
 _STYLES = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from tpurun import frameworks
 from tpurun.config import Config
-from tpurun.display.lines import Reporter
+from tpurun.display.reporter import Reporter
 from tpurun.observe.input_wait import KEY, measurable
 from tpurun.runtime.plan import Plan
 from tpurun.storage.rundir import RunDir

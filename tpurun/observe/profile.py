@@ -18,7 +18,7 @@ import shutil
 import tempfile
 
 from tpurun import frameworks
-from tpurun.display.lines import Reporter
+from tpurun.display.reporter import Reporter
 from tpurun.storage import fileio
 from tpurun.storage.rundir import TENSORBOARD, RunDir
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from tpurun import frameworks
 from tpurun.config import Config
-from tpurun.display.lines import Reporter
+from tpurun.display.reporter import Reporter
 from tpurun.errors import TpurunError
 from tpurun.infer.evaluate import correctable, exact_logs
 from tpurun.multihost.collectives import agree_on_stop

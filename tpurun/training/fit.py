@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpurun import frameworks
 from tpurun.config import Config, DataConfig
-from tpurun.display.lines import Reporter
+from tpurun.display.reporter import Reporter
 from tpurun.errors import DataError, ModelError, TpurunError
 from tpurun.runtime.activate import ActiveRuntime
 from tpurun.runtime.plan import Plan

@@ -18,7 +18,7 @@ from typing import Any
 
 from tpurun import __version__
 from tpurun.config import Config
-from tpurun.display.lines import Reporter
+from tpurun.display.reporter import Reporter
 from tpurun.errors import EXIT_USER_ERROR, Interrupted, TpurunError
 from tpurun.multihost.collectives import check_shared_folder, sync_processes
 from tpurun.multihost.watchdog import Watchdog
