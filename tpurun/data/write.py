@@ -180,7 +180,7 @@ def write_dataset(
             such bucket).
     """
     from tpurun.data.sources import open_source
-    from tpurun.data.tabular import table_options
+    from tpurun.data.sources.tabular import table_options
 
     started = time.monotonic()
     _check_options(

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from tpurun.data.sources import Source
+from tpurun.data.sources.base import Source
 from tpurun.errors import DataError, TpurunError
 
 _INT = re.compile(r"[+-]?\d+")

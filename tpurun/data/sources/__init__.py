@@ -1,0 +1,94 @@
+"""What ``tpurun data write`` reads: arrays, CSV files and folders of images.
+
+Every source knows its record count and its features (in the config's feature-spec form) before
+the first record is read, and yields records a chunk at a time, as ``{feature: column}`` where each
+column is a numpy array or a list of bytes that ``write.example_bytes`` accepts row by row. Only
+one chunk is held in memory, so a source larger than RAM can be written.
+
+Sources are local files; copy a remote one here first (``gsutil -m cp -r``). One module per kind:
+:mod:`.arrays`, :mod:`.images`, :mod:`.tabular` (CSV files, with their options: label, packed
+columns, missing values); :mod:`.base` is what they share. This module recognises which kind a
+path is.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+from tpurun.data.sources.arrays import ArraySource, npy_array, npz_arrays
+from tpurun.data.sources.base import ACCEPTED, Source
+from tpurun.data.sources.images import ImageFolderSource, visible_subfolders
+from tpurun.data.sources.tabular import CsvSource, TableOptions
+from tpurun.errors import DataError
+
+__all__ = ["ACCEPTED", "Source", "open_source"]
+
+
+def open_source(
+    path: str,
+    *,
+    image_size: tuple[int, int] | None = None,
+    seed: int = 0,
+    table: TableOptions | None = None,
+) -> Source:
+    """Recognize what ``path`` is and open it as a source.
+
+    Args:
+        path: a .npz or .npy file, a folder of .npy files, a CSV file or glob, or an image folder.
+        image_size: for image folders, re-encode every image at this ``(height, width)``.
+        seed: for image folders, the seed of the shuffled file order.
+        table: for CSV files, the label, packed columns and missing-value fill.
+
+    Raises:
+        DataError: the path is missing, empty, or none of the accepted kinds, or an option does
+            not apply to its kind.
+    """
+    source = _open(str(path), image_size, seed, table)
+    if image_size is not None and not isinstance(source, ImageFolderSource):
+        raise DataError(
+            f"{path}: image_size={tuple(image_size)} resizes images, but this source holds "
+            "arrays or CSV rows; leave it out."
+        )
+    return source
+
+
+def _open(
+    path: str, image_size: tuple[int, int] | None, seed: int, table: TableOptions | None
+) -> Source:
+    if table and not (any(c in path for c in "*?[") or path.lower().endswith(".csv")):
+        raise DataError(
+            f"{path}: --label, --pack and --fill-missing apply to CSV files, and this source is "
+            "not one; leave them out."
+        )
+    if "://" in path:
+        raise DataError(
+            f"{path}: sources are read from local files; copy it to this machine first "
+            "(e.g. gsutil -m cp -r), then write from the local copy."
+        )
+    if any(c in path for c in "*?[") or path.lower().endswith(".csv"):
+        files = sorted(f for f in glob.glob(path) if os.path.isfile(f))
+        if not files:
+            raise DataError(f"{path}: no file matches this path; expected {ACCEPTED}.")
+        if all(f.lower().endswith(".csv") for f in files):
+            return CsvSource(path, files, table)
+        others = [f for f in files if not f.lower().endswith(".csv")]
+        raise DataError(
+            f"{path}: matches {others[0]}, which is not a .csv file; a glob names CSV files."
+        )
+    if os.path.isfile(path) and path.endswith(".npz"):
+        return ArraySource(path, npz_arrays(path))
+    if os.path.isfile(path) and path.endswith(".npy"):
+        return ArraySource(path, [npy_array(path)])
+    if os.path.isdir(path):
+        npy = sorted(glob.glob(os.path.join(glob.escape(path), "*.npy")))
+        if npy:
+            return ArraySource(path, [npy_array(f) for f in npy])
+        if visible_subfolders(path):
+            return ImageFolderSource(path, image_size=image_size, seed=seed)
+        raise DataError(
+            f"{path}: the folder holds no .npy file and no subfolder; expected {ACCEPTED}."
+        )
+    if not os.path.exists(path):
+        raise DataError(f"{path}: no such file or folder; expected {ACCEPTED}.")
+    raise DataError(f"{path}: not a kind of source tpurun can write; expected {ACCEPTED}.")

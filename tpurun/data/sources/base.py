@@ -1,0 +1,40 @@
+"""What every source of ``tpurun data write`` is: its size and features up front, then its
+records a chunk at a time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+#: What `tpurun data write` takes, for messages about a source it cannot read.
+ACCEPTED = (
+    "a .npz file, a .npy file, a folder of .npy files, CSV files with a header row (a path or a "
+    "glob), or a folder of images with one subfolder per class"
+)
+# A tf.train.Example spends a few bytes per feature on the key and the list headers.
+OVERHEAD_PER_FEATURE = 12
+
+
+class Source:
+    """A dataset to write: its size and features up front, then its records a chunk at a time.
+
+    Attributes:
+        path: the source as the user named it (recorded in the schema file).
+        records: how many records ``chunks`` yields in total.
+        features: ``{name: feature spec}`` in the config's form, e.g. ``{"type": "float"}``.
+        nbytes: the estimated size of all records once serialized, to size the shards.
+        class_names: the class of each label value (image folders, a CSV's text label).
+        layout: what the schema file should also say of how records were made from the source
+            (a CSV's label, packed columns and fills); ``{}`` for most sources.
+    """
+
+    path: str
+    records: int
+    features: dict[str, dict[str, Any]]
+    nbytes: int
+    class_names: list[str] | None = None
+    layout: dict[str, Any] = {}  # read only here; a source that fills it sets its own
+
+    def chunks(self, size: int) -> Iterator[dict[str, Any]]:
+        """Yield ``{feature: column}`` dicts of at most ``size`` records each, in order."""
+        raise NotImplementedError
