@@ -21,7 +21,6 @@ from tpurun import frameworks
 from tpurun.config import Config
 from tpurun.display.reporter import Reporter
 from tpurun.errors import TpurunError
-from tpurun.infer.evaluate import correctable, exact_logs
 from tpurun.multihost.collectives import agree_on_stop
 from tpurun.observe.callbacks import observers
 from tpurun.runtime.plan import Plan, resolve_monitor
@@ -30,6 +29,7 @@ from tpurun.storage.rundir import EARLY_STOPPING_WEIGHTS, RunDir
 from tpurun.training.checkpoints import Checkpointer, step_offset
 from tpurun.training.model import import_object
 from tpurun.training.signals import Stop, StopNow
+from tpurun.training.validation import correctable, exact_logs
 
 keras = frameworks.keras()  # the process is set up: see tpurun.frameworks
 
