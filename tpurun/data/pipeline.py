@@ -73,14 +73,14 @@ def make_dataset(
             are ``(inputs, targets, weights)``. So every record counts exactly once, whatever
             the batch size and the replica count, and batch shapes stay static (TPUs need them;
             a partial batch cannot be split evenly over replicas). Weighted metrics are then
-            exact; the loss needs :func:`tpurun.infer.evaluate.exact_logs`.
+            exact; the loss needs :func:`tpurun.training.validation.exact_logs`.
         repeat_eval: repeat those batches endlessly (then pass ``validation_steps``). Needed under
             a tf.distribute strategy: there, Keras miscounts metrics at the end of a finite
             dataset (measured with MirroredStrategy on 8 CPUs: val accuracy 0.65 for batches it
             scores 0.98 on when repeated). Elsewhere the finite form is exact even when
             steps_per_execution does not divide the batch count.
         shard: ``(num_shards, index)``: keep every ``num_shards``-th record from ``index`` (a
-            process's share when there are fewer files than processes; see tpurun.multihost.cluster).
+            process's share when there are fewer files than processes; see tpurun.multihost.shares).
         cache: cache the serialized records after the first pass: ``""`` in memory, or a file
             path prefix (TF writes ``<prefix>.index`` and data files). None: no cache.
 
@@ -88,14 +88,30 @@ def make_dataset(
         A ``tf.data.Dataset`` of ``(inputs, targets)`` batches.
     """
     tf = frameworks.tensorflow()
-    autotune = tf.data.AUTOTUNE
-    compression = compression_type(data.compression, files)
-    used = feat.used_features(data)
-    spec = feat.parse_spec(used)
-
+    read = _reader(files, compression_type(data.compression, files), shard)
     file_list = tf.data.Dataset.from_tensor_slices(list(files))
-    n_files = max(1, len(files))
-    cycle_length = min(n_files, 16)
+    if training:
+        ds = _endless_passes(read, file_list, len(files), data.shuffle_buffer, seed, cache,
+                             start_record, records_per_pass)  # fmt: skip
+    else:
+        ds = read(file_list)
+        if cache is not None:
+            ds = ds.cache(cache)
+        if score_records is not None:
+            ds = _scored(ds, read(file_list), score_records, batch_size, take_batches)
+    ds = ds.batch(batch_size, drop_remainder=True)
+    if take_batches is not None:
+        ds = ds.take(take_batches)
+    if repeat_eval:
+        ds = ds.repeat()
+    return _parsed(ds, data)
+
+
+def _reader(files: Sequence[str], compression: str, shard: tuple[int, int] | None):
+    """A function from a dataset of file names to their records, read in parallel, in order."""
+    tf = frameworks.tensorflow()
+    autotune = tf.data.AUTOTUNE
+    cycle_length = min(max(1, len(files)), 16)
     # Local reads are CPU-bound: one reader per core beats AUTOTUNE's choice (measured +23% on
     # NAIC-like records, 2 cores). Remote reads wait on latency: let AUTOTUNE add readers there.
     remote = any("://" in f for f in files)
@@ -111,59 +127,68 @@ def make_dataset(
         )
         return records.shard(*shard) if shard else records
 
-    if training:
-        cached = read(file_list).cache(cache) if cache is not None else None
+    return read
 
-        def one_pass(index):
-            pass_seed = seed * _PASS_SEED_STRIDE + index
-            if cached is not None:
-                records = cached  # files in one fixed order; the record shuffle mixes them
-            else:
-                records = read(file_list.shuffle(n_files, seed=pass_seed))
-            if data.shuffle_buffer > 1:
-                records = records.shuffle(data.shuffle_buffer, seed=pass_seed)
-            return records
 
-        first_pass, skip = 0, 0
-        if start_record:
-            if not records_per_pass:
-                raise ValueError("start_record needs records_per_pass")
-            first_pass, skip = divmod(start_record, records_per_pass)
-        ds = tf.data.Dataset.range(first_pass, 2**62).flat_map(one_pass)
-        if skip:
-            ds = ds.skip(skip)
-    else:
-        ds = read(file_list)
-        if cache is not None:
-            ds = ds.cache(cache)
-        if score_records is not None:
-            # Every process must feed the same number of batches (take_batches, when given).
-            fed = (
-                take_batches * batch_size
-                if take_batches
-                else -(-score_records // batch_size) * batch_size
-            )
-            score_records = min(score_records, fed)
-            pad = fed - score_records
-            ds = ds.take(score_records).map(lambda r: (r, tf.constant(1.0)))
-            if pad:
-                filler = read(file_list).take(1).repeat(pad).map(lambda r: (r, tf.constant(0.0)))
-                ds = ds.concatenate(filler)
-    ds = ds.batch(batch_size, drop_remainder=True)
-    if take_batches is not None:
-        ds = ds.take(take_batches)
-    if repeat_eval:
-        ds = ds.repeat()
+def _endless_passes(
+    read, file_list, n_files: int, shuffle_buffer: int, seed: int, cache: str | None,
+    start_record: int, records_per_pass: int | None,
+):  # fmt: skip
+    """The training stream: pass ``p`` shuffles files and records with its own seed, so the
+    stream is a function of ``seed`` alone, and starts at ``start_record`` exactly."""
+    tf = frameworks.tensorflow()
+    cached = read(file_list).cache(cache) if cache is not None else None
+
+    def one_pass(index):
+        pass_seed = seed * _PASS_SEED_STRIDE + index
+        if cached is not None:
+            records = cached  # files in one fixed order; the record shuffle mixes them
+        else:
+            records = read(file_list.shuffle(max(1, n_files), seed=pass_seed))
+        if shuffle_buffer > 1:
+            records = records.shuffle(shuffle_buffer, seed=pass_seed)
+        return records
+
+    first_pass, skip = 0, 0
+    if start_record:
+        if not records_per_pass:
+            raise ValueError("start_record needs records_per_pass")
+        first_pass, skip = divmod(start_record, records_per_pass)
+    ds = tf.data.Dataset.range(first_pass, 2**62).flat_map(one_pass)
+    return ds.skip(skip) if skip else ds
+
+
+def _scored(ds, again, score_records: int, batch_size: int, take_batches: int | None):
+    """``(record, weight)`` pairs: the records to score weighted 1, then copies of the first
+    record (from ``again``, a fresh read) weighted 0 to fill the last batch."""
+    tf = frameworks.tensorflow()
+    # Every process must feed the same number of batches (take_batches, when given).
+    fed = (
+        take_batches * batch_size if take_batches else -(-score_records // batch_size) * batch_size
+    )
+    score_records = min(score_records, fed)
+    pad = fed - score_records
+    ds = ds.take(score_records).map(lambda r: (r, tf.constant(1.0)))
+    if pad:
+        ds = ds.concatenate(again.take(1).repeat(pad).map(lambda r: (r, tf.constant(0.0))))
+    return ds
+
+
+def _parsed(ds, data: Any):
+    """Batches of serialized records -> ``(inputs, targets[, weights])``, parsed in parallel."""
+    tf = frameworks.tensorflow()
+    used = feat.used_features(data)
+    spec = feat.parse_spec(used)
 
     def parse(serialized, weights=None):
         decoded = feat.decode_batch(tf.io.parse_example(serialized, spec), used)
         batch = (feat.select(decoded, data.inputs), feat.select(decoded, data.targets))
         return batch if weights is None else (*batch, weights)
 
-    ds = ds.map(parse, num_parallel_calls=autotune)
+    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
     options = tf.data.Options()
     options.experimental_optimization.map_parallelization = True
-    return ds.with_options(options).prefetch(autotune)
+    return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
 
 
 # ------------------------------------------------------------------------------- in file order

@@ -125,22 +125,13 @@ class WriteReport:
 
 
 def write_dataset(
-    source: str | os.PathLike | Source,
-    out_prefix: str,
-    *,
-    shard_mb: float = SHARD_MB,
-    shard_multiple: int = SHARD_MULTIPLE,
-    compression: str = "none",
-    validation_fraction: float = 0.0,
-    seed: int = 0,
-    image_size: tuple[int, int] | None = None,
-    chunk_records: int = 4096,
-    progress: Callable[[int, int], None] | None = None,
-    label: str | None = None,
-    pack: Mapping[str, Sequence[str] | None] | Sequence[str] | None = None,
-    fill_missing: float | str | None = None,
-    overwrite: bool = False,
-) -> WriteReport:
+    source: str | os.PathLike | Source, out_prefix: str, *, shard_mb: float = SHARD_MB,
+    shard_multiple: int = SHARD_MULTIPLE, compression: str = "none",
+    validation_fraction: float = 0.0, seed: int = 0, image_size: tuple[int, int] | None = None,
+    chunk_records: int = 4096, progress: Callable[[int, int], None] | None = None,
+    label: str | None = None, pack: Mapping[str, Sequence[str] | None] | Sequence[str] | None = None,
+    fill_missing: float | str | None = None, overwrite: bool = False,
+) -> WriteReport:  # fmt: skip
     """Write a source as TFRecord shards plus ``<out_prefix>.schema.json``.
 
     A dataset already written under ``out_prefix`` is replaced only with ``overwrite``. An
@@ -152,21 +143,17 @@ def write_dataset(
             ``sources.open_source``), or an opened ``Source``.
         out_prefix: shards are ``<out_prefix>[-<split>]-00000-of-00008.tfrecord``; local, gs://
             or ram://.
-        shard_mb: the target size of a shard in MB (10^6 bytes), estimated from the source.
-        shard_multiple: each split's shard count is a multiple of this, so that hosts and cores
-            read equal shares; a split with fewer records than this is one shard.
+        shard_mb, shard_multiple: the target size of a shard in MB (10^6 bytes), estimated from
+            the source; each split's shard count is a multiple of ``shard_multiple``, so that hosts
+            and cores read equal shares (a split with fewer records is one shard).
         compression: "none" or "gzip".
-        validation_fraction: this fraction of the records, drawn with ``seed``, is written as a
-            "validation" split and the rest as "train"; 0 writes a single split, "all".
-        seed: seeds the validation draw (and an image folder's shuffled file order).
-        image_size: ``(height, width)`` to re-encode images at (JPEG quality 95, PNG files stay
-            PNG); None keeps the image files' bytes.
-        chunk_records: records read and held at a time (fewer when they exceed ``CHUNK_BYTES``).
-        progress: called as ``progress(records_done, records_total)`` after each chunk.
-        label: CSV only: the label column; text labels become class indices (see ``tabular``).
-        pack: CSV only: ``{name: columns}`` or ``NAME=COL,COL`` texts: numeric columns packed
-            into one float vector feature each.
-        fill_missing: CSV only: a number or "mean" for empty cells; None makes them an error.
+        validation_fraction, seed: this fraction of the records, drawn with ``seed``, is written
+            as a "validation" split and the rest as "train"; 0 writes a single split, "all".
+            ``seed`` also shuffles an image folder's file order.
+        image_size: ``(height, width)`` to re-encode images at (JPEG quality 95, PNG stays PNG).
+        chunk_records, progress: records held at a time (fewer past ``CHUNK_BYTES``), and
+            ``progress(records_done, records_total)`` called after each chunk.
+        label, pack, fill_missing: CSV only (see ``sources.tabular.table_options``).
         overwrite: replace the shards and schema file of a dataset written under this prefix.
 
     Returns:
@@ -179,45 +166,18 @@ def write_dataset(
         StorageError: a gs:// ``out_prefix`` cannot be written (unreachable, no permission, no
             such bucket).
     """
-    from tpurun.data.sources import open_source
-    from tpurun.data.sources.tabular import table_options
-
     started = time.monotonic()
-    _check_options(
-        out_prefix,
-        shard_mb,
-        shard_multiple,
-        compression,
-        validation_fraction,
-        chunk_records,
-        image_size,
-    )
-    table = table_options(label, pack, fill_missing)
+    _check_options(out_prefix, shard_mb, shard_multiple, compression, validation_fraction,
+                   chunk_records, image_size)  # fmt: skip
     folder, base = shards.split_prefix(out_prefix)
     if not overwrite:
         with _writing_to(out_prefix, "looking for a dataset written there"):
             shards.refuse_existing(out_prefix, folder, base)
-    if isinstance(source, (str, os.PathLike)):
-        source = open_source(os.fspath(source), image_size=image_size, seed=seed, table=table)
-    elif table:
-        raise TpurunError(
-            "label, pack and fill_missing apply when the source is a CSV path; an opened "
-            "Source lays out its own features."
-        )
-    total = source.records
-    is_validation = split_mask(total, validation_fraction, seed)
-    if is_validation is None:
-        split_records = {"all": total}
-    else:
-        n_validation = int(is_validation.sum())
-        split_records = {"train": total - n_validation, "validation": n_validation}
-    shard_sets = {}
-    for split, records in split_records.items():
-        count = shard_count(records, source.nbytes * records / total, shard_mb, shard_multiple)
-        paths = schema.shard_names(out_prefix, None if split == "all" else split, count)
-        shard_sets[split] = shards.ShardSet(paths, balanced_sizes(records, count), compression)
-
-    chunk_size = max(1, min(chunk_records, CHUNK_BYTES * total // max(1, source.nbytes)))
+    source = _opened(source, image_size, seed, label, pack, fill_missing)
+    is_validation = split_mask(source.records, validation_fraction, seed)
+    shard_sets = _shard_sets(source, out_prefix, is_validation, shard_mb, shard_multiple,
+                             compression)  # fmt: skip
+    chunk_size = max(1, min(chunk_records, CHUNK_BYTES * source.records // max(1, source.nbytes)))
     committed = False
     try:
         with _writing_to(out_prefix, "writing the shards"):
@@ -230,16 +190,63 @@ def write_dataset(
         if not committed:
             for shard_set in shard_sets.values():
                 shard_set.abandon()
-    shard_counts = {
-        split: {shards.basename(path): n for path, n, _ in written}
-        for split, written in splits.items()
-    }
+    return WriteReport(
+        schema_path=_write_schema(source, out_prefix, splits, compression),
+        source=source.path,
+        features=source.features,
+        class_names=source.class_names,
+        splits=splits,
+        compression=compression,
+        records=source.records,
+        seconds=time.monotonic() - started,
+        layout=dict(source.layout),
+    )
+
+
+def _opened(source: Any, image_size: Any, seed: int, label: Any, pack: Any, fill: Any) -> Source:
+    """The source, opened from its path with the CSV options, or as it was given."""
+    from tpurun.data.sources import open_source
+    from tpurun.data.sources.tabular import table_options
+
+    table = table_options(label, pack, fill)
+    if isinstance(source, (str, os.PathLike)):
+        return open_source(os.fspath(source), image_size=image_size, seed=seed, table=table)
+    if table:
+        raise TpurunError(
+            "label, pack and fill_missing apply when the source is a CSV path; an opened "
+            "Source lays out its own features."
+        )
+    return source
+
+
+def _shard_sets(
+    source: Source, out_prefix: str, is_validation: Any, shard_mb: float, shard_multiple: int,
+    compression: str,
+) -> dict[str, shards.ShardSet]:  # fmt: skip
+    """Each split's shards, named and sized: ``all``, or ``train`` and ``validation``."""
+    total = source.records
+    if is_validation is None:
+        split_records = {"all": total}
+    else:
+        n_validation = int(is_validation.sum())
+        split_records = {"train": total - n_validation, "validation": n_validation}
+    shard_sets = {}
+    for split, records in split_records.items():
+        count = shard_count(records, source.nbytes * records / total, shard_mb, shard_multiple)
+        paths = schema.shard_names(out_prefix, None if split == "all" else split, count)
+        shard_sets[split] = shards.ShardSet(paths, balanced_sizes(records, count), compression)
+    return shard_sets
+
+
+def _write_schema(source: Source, out_prefix: str, splits: dict, compression: str) -> str:
+    """``<out_prefix>.schema.json``, written last: the dataset is complete once it is there."""
     schema_file = schema.schema_path(out_prefix)
     schema.write(
         schema_file,
         schema.make(
             source.features,
-            shard_counts,
+            {split: {shards.basename(path): n for path, n, _ in written}
+             for split, written in splits.items()},
             compression=compression,
             class_names=source.class_names,
             source=source.path,
@@ -249,18 +256,8 @@ def write_dataset(
             },
             layout=source.layout,
         ),
-    )
-    return WriteReport(
-        schema_path=schema_file,
-        source=source.path,
-        features=source.features,
-        class_names=source.class_names,
-        splits=splits,
-        compression=compression,
-        records=total,
-        seconds=time.monotonic() - started,
-        layout=dict(source.layout),
-    )
+    )  # fmt: skip
+    return schema_file
 
 
 @contextlib.contextmanager
