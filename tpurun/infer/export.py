@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -280,100 +281,36 @@ def export(
             or checkpoint, a missing export package, or an artifact that does not load or does
             not match the trained model (then nothing is written).
     """
-    from tpurun import __version__
-    from tpurun.infer import formats, loading
-    from tpurun.storage.rundir import now_iso
+    from tpurun.infer import loading
 
     started = time.monotonic()
-    fmt = check_format(format)
-    chosen = parse_platforms(platforms)
-    output = loading.writable_output(output).rstrip(os.sep)
-    if fmt == "keras" and not output.endswith(".keras"):
-        raise TpurunError(f"--output {output}: a keras export is a .keras file (Keras saves no "
-                          "other name), e.g. --output export/model.keras.")  # fmt: skip
-    if fmt == "onnx" and importlib.util.find_spec("onnxruntime") is None:
-        raise TpurunError("--format onnx: onnxruntime is not installed, and export loads the "
-                          "artifact with it to check it: pip install 'tpurun[export]'.")  # fmt: skip
-    _check_destinations(fmt, output)
+    fmt, chosen = check_format(format), parse_platforms(platforms)
+    output = _checked_output(fmt, output)
     trained = loading.open_run(run_dir)
     found = loading.find_checkpoint(trained, checkpoint)
     runtime = loading.activate_for(trained, machine)
     runtime.release()  # one device: an artifact holds plain weights, not a layout over devices
-    keras = frameworks.keras()
-
-    precision, notes = runtime.choice.precision, []
-    if fmt == "onnx" and precision != "float32":
-        notes.append(f"trained with {precision}; exported in float32 (Keras' ONNX export needs it)")
-        keras.mixed_precision.set_global_policy(precision := "float32")
-    model = loading.build(trained, found)
-    inputs, source = reference_inputs(trained)
-    model(inputs)  # Keras' ONNX export wants a model that has been called
-    with _highest_precision():
-        expected = [keras.ops.convert_to_numpy(o) for o in keras.tree.flatten(
-            model.predict(inputs, batch_size=len(keras.tree.flatten(inputs)[0]), verbose=0))]  # fmt: skip
-    backend = keras.backend.backend()
-    tol = tolerance(precision, runtime.choice.accelerator)
+    ref = _reference(trained, found, fmt, runtime.choice.precision)
+    tol = tolerance(ref.precision, runtime.choice.accelerator)
     folder, name = os.path.split(output)
     work = tempfile.mkdtemp(prefix=f".{name}.tpurun-", dir=folder)
     try:
         stage = os.path.join(work, "out")
         os.makedirs(stage)
         artifact = os.path.join(stage, name)
-        loader = None
         began = time.monotonic()
-        if fmt == "saved_model":
-            formats.write_saved_model(model, artifact, chosen)
-        elif fmt == "onnx":
-            formats.write_onnx(model, artifact)
-        else:
-            loader = formats.write_keras(model, artifact, trained.config)
+        loader = _write(fmt, ref.model, artifact, chosen, trained.config)
         wrote = time.monotonic() - began
-        report = _check(fmt, artifact, inputs, expected, loader, backend, work, tol)
+        report = _check(fmt, artifact, ref.inputs, ref.expected, loader, ref.backend, work, tol)
         checked = time.monotonic() - began - wrote
-        jax_saved_model = fmt == "saved_model" and backend == "jax"
-        sidecar = {
-            "format": fmt,
-            "artifact": name,
-            "loader": os.path.basename(loader) if loader else None,
-            "usage": _usage(fmt, name, loader),
-            "inputs": _described_inputs(report, trained.config.data),
-            "outputs": report["outputs"],
-            "class_names": trained.class_names,
-            # How a record decodes into those inputs (tf.io.parse_example, then decode).
-            "data": loading.feature_spec(trained.config.data, trained.class_names),
-            "backend": backend,
-            "precision": precision,
-            "platforms": list(chosen) if jax_saved_model else None,
-            "checked": {
-                "on": source,
-                "max_abs_diff": report["max_abs_diff"],
-                "tolerance": tol,
-                "loaded_without_tpurun": not report["tpurun_imported"],
-            },  # fmt: skip
-            "notes": notes,
-            "run_dir": trained.run.path,
-            "checkpoint": found.path,
-            "exported": now_iso(),
-            "tpurun_version": __version__,
-        }
+        sidecar = _sidecar(fmt, name, loader, report, trained, found, ref, chosen, tol)
         Path(stage, f"{name}.json").write_text(json.dumps(sidecar, indent=2) + "\n")
         placed = _place(stage, _destinations(fmt, output), os.path.join(work, "replaced"))
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    keys = ("format", "backend", "precision", "platforms", "checked", "notes", "loader", "usage")
     return {
-        **{
-            k: sidecar[k]
-            for k in (
-                "format",
-                "backend",
-                "precision",
-                "platforms",
-                "checked",
-                "notes",
-                "loader",
-                "usage",
-            )
-        },  # fmt: skip
+        **{k: sidecar[k] for k in keys},
         "output": output,
         "sidecar": f"{output}.json",
         "files": placed,
@@ -385,4 +322,100 @@ def export(
             "check": round(checked, 3),
             "total": round(time.monotonic() - started, 3),
         },  # fmt: skip
+    }
+
+
+def _checked_output(fmt: str, output: str) -> str:
+    """The output path, once it is known to fit the format and to be writable."""
+    from tpurun.infer import loading
+
+    output = loading.writable_output(output).rstrip(os.sep)
+    if fmt == "keras" and not output.endswith(".keras"):
+        raise TpurunError(f"--output {output}: a keras export is a .keras file (Keras saves no "
+                          "other name), e.g. --output export/model.keras.")  # fmt: skip
+    if fmt == "onnx" and importlib.util.find_spec("onnxruntime") is None:
+        raise TpurunError("--format onnx: onnxruntime is not installed, and export loads the "
+                          "artifact with it to check it: pip install 'tpurun[export]'.")  # fmt: skip
+    _check_destinations(fmt, output)
+    return output
+
+
+@dataclass
+class _Reference:
+    """The trained model, the inputs it is checked on, and its own outputs for them."""
+
+    model: Any
+    inputs: Any
+    source: str  # where the inputs came from
+    expected: list
+    backend: str
+    precision: str
+    notes: list[str]
+
+
+def _reference(trained: Any, found: Any, fmt: str, precision: str) -> _Reference:
+    from tpurun.infer import loading
+
+    keras = frameworks.keras()
+    notes = []
+    if fmt == "onnx" and precision != "float32":
+        notes.append(f"trained with {precision}; exported in float32 (Keras' ONNX export needs it)")
+        keras.mixed_precision.set_global_policy(precision := "float32")
+    model = loading.build(trained, found)
+    inputs, source = reference_inputs(trained)
+    model(inputs)  # Keras' ONNX export wants a model that has been called
+    with _highest_precision():
+        expected = [keras.ops.convert_to_numpy(o) for o in keras.tree.flatten(
+            model.predict(inputs, batch_size=len(keras.tree.flatten(inputs)[0]), verbose=0))]  # fmt: skip
+    return _Reference(model, inputs, source, expected, keras.backend.backend(), precision, notes)
+
+
+def _write(
+    fmt: str, model: Any, artifact: str, platforms: Sequence[str], config: Any
+) -> str | None:
+    """Write the artifact; returns the loader module written beside a keras export."""
+    from tpurun.infer import formats
+
+    if fmt == "saved_model":
+        formats.write_saved_model(model, artifact, platforms)
+    elif fmt == "onnx":
+        formats.write_onnx(model, artifact)
+    else:
+        return formats.write_keras(model, artifact, config)
+    return None
+
+
+def _sidecar(
+    fmt: str, name: str, loader: str | None, report: dict, trained: Any, found: Any,
+    ref: _Reference, platforms: Sequence[str], tol: float,
+) -> dict[str, Any]:  # fmt: skip
+    """``<output>.json``: what the artifact is, how to load and feed it, and how it was checked."""
+    from tpurun import __version__
+    from tpurun.infer import loading
+    from tpurun.storage.rundir import now_iso
+
+    return {
+        "format": fmt,
+        "artifact": name,
+        "loader": os.path.basename(loader) if loader else None,
+        "usage": _usage(fmt, name, loader),
+        "inputs": _described_inputs(report, trained.config.data),
+        "outputs": report["outputs"],
+        "class_names": trained.class_names,
+        # How a record decodes into those inputs (tf.io.parse_example, then decode).
+        "data": loading.feature_spec(trained.config.data, trained.class_names),
+        "backend": ref.backend,
+        "precision": ref.precision,
+        "platforms": list(platforms) if fmt == "saved_model" and ref.backend == "jax" else None,
+        "checked": {
+            "on": ref.source,
+            "max_abs_diff": report["max_abs_diff"],
+            "tolerance": tol,
+            "loaded_without_tpurun": not report["tpurun_imported"],
+        },
+        "notes": ref.notes,
+        "run_dir": trained.run.path,
+        "checkpoint": found.path,
+        "exported": now_iso(),
+        "tpurun_version": __version__,
     }
