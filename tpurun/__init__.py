@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from tpurun._version import __version__
+
 __all__ = ["__version__", "evaluate", "export", "load", "load_config", "plot", "predict", "train"]
 
 

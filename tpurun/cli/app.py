@@ -17,7 +17,7 @@ from typing import Annotated
 
 import typer
 
-from tpurun import __version__
+from tpurun._version import __version__
 from tpurun.cli.args import ConfigArg, SetOpt
 from tpurun.cli.boundary import START_UP, SetCommand, StopSignals, exit_codes
 from tpurun.cli.data import data_app

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tpurun import __version__
+from tpurun._version import __version__
 
 STATUSES = ("ok", "warn", "fail", "skip")
 REPORT_VERSION = 1

@@ -15,7 +15,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-from tpurun import __version__
+from tpurun._version import __version__
 from tpurun.doctor import Check
 from tpurun.runtime.machine import Machine, installed_version
 

@@ -390,7 +390,7 @@ def _sidecar(
     ref: _Reference, platforms: Sequence[str], tol: float,
 ) -> dict[str, Any]:  # fmt: skip
     """``<output>.json``: what the artifact is, how to load and feed it, and how it was checked."""
-    from tpurun import __version__
+    from tpurun._version import __version__
     from tpurun.infer import loading
     from tpurun.storage.rundir import now_iso
 

@@ -16,7 +16,7 @@ import time
 import traceback
 from typing import Any
 
-from tpurun import __version__
+from tpurun._version import __version__
 from tpurun.config import Config
 from tpurun.display.reporter import Reporter
 from tpurun.errors import EXIT_USER_ERROR, Interrupted, TpurunError
