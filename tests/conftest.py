@@ -15,6 +15,15 @@ os.environ["KERAS_BACKEND"] = "jax"
 os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+# JAX's persistent compilation cache, for this process and every subprocess a test starts: the
+# same toy models are compiled once per machine instead of once per process. A folder under the
+# pytest cache, so `make clean` (or deleting .pytest_cache) empties it.
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR",
+    str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "jax-compilation-cache"),
+)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
