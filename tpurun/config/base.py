@@ -19,8 +19,14 @@ class Section(BaseModel):
 class NamedObject(Section):
     """A Keras object named by a string, or by ``{name: ..., other keys are kwargs}``."""
 
-    name: str = Field(description="A Keras name (`adam`), or an import path `module:Name`.")
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Constructor arguments.")
+    name: str = Field(
+        description="A Keras name (`adam`), or an import path `module:Name` or `path/to/file.py:Name`."
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Constructor arguments: in YAML, the keys beside `name` (`{name: adam, "
+        "beta_1: 0.8}`).",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -25,41 +25,62 @@ CastDType = Literal["float16", "bfloat16", "float32", "float64", "int32", "int64
 
 class _FeatureBase(Section):
     key: str | None = Field(
-        None, description="The key in the record, when it differs from the name."
+        None,
+        description="The record key, when it differs from the feature's name "
+        "(`{type: int64, key: image/class}`).",
     )
 
 
 class RawFeature(_FeatureBase):
-    type: Literal["raw"]
+    type: Literal["raw"] = Field(
+        description="One bytes value (an array's `tobytes()`), decoded with `tf.io.decode_raw` and "
+        "reshaped to `shape`."
+    )
     dtype: RawDType = Field("float32", description="The dtype the bytes were written as.")
-    shape: list[Positive] = Field(description="Shape of one record's tensor after decoding.")
-    cast: CastDType | None = Field(None, description="Cast after decoding.")
+    shape: list[Positive] = Field(
+        description="The shape of one record's tensor after decoding; its byte length must fit."
+    )
+    cast: CastDType | None = Field(None, description="A dtype to cast to after decoding.")
 
 
 class Int64Feature(_FeatureBase):
-    type: Literal["int64"]
-    shape: list[Positive] = Field(default_factory=list, description="[] for a scalar.")
-    cast: CastDType | None = None
+    type: Literal["int64"] = Field(
+        description="An int64 list, decoded to a fixed-length tensor (class indices, ids)."
+    )
+    shape: list[Positive] = Field(
+        default_factory=list, description="`[]` for a scalar, which arrives batched as `(batch,)`."
+    )
+    cast: CastDType | None = Field(None, description="A dtype to cast to after decoding.")
 
 
 class FloatFeature(_FeatureBase):
-    type: Literal["float"]
-    shape: list[Positive] = Field(default_factory=list, description="[] for a scalar.")
-    cast: CastDType | None = None
+    type: Literal["float"] = Field(
+        description="A float list, decoded to a fixed-length tensor (a CSV column, or columns packed "
+        "into one vector)."
+    )
+    shape: list[Positive] = Field(
+        default_factory=list, description="`[]` for a scalar, `[n]` for a vector of n values."
+    )
+    cast: CastDType | None = Field(None, description="A dtype to cast to after decoding.")
 
 
 class BytesFeature(_FeatureBase):
-    type: Literal["bytes"]
-    shape: list[Positive] = Field(default_factory=list, description="[] for a scalar string.")
+    type: Literal["bytes"] = Field(
+        description="A bytes list, decoded to strings (ids, text columns)."
+    )
+    shape: list[Positive] = Field(default_factory=list, description="`[]` for a scalar string.")
 
 
 class ImageFeature(_FeatureBase):
-    type: Literal["image"]
-    shape: Annotated[list[Positive], Field(min_length=3, max_length=3)] = Field(
-        description="[height, width, channels]; images are resized to it."
+    type: Literal["image"] = Field(
+        description="JPEG, PNG, GIF or BMP bytes, decoded and resized to `shape`: floats in [0, 1] "
+        "(0..255 with `scale: false`)."
     )
-    scale: bool = Field(True, description="Scale pixels to [0, 1] floats; false keeps 0..255.")
-    cast: CastDType | None = None
+    shape: Annotated[list[Positive], Field(min_length=3, max_length=3)] = Field(
+        description="`[height, width, channels]` (channels 1, 3 or 4); images are resized to it."
+    )
+    scale: bool = Field(True, description="Scale pixels to [0, 1] floats; `false` keeps 0..255.")
+    cast: CastDType | None = Field(None, description="A dtype to cast to after decoding.")
 
     @field_validator("shape")
     @classmethod

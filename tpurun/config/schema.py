@@ -30,52 +30,78 @@ WRITTEN_KEYS = ("derived",)
 # --------------------------------------------------------------------------------------- runtime
 class RuntimeConfig(Section):
     backend: Literal["auto", "jax", "tensorflow"] = Field(
-        "auto", description="Keras backend. auto: the fastest one that can run this config here."
+        "auto",
+        description="The Keras backend. `auto`: the fastest installed backend that can run this config "
+        "as written on the chosen accelerator: JAX wherever both could (see Kaggle and Colab, which "
+        "backend drives the TPU).",
     )
     accelerator: Literal["auto", "tpu", "gpu", "cpu"] = Field(
-        "auto", description="auto: TPU, else GPUs, else CPU."
+        "auto",
+        description="`auto`: a TPU, else GPUs, else the CPU (one line says what was chosen and why). "
+        "An accelerator named here but absent is an error; `cpu` trains on the CPU on purpose.",
     )
     tpu: str = Field(
         "auto",
         min_length=1,
-        description="TensorFlow TPU address: auto | local | <TPU name> | grpc://host:port.",
+        description="TensorFlow backend only: `auto` (`local` on a TPU VM, else `TPU_NAME`), `local`, "
+        "a TPU name, or `grpc://host:port`.",
     )
     cpu_devices: int = Field(
-        1, ge=1, le=512, description="Split the CPU into N devices to rehearse an N-core config."
+        1,
+        ge=1,
+        le=512,
+        description="On the CPU, split it into N devices (replicas), for either backend: an N-core TPU "
+        "config then runs with the same replicas, global batch and scaled learning rate.",
     )
     precision: Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"] = Field(
-        "auto", description="auto: mixed_bfloat16 on TPUs, float32 elsewhere."
+        "auto",
+        description="`auto`: `mixed_bfloat16` on TPUs, `float32` elsewhere. `mixed_float16` is warned "
+        "against on TPUs.",
     )
     coordinator: str | None = Field(
         None,
         min_length=1,
-        description="Several hosts: process 0's host:port (else KERAS_DISTRIBUTION_JOB_ADDRESSES; "
-        "found by itself on a Cloud TPU pod).",
+        description="Several hosts: process 0's `host:port`, the same on every process. Unset: "
+        "`KERAS_DISTRIBUTION_JOB_ADDRESSES`; JAX finds it by itself on a Cloud TPU pod and under SLURM.",
     )
     num_processes: int | None = Field(
-        None, ge=1, description="Several hosts: how many processes train together (one per host)."
+        None,
+        ge=1,
+        description="Several hosts: how many processes (one per host) train together. Unset: "
+        "`KERAS_DISTRIBUTION_NUM_PROCESSES`, else a Cloud TPU pod's or SLURM's own variables.",
     )
     process_id: int | None = Field(
-        None, ge=0, description="Several hosts: this process's number, 0 to num_processes - 1."
+        None,
+        ge=0,
+        description="Several hosts: this process's number, 0 to `num_processes - 1` (0 on the "
+        "coordinator). Unset: `KERAS_DISTRIBUTION_PROCESS_ID`, `TPU_WORKER_ID` or `SLURM_PROCID`.",
     )
 
 
 # ----------------------------------------------------------------------------------------- model
 class ModelConfig(Section):
     factory: str = Field(
-        description='"path/to/file.py:function" or "package.module:function"; returns a Keras model.',
+        description="`path/to/file.py:function` or `package.module:function`: called with `kwargs` "
+        "inside the distribution scope, it returns a Keras model (see The config, the model factory).",
     )
-    kwargs: dict[str, Any] = Field(default_factory=dict, description="Arguments for the factory.")
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for the factory."
+    )
     optimizer: NamedObject = Field(
         default_factory=lambda: NamedObject(name="adam"),
-        description="A Keras optimizer name or module:Class; other keys are its kwargs.",
+        description="A Keras optimizer name or `module:Class`, or `{name: ..., kwarg: ...}`: the other "
+        "keys are its kwargs. The learning rate always comes from `train.learning_rate`.",
     )
     loss: NamedObject | list[NamedObject] | dict[str, NamedObject] | None = Field(
         None,
-        description="A Keras loss name, module:function, or {name: ..., kwarg: ...}; left out: "
-        "the loss the factory compiled its model with.",
+        description="A Keras loss name, `module:function`, `{name: ..., kwarg: ...}`, or a list / "
+        "`{output: loss}` map for several outputs. Left out: the loss the factory compiled its model "
+        "with (an error if it did not compile). Checked against the labels before training.",
     )
-    metrics: list[NamedObject] = Field(default_factory=list, description="Keras metrics.")
+    metrics: list[NamedObject] = Field(
+        default_factory=list,
+        description="Keras metric names, `module:function`, or `{name: ..., kwarg: ...}`.",
+    )
 
     @field_validator("factory")
     @classmethod
@@ -91,31 +117,55 @@ class ModelConfig(Section):
 
 # ------------------------------------------------------------------------------------------ data
 class DataConfig(Section):
-    train: str | list[str] = Field(description="TFRecord glob(s): local, gs:// or ram://.")
-    validation: str | list[str] | None = Field(None, description="TFRecord glob(s) for validation.")
+    train: str | list[str] = Field(
+        description="A TFRecord glob or a list of globs: local (relative to the config file's folder), "
+        "`gs://` or `ram://`."
+    )
+    validation: str | list[str] | None = Field(
+        None,
+        description="The same, for validation: read in order, never shuffled, every record scored "
+        "exactly once per epoch.",
+    )
     kaggle_dataset: str | None = Field(
         None,
         min_length=1,
-        description="A Kaggle dataset name: relative globs are read from its path (gs:// or /kaggle/input).",
+        description="A Kaggle dataset name: relative globs are read from "
+        "`KaggleDatasets().get_gcs_path(name)` (`gs://` on TPU nodes, `/kaggle/input/...` on TPU "
+        "VMs). An error outside Kaggle.",
     )
     features: dict[str, Feature] = Field(
         default_factory=dict,
-        description="How to decode each record key (omitted: from the shards' schema file).",
+        description="How each record key decodes (see Feature types below). Left out, or for the keys "
+        "it leaves out: from the `*.schema.json` that `tpurun data write` puts beside the shards.",
     )
-    inputs: FeatureRef = Field(description="Feature name, list, or {model_input: feature} map.")
-    targets: FeatureRef = Field(description="Feature name, list, or {model_output: feature} map.")
-    shuffle_buffer: int = Field(10000, ge=0, description="Records held for shuffling (0: off).")
+    inputs: FeatureRef = Field(
+        description="A feature name (the one model input), a list (the model's inputs in order), or a "
+        "`{model_input: feature}` map (inputs by their `keras.Input` name)."
+    )
+    targets: FeatureRef = Field(
+        description="The same, for the targets: a feature name, a list, or a "
+        "`{model_output: feature}` map."
+    )
+    shuffle_buffer: int = Field(
+        10000, ge=0, description="Training records held for shuffling (0: no record shuffle)."
+    )
     compression: Literal["auto", "none", "gzip"] = Field(
-        "auto", description="TFRecord compression; auto: the schema's, else detected."
+        "auto",
+        description="TFRecord compression. `auto`: the schema file's, else detected from the first "
+        "file.",
     )
     cache: str | None = Field(
         None,
         min_length=1,
-        description="Cache the records read: 'memory', or a file path prefix (for datasets that fit).",
+        description="`memory`, or a file path prefix: keep the records read after the first pass, for "
+        "datasets that fit (decoding still runs). A file cache belongs to one run at a time; one left "
+        "half-written by a killed run is cleared.",
     )
     skip_corrupt: bool = Field(
         False,
-        description="Skip a corrupt or truncated shard (counted and reported) instead of stopping.",
+        description="A corrupt or truncated shard is skipped, counted, warned about and recorded in "
+        "`summary.json`, instead of stopping with exit 2 (which names the file and the record "
+        "offset).",
     )
 
     @staticmethod
@@ -128,17 +178,26 @@ class DataConfig(Section):
 
 # ----------------------------------------------------------------------------------------- train
 class LearningRateConfig(Section):
-    base: float = Field(1e-3, gt=0, description="Learning rate tuned for base_batch_size.")
+    base: float = Field(1e-3, gt=0, description="The learning rate tuned for `base_batch_size`.")
     base_batch_size: int | None = Field(
         None,
         ge=1,
-        description="Batch size `base` was tuned for (unset: the global batch, no scaling).",
+        description="The batch size `base` was tuned for. Unset: the global batch, so no scaling.",
     )
     scaling: Literal["linear", "sqrt", "none"] = Field(
-        "linear", description="lr = base x f(global_batch / base_batch_size)."
+        "linear",
+        description="lr = base x f(global batch / `base_batch_size`), f being the identity, the square "
+        "root, or 1.",
     )
-    warmup_epochs: float = Field(0, ge=0, description="Linear warmup to the scaled LR, in epochs.")
-    schedule: Literal["constant", "cosine"] = Field("constant", description="After warmup.")
+    warmup_epochs: float = Field(
+        0,
+        ge=0,
+        description="Linear warmup to the scaled learning rate, in epochs (fractions allowed).",
+    )
+    schedule: Literal["constant", "cosine"] = Field(
+        "constant",
+        description="After the warmup: constant, or a cosine decay to 0 at the last step.",
+    )
 
 
 _DURATION = re.compile(
@@ -169,35 +228,61 @@ def parse_duration(value: Any) -> float | None:
 
 class ProfileConfig(Section):
     start_step: int = Field(
-        10, ge=1, description="The first step traced, counted from this session's first step."
+        10,
+        ge=1,
+        description="The first step traced, counted from this session's first step (the first "
+        "execution compiles: start after it).",
     )
-    steps: int = Field(5, ge=1, description="How many steps to trace.")
+    steps: int = Field(
+        5,
+        ge=1,
+        description="How many steps to trace (whole executions of `steps_per_execution` steps).",
+    )
 
 
 class TrainConfig(Section):
     per_core_batch_size: int | None = Field(
-        None, ge=1, description="Batch per replica; global batch = this x replicas (default 16)."
+        None,
+        ge=1,
+        description="The batch per replica: global batch = this x replicas. 16 when neither this nor "
+        "`global_batch_size` is given.",
     )
     global_batch_size: int | None = Field(
-        None, ge=1, description="Alternative to per_core_batch_size; must divide by replicas."
+        None,
+        ge=1,
+        description="Instead of `per_core_batch_size` (not both): the global batch, which must divide "
+        "by the replica count.",
     )
-    epochs: int = Field(10, ge=1, description="Epochs to train.")
-    steps_per_epoch: int | Auto = Field("auto", description="auto: train records // global batch.")
+    epochs: int = Field(
+        10, ge=1, description="Epochs to train, counted over every session of the run."
+    )
+    steps_per_epoch: int | Auto = Field(
+        "auto",
+        description="An integer, or `auto`: train records // global batch (counted once and cached).",
+    )
     validation_steps: int | Auto = Field(
-        "auto", description="auto: validation records // global batch."
+        "auto",
+        description="An integer, or `auto`: every validation record once (the last batch is padded "
+        "with records weighted 0).",
     )
     steps_per_execution: int | Auto = Field(
-        "auto", description="Batches per device call; auto picks an integer for this backend."
+        "auto",
+        description="Batches per device call. `auto`: the largest divisor of the epoch's steps up to "
+        "32 (1 where keras#19246 applies). An epoch is rounded down to whole executions.",
     )
-    learning_rate: LearningRateConfig = Field(default_factory=LearningRateConfig)
+    learning_rate: LearningRateConfig = Field(
+        default_factory=LearningRateConfig,
+        description="The learning rate: its base, scaling with the global batch, warmup and schedule.",
+    )
     time_limit: float | None = Field(
         None,
-        description="Stop cleanly, with a checkpoint, after this long: '8h45m', '90m', or seconds.",
+        description="Stop cleanly with a checkpoint after this long (`8h45m`, `90m`, `30s` or seconds; "
+        "also `--time-limit`), before a session's deadline: exit 3, and rerunning continues.",
     )
     profile: ProfileConfig | None = Field(
         None,
-        description="Trace some steps with the backend's profiler into <run>/tensorboard (also "
-        "--profile START:STEPS).",
+        description="`{start_step: N, steps: M}` (also `--profile N:M`): trace steps N to N+M-1 of "
+        "this session with the backend's profiler into `<run>/tensorboard/plugins/profile/`.",
     )
 
     @field_validator("time_limit", mode="before")
@@ -228,20 +313,40 @@ Mode = Literal["auto", "min", "max"]
 
 
 class CheckpointConfig(Section):
-    monitor: Monitor = Field("auto", description="auto: val_loss with validation data, else loss.")
-    mode: Mode = "auto"
-    save_best_only: bool = Field(True, description="Keep only improved models (plus latest).")
+    monitor: Monitor = Field(
+        "auto",
+        description="The metric the best model is chosen by. `auto`: `val_loss` with validation "
+        "data, else `loss`. Checked against the compiled model's metrics before training.",
+    )
+    mode: Mode = Field(
+        "auto",
+        description="`auto`: from the metric itself (maximised for accuracy, AUC, `r2_score`, "
+        "`pearson_correlation` and the like; a metric that does not say needs `mode`).",
+    )
+    save_best_only: bool = Field(
+        True,
+        description="Keep only improvements under `filename`; `false` keeps every epoch. The resume "
+        "point is kept either way.",
+    )
     filename: str | None = Field(
-        None, description="Pattern for kept models, e.g. 'ep{epoch:03d}-{val_loss:.4f}.keras'."
+        None,
+        description="Extra kept models in `checkpoints/`, e.g. `ep{epoch:03d}_loss{loss:.4f}.keras` "
+        "(`{epoch}` and metric names; `.keras` or `.weights.h5`), each with its resume state.",
     )
     keep: int | None = Field(
-        None, ge=1, description="Keep only the newest N files of `filename` (unset: all)."
+        None, ge=1, description="Keep only the newest N files of `filename`. Unset: all."
     )
     every_steps: int | None = Field(
-        None, ge=1, description="Also save the latest checkpoint every N steps, mid-epoch."
+        None,
+        ge=1,
+        description="Also save the resume point every N training steps, mid-epoch (checked once per "
+        "execution); a resume then starts at that step.",
     )
     every_minutes: float | None = Field(
-        None, gt=0, description="Also save the latest checkpoint every N minutes, mid-epoch."
+        None,
+        gt=0,
+        description="Also save the resume point every N minutes, mid-epoch (`10` is a good start for "
+        "long epochs on preemptible machines).",
     )
 
     @field_validator("filename")
@@ -255,11 +360,15 @@ class CheckpointConfig(Section):
 
 
 class CsvLogConfig(Section):
-    filename: str = Field("log.csv", description="File name in the run directory.")
+    filename: str = Field(
+        "log.csv", description="The file name in the run directory: one row per finished epoch."
+    )
     append: bool = Field(
         True,
         exclude=True,  # only true is accepted: nothing to record
-        description="true (the seeds' CSVLogger(append=True)): a resumed run continues its log.",
+        description="As the NAIC recipe's `CSVLogger(append=True)`: a resumed run continues its log "
+        "(rows after the resume point are dropped), a fresh run starts it empty. `false` is refused: "
+        "for a new log, train with `--restart` or another `filename`.",
     )
 
     @field_validator("append")
@@ -279,56 +388,81 @@ class TensorBoardConfig(Section):
     loss_every_steps: int | None = Field(
         100,
         ge=1,
-        description="Also log the training loss every N steps (checked once per execution); "
-        "null: per epoch only.",
+        description="Also log the epoch's running training loss every N steps (checked once per "
+        "execution). `null`: per epoch only.",
     )
 
 
 class ReduceLROnPlateauConfig(Section):
-    monitor: Monitor = "auto"
-    factor: float = Field(0.1, gt=0, lt=1)
-    patience: int = Field(10, ge=0)
-    min_lr: float = Field(0.0, ge=0)
-    min_delta: float = Field(1e-4, ge=0)
-    cooldown: int = Field(0, ge=0)
-    mode: Mode = "auto"
+    monitor: Monitor = Field("auto", description="As for the checkpoint.")
+    factor: float = Field(0.1, gt=0, lt=1, description="Multiply the learning rate by this.")
+    patience: int = Field(10, ge=0, description="Epochs without improvement before a reduction.")
+    min_lr: float = Field(0.0, ge=0, description="The learning rate's lower bound.")
+    min_delta: float = Field(1e-4, ge=0, description="The smallest change that counts.")
+    cooldown: int = Field(0, ge=0, description="Epochs to wait after a reduction.")
+    mode: Mode = Field("auto", description="As for the checkpoint.")
 
 
 class EarlyStoppingConfig(Section):
-    monitor: Monitor = "auto"
-    patience: int = Field(10, ge=0)
-    min_delta: float = Field(0.0, ge=0)
-    mode: Mode = "auto"
-    restore_best_weights: bool = False
+    monitor: Monitor = Field("auto", description="As for the checkpoint.")
+    patience: int = Field(10, ge=0, description="Epochs without improvement before stopping.")
+    min_delta: float = Field(0.0, ge=0, description="The smallest change that counts.")
+    mode: Mode = Field("auto", description="As for the checkpoint.")
+    restore_best_weights: bool = Field(
+        False, description="As in Keras: end with the best epoch's weights."
+    )
 
 
 _ON_NAN_OF_TERMINATE = {True: "stop", False: "ignore"}
 
 
 class CallbacksConfig(Section):
-    checkpoint: CheckpointConfig | None = Field(default_factory=CheckpointConfig)
-    csv_log: CsvLogConfig | None = Field(default_factory=CsvLogConfig)
+    checkpoint: CheckpointConfig | None = Field(
+        default_factory=CheckpointConfig,
+        description="The best and pattern-named models; `null` turns those off (the resume point is "
+        "always kept, so a run can always be resumed).",
+    )
+    csv_log: CsvLogConfig | None = Field(
+        default_factory=CsvLogConfig,
+        description="The CSV log, appended and flushed each epoch; `null` turns it off.",
+    )
     tensorboard: TensorBoardConfig | None = Field(
         default_factory=TensorBoardConfig,
-        description="TensorBoard logs in <run>/tensorboard; null turns them off.",
+        description="TensorBoard logs in `<run>/tensorboard/` (see Seeing the training); `null` turns "
+        "them off.",
     )
-    reduce_lr_on_plateau: ReduceLROnPlateauConfig | None = None
-    early_stopping: EarlyStoppingConfig | None = None
+    reduce_lr_on_plateau: ReduceLROnPlateauConfig | None = Field(
+        None,
+        description="Keras `ReduceLROnPlateau`; needs `schedule: constant` and no warmup.",
+    )
+    early_stopping: EarlyStoppingConfig | None = Field(None, description="Keras `EarlyStopping`.")
     on_nan: Literal["stop", "restore", "ignore"] = Field(
         "stop",
-        description="On a NaN/Inf loss: stop; restore the last checkpoint with a lower LR; or ignore.",
+        description="A NaN or Inf loss, checked after every execution: `stop` (exit 2, naming the "
+        "epoch and step; the last good checkpoint stays), `restore` (reload the last checkpoint, "
+        "multiply the learning rate by `nan_lr_factor` and go on, at most `max_nan_restores` times), "
+        "or `ignore`.",
     )
     terminate_on_nan: bool | None = Field(
         None,
         exclude=True,  # recorded as on_nan
-        description="The seeds' TerminateOnNaN: true is on_nan: stop, false is on_nan: ignore.",
+        description="The NAIC recipe's `TerminateOnNaN`: `true` is `on_nan: stop`, `false` is "
+        "`on_nan: ignore`; given with an `on_nan` that disagrees, it is an error.",
     )
-    max_nan_restores: int = Field(3, ge=1, description="on_nan: restore at most this many times.")
+    max_nan_restores: int = Field(
+        3, ge=1, description="`on_nan: restore` gives up (and stops) after this many restores."
+    )
     nan_lr_factor: float = Field(
-        0.5, gt=0, lt=1, description="on_nan: restore multiplies the learning rate by this."
+        0.5,
+        gt=0,
+        lt=1,
+        description="`on_nan: restore` multiplies the learning rate by this at each restore (kept in "
+        "the checkpoint for later sessions).",
     )
     extra: list[NamedObject] = Field(
-        default_factory=list, description="User callbacks: 'module:Class' or {name: ..., kwargs}."
+        default_factory=list,
+        description="User callbacks: `module:Class`, `path.py:Class`, or `{name: ..., kwarg: ...}`. "
+        "A relative path in their kwargs is relative to the working directory.",
     )
 
     @model_validator(mode="before")
@@ -357,8 +491,9 @@ class CallbacksConfig(Section):
 
 class OutputConfig(Section):
     dir: str = Field(
-        "runs", description="Run directory = <dir>/<name>: a local folder (relative to the cwd) "
-        "or gs://bucket/path."
+        "runs", description="The parent of the run directory `<dir>/<name>`: a local folder "
+        "(relative to the working directory, as `--output` is) or `gs://bucket/path`. Several hosts "
+        "need one they all see."
     )  # fmt: skip
 
     @field_validator("dir")
@@ -378,14 +513,32 @@ class OutputConfig(Section):
 
 # ---------------------------------------------------------------------------------------- config
 class Config(Section):
-    name: str = Field("run", description="Run name; defaults to the config file's stem.")
-    seed: int = Field(42, description="Seed for weights, shuffling and dropout.")
-    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
-    model: ModelConfig
-    data: DataConfig
-    train: TrainConfig = Field(default_factory=TrainConfig)
-    callbacks: CallbacksConfig = Field(default_factory=CallbacksConfig)
-    output: OutputConfig = Field(default_factory=OutputConfig)
+    name: str = Field(
+        "run",
+        description="The run's name: its directory is `<output.dir>/<name>`. Loaded from a file, it "
+        "defaults to the file's stem.",
+    )
+    seed: int = Field(42, description="Seed for the weights, the shuffling and dropout.")
+    runtime: RuntimeConfig = Field(
+        default_factory=RuntimeConfig,
+        description="Where and how to train: the backend, the accelerator, the precision, and several "
+        "hosts.",
+    )
+    model: ModelConfig = Field(description="The model: its factory, and how it is compiled.")
+    data: DataConfig = Field(
+        description="The TFRecord files, how their records decode, and which features feed the model."
+    )
+    train: TrainConfig = Field(
+        default_factory=TrainConfig,
+        description="The batch size, epochs, steps, learning rate, time limit and profiling.",
+    )
+    callbacks: CallbacksConfig = Field(
+        default_factory=CallbacksConfig,
+        description="Checkpoints, logs, the learning-rate and stopping rules, and what a NaN does.",
+    )
+    output: OutputConfig = Field(
+        default_factory=OutputConfig, description="Where the run directories go."
+    )
 
     @field_validator("name")
     @classmethod
