@@ -21,7 +21,6 @@ import yaml
 from conftest import ROOT, _cli_env, toy_config
 from test_console import plan
 
-import tpurun.display.live
 from tpurun.display.lines import PlainReporter
 from tpurun.display.live import LiveReporter
 from tpurun.display.reporter import Reporter
@@ -41,13 +40,10 @@ class Clock:
 
 
 @pytest.fixture
-def live(monkeypatch):
+def live():
     """A live view whose clock the test moves; closed at the end."""
-    clock = Clock()
-    monkeypatch.setattr(tpurun.display.live.time, "monotonic", clock)
-    reporter = LiveReporter(FakeTTY())
+    reporter = LiveReporter(FakeTTY(), clock=Clock())
     reporter.console.force_terminal = True
-    reporter.clock = clock
     yield reporter
     reporter.close()
 
@@ -191,14 +187,25 @@ def test_plain_lines_say_compiling_and_how_long_it_took():
     ]
 
 
-def test_base_reporter_methods_are_silent_no_ops():
+def test_base_reporter_methods_are_silent_no_ops(capsys):
     reporter = Reporter()
-    reporter.execution_begin(1, 1, 4)
-    reporter.compiled(1.0, 4)
-    reporter.validation_begin(1, 2)
-    reporter.validation_progress(1, 1, 2)
-    reporter.validation_end(1, 0.5)
-    reporter.close()
+    calls = [
+        reporter.message("hello", "warn"),
+        reporter.start(plan(), "runs/q", 3, 0),
+        reporter.epoch_begin(1, 4),
+        reporter.execution_begin(1, 1, 4),
+        reporter.progress(1, 4, 4, 10.0, 0.0, {"loss": 1.0}),
+        reporter.compiled(1.0, 4),
+        reporter.validation_begin(1, 2),
+        reporter.validation_progress(1, 1, 2),
+        reporter.validation_end(1, 0.5),
+        reporter.epoch_end(1, {"loss": 1.0}, 1.0, 10.0),
+        reporter.finish({"status": "completed"}),
+        reporter.close(),
+    ]
+    assert calls == [None] * len(calls)
+    assert capsys.readouterr() == ("", "")
+    assert reporter.started is False
 
 
 # ------------------------------------------------------------------ what Progress tells the view

@@ -4,6 +4,7 @@ notebooks, CI and pipes get :class:`~tpurun.display.lines.PlainReporter`'s lines
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from tpurun.display.lines import PlainReporter, epoch_label, metric_parts, wrap_parts
@@ -36,15 +37,17 @@ class LiveReporter(PlainReporter):
     one.
     """
 
-    def __init__(self, stream: TextIO | None = None):
+    def __init__(self, stream: TextIO | None = None, clock: Callable[[], float] = time.monotonic):
+        # clock: seconds as time.monotonic counts them; a test passes one it moves by hand.
         from rich.console import Console
 
         super().__init__(stream)
+        self.clock = clock
         self.console = Console(file=self.stream, highlight=False)
         self._live: Any = None
         self._closed = False
         self._batch = self._epoch = self._steps = self._step = self._val_steps = self._val_step = 0
-        self._phase, self._since = "starting up: frameworks, data, model", time.monotonic()
+        self._phase, self._since = "starting up: frameworks, data, model", self.clock()
         self._running: tuple[int, int, float, bool] | None = None  # first, last, since, compiling
         self._compiling = self._val_compiling = True
         self._step_seconds: float | None = None  # per training step, from executions that ran
@@ -82,7 +85,7 @@ class LiveReporter(PlainReporter):
 
     # ------------------------------------------------------------------------------- events
     def _set_phase(self, phase: str) -> None:
-        self._phase, self._since = phase, time.monotonic()
+        self._phase, self._since = phase, self.clock()
 
     def start(self, plan, run_dir, epochs, initial_epoch) -> None:
         self._batch, self._steps = plan.global_batch_size, plan.steps_per_epoch
@@ -100,7 +103,7 @@ class LiveReporter(PlainReporter):
     def execution_begin(self, epoch, first, last) -> None:
         self._end_execution()
         self._step = max(self._step, first - 1)
-        self._running = (first, last, time.monotonic(), self._compiling)
+        self._running = (first, last, self.clock(), self._compiling)
         if not self._compiling:
             steps = f"steps {first}-{last}" if last > first else f"step {first}"
             self._set_phase(f"running {steps}")
@@ -109,7 +112,7 @@ class LiveReporter(PlainReporter):
         if self._running is not None:
             first, last, since, compiling = self._running
             if not compiling:  # a moving average over about RATE_SECONDS of executions
-                took, old = time.monotonic() - since, self._step_seconds
+                took, old = self.clock() - since, self._step_seconds
                 new = took / (last - first + 1)
                 self._step_seconds = (
                     new if old is None else old + min(took / RATE_SECONDS, 1) * (new - old)
@@ -166,7 +169,7 @@ class LiveReporter(PlainReporter):
 
     def lines(self, width: int, now: float | None = None) -> list[str]:
         """The view as text, for a terminal ``width`` columns wide."""
-        return [text.plain for text in self._texts(width, time.monotonic() if now is None else now)]
+        return [text.plain for text in self._texts(width, self.clock() if now is None else now)]
 
     def _texts(self, width: int, now: float) -> list[Any]:
         from rich.text import Text
@@ -198,4 +201,4 @@ class LiveReporter(PlainReporter):
         return texts
 
     def __rich_console__(self, console: Any, options: Any):
-        yield from self._texts(options.max_width, time.monotonic())
+        yield from self._texts(options.max_width, self.clock())
