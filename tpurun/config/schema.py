@@ -32,8 +32,7 @@ class RuntimeConfig(Section):
     backend: Literal["auto", "jax", "tensorflow"] = Field(
         "auto",
         description="The Keras backend. `auto`: the fastest installed backend that can run this config "
-        "as written on the chosen accelerator: JAX wherever both could (see Kaggle and Colab, which "
-        "backend drives the TPU).",
+        "as written on the chosen accelerator: JAX wherever both could.",
     )
     accelerator: Literal["auto", "tpu", "gpu", "cpu"] = Field(
         "auto",
@@ -82,7 +81,7 @@ class RuntimeConfig(Section):
 class ModelConfig(Section):
     factory: str = Field(
         description="`path/to/file.py:function` or `package.module:function`: called with `kwargs` "
-        "inside the distribution scope, it returns a Keras model (see The config, the model factory).",
+        "inside the distribution scope, it returns a Keras model.",
     )
     kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments for the factory."
