@@ -6,6 +6,7 @@ import json
 import re
 import shlex
 
+import pytest
 import yaml
 from conftest import run_cli, toy_config
 
@@ -129,17 +130,23 @@ def test_suggested_commands_are_checked():
     assert suggested_commands("write shards: `tpurun data write SRC OUT --shard-mb 9`") == [
         "tpurun data write SRC OUT --shard-mb 9"
     ]
-    for bad in (
-        "write shards (tpurun data write SRC OUT --shard-mb 9)",  # not quoted: not checked
-        "write shards: `tpurun data write SRC OUT --shards 32`",  # no such option
-        "write shards: `tpurun data write SRC OUT --shard-multiple many`",  # not an integer
-        "write shards: `tpurun data rewrite SRC OUT`",  # no such command
-    ):
-        try:
+    from typer import BadParameter
+    from typer.exceptions import TyperException  # what Typer raises for an unknown option
+
+    refused = [
+        # not quoted: it could not be checked
+        (
+            "write shards (tpurun data write SRC OUT --shard-mb 9)",
+            AssertionError,
+            "outside backticks",
+        ),
+        ("write shards: `tpurun data write SRC OUT --shards 32`", TyperException, "--shards"),
+        ("write shards: `tpurun data write SRC OUT --shard-multiple many`", BadParameter, "many"),
+        ("write shards: `tpurun data rewrite SRC OUT`", AssertionError, "no command 'rewrite'"),
+    ]
+    for bad, error, says in refused:
+        with pytest.raises(error, match=re.escape(says)):
             suggested_commands(bad)
-        except Exception:
-            continue
-        raise AssertionError(f"accepted: {bad}")
 
 
 def test_every_command_doctors_data_checks_suggest_exists(toy_data, tmp_path, monkeypatch):
