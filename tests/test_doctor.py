@@ -11,9 +11,11 @@ import pytest
 from conftest import toy_config
 
 from tpurun.config import RuntimeConfig, load_config
-from tpurun.doctor import Check, exit_code, probes, report, run_checks
+from tpurun.doctor import Check, config_uses_gcs, exit_code, probes, report, run_checks
 from tpurun.doctor import config_checks as cc
 from tpurun.doctor import machine as mc
+from tpurun.doctor.child import Child
+from tpurun.doctor.gcs import GcsProbe
 from tpurun.errors import ConfigError
 from tpurun.runtime.choice import Choice
 from tpurun.runtime.machine import Machine, probe
@@ -161,7 +163,7 @@ def test_health_all_reduce_agrees_over_replicas():
 
 
 def test_a_child_that_hangs_is_reported_as_timed_out():
-    result = probes.Child("import time; time.sleep(30)", timeout=1).result()
+    result = Child(["-c", "import time; time.sleep(30)"], timeout=1).result()
     assert result["timed_out"] and "timed out after 1 s" in result["error"]
 
 
@@ -195,14 +197,14 @@ def _closed_port() -> int:
 def test_gcs_probe_refused_fails_a_config_that_needs_gcs_and_warns_otherwise():
     endpoint = ("127.0.0.1", _closed_port())
     started = time.monotonic()
-    check = probes.GcsProbe(5.0, endpoint=endpoint).check(uses_gcs=True)
+    check = GcsProbe(5.0, endpoint=endpoint).check(uses_gcs=True)
     assert time.monotonic() - started < 5
     assert check.status == "fail", check
     assert check.finding.startswith(f"GCS is not reachable: 127.0.0.1:{endpoint[1]}: ")
     assert "Connection refused" in check.finding and check.data["stage"] == "connect"
     assert check.data["url"].startswith("gs://")
     # No config (uses_gcs None): the same finding is a warning, not a failure.
-    check = probes.GcsProbe(5.0, endpoint=endpoint).check(uses_gcs=None)
+    check = GcsProbe(5.0, endpoint=endpoint).check(uses_gcs=None)
     assert check.status == "warn" and "not reachable" in check.finding
 
 
@@ -213,7 +215,7 @@ def test_gcs_probe_is_bounded_by_its_timeout():
         server.bind(("127.0.0.1", 0))
         server.listen()
         started = time.monotonic()
-        check = probes.GcsProbe(1.0, endpoint=server.getsockname()).check(uses_gcs=True)
+        check = GcsProbe(1.0, endpoint=server.getsockname()).check(uses_gcs=True)
     assert time.monotonic() - started < 3  # TensorFlow's import alone takes longer than 1 s
     assert check.status == "fail" and check.finding == (
         "GCS did not answer: the probe timed out after 1 s"
@@ -226,7 +228,7 @@ def test_gcs_probe_ok_when_storage_answers():
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
-        check = probes.GcsProbe(60.0, url="ram://nothing-here", endpoint=server.getsockname())
+        check = GcsProbe(60.0, url="ram://nothing-here", endpoint=server.getsockname())
         check = check.check(uses_gcs=True)
     assert check.status == "ok", check
     assert "(ram://nothing-here exists: False)" in check.finding
@@ -244,9 +246,7 @@ def test_gcs_probe_ok_when_storage_answers():
     ],
 )
 def test_which_configs_need_gcs(tmp_path, overrides, uses):
-    from tpurun.doctor import _uses_gcs
-
-    assert _uses_gcs(load_config(toy_config(tmp_path, tmp_path / "out"), overrides)) is uses
+    assert config_uses_gcs(load_config(toy_config(tmp_path, tmp_path / "out"), overrides)) is uses
 
 
 # --------------------------------------------------------------------------- config checks
@@ -365,7 +365,7 @@ def test_model_check_for_an_accelerator_runs_in_a_cpu_child(tmp_path):
     from conftest import toy_config, write_toy_data
 
     from tpurun.config import load_config
-    from tpurun.doctor.config_checks import check_model_on_cpu
+    from tpurun.doctor.model import check_model_on_cpu
 
     cfg = load_config(toy_config(write_toy_data(tmp_path / "data"), tmp_path / "runs"))
     check, params = check_model_on_cpu(cfg, timeout=120)

@@ -11,7 +11,7 @@ import pytest
 from conftest import toy_config, write_toy_data
 
 from tpurun.config import load_config
-from tpurun.doctor import probes
+from tpurun.doctor.gcs import GcsProbe, gcs_targets, start_gcs_probe
 
 pytestmark = [pytest.mark.gcs, pytest.mark.slow]
 
@@ -24,18 +24,18 @@ def config_for(tmp_path, data_bucket: str, out_bucket: str):
     return load_config(config)
 
 
-def start_probe(gcs, monkeypatch, cfg, timeout: float = 60.0) -> probes.GcsProbe:
+def start_probe(gcs, monkeypatch, cfg, timeout: float = 60.0) -> GcsProbe:
     """The probe doctor starts for ``cfg``, in a child that reaches the test server."""
     with monkeypatch.context() as env:
         for key, value in gcs.cli_env().items():
             env.setenv(key, value)
-        return probes.start_gcs_probe(timeout, cfg)
+        return start_gcs_probe(timeout, cfg)
 
 
 def test_the_gcs_probe_reads_the_data_and_writes_where_the_run_goes(gcs, tmp_path, monkeypatch):
     gcs.upload(write_toy_data(tmp_path / "data"), f"{gcs.bucket}/data")
     cfg = config_for(tmp_path, gcs.bucket, gcs.bucket)
-    assert probes.gcs_targets(cfg) == [
+    assert gcs_targets(cfg) == [
         ("read", f"{gcs.bucket}/data/train-*.tfrecord"),
         ("read", f"{gcs.bucket}/data/val-*.tfrecord"),
         ("write", f"{gcs.bucket}/runs"),

@@ -1,66 +1,26 @@
 """``tpurun doctor``: can this machine train this config, and what should be fixed?
 
-Pure data: :func:`run_checks` returns :class:`Check` records and prints nothing; ``cli.py`` renders
-them (a table, plain lines, or :func:`report` as JSON) and exits with :func:`exit_code`.
+Pure data: :func:`run_checks` returns :class:`Check` records and prints nothing; ``tpurun doctor``
+renders them (a table, plain lines, or :func:`report` as JSON) and exits with :func:`exit_code`.
 
 Anything that could block or grab an accelerator (JAX/TF device discovery, the TPU, GCS) runs in a
 child process with a timeout, so doctor never holds the libtpu lock and never hangs.
+
+The modules: :mod:`.check` (a finding, the report), :mod:`.machine` (the machine's own checks),
+:mod:`.probes` (devices, the choice, health), :mod:`.gcs` (the storage probe),
+:mod:`.config_checks` and :mod:`.model` (a config on this machine), :mod:`.child` (running a probe
+in a child process) and :mod:`.scripts` (the probes that run there). This package imports only
+:mod:`.check` when it is imported, so every child's start stays light; :func:`run_checks` imports
+the rest when it runs.
 """
 
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tpurun._version import __version__
-
-STATUSES = ("ok", "warn", "fail", "skip")
-REPORT_VERSION = 1
-
-
-@dataclass
-class Check:
-    """One finding.
-
-    Attributes:
-        name: a short stable id (``platform``, ``libtpu_lock``, ``data.train``, ...).
-        status: ``ok``, ``warn``, ``fail`` or ``skip``.
-        finding: one line saying what was found.
-        fix: one line saying what to do; None when the check is ok.
-        data: the details, as JSON-ready values.
-        seconds: how long the check took.
-    """
-
-    name: str
-    status: str
-    finding: str
-    fix: str | None = None
-    data: dict[str, Any] = field(default_factory=dict)
-    seconds: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.status not in STATUSES:
-            raise ValueError(f"Check.status: {self.status!r}; expected one of {STATUSES}")
-
-
-def timed(name: str, fn: Callable[[], Check | list[Check]]) -> list[Check]:
-    """Run one check, timing it; an unexpected exception becomes a ``fail``, not a crash."""
-    started = time.monotonic()
-    try:
-        result = fn()
-    except Exception as exc:  # a doctor that crashes on a broken machine helps nobody
-        result = Check(
-            name, "fail", f"the check itself failed: {type(exc).__name__}: {exc}",
-            "report this as a tpurun bug, with the output of `tpurun doctor --json`",
-        )  # fmt: skip
-    checks = result if isinstance(result, list) else [result]
-    elapsed = round(time.monotonic() - started, 3)
-    for check in checks:
-        check.seconds = check.seconds or elapsed
-    return checks
+from tpurun.doctor.check import REPORT_VERSION, STATUSES, Check, exit_code, report, timed
 
 
 def run_checks(
@@ -92,8 +52,8 @@ def run_checks(
     Raises:
         ConfigError: the config does not validate (the same error ``train`` raises).
     """
+    from tpurun.doctor import gcs, probes
     from tpurun.doctor import machine as mc
-    from tpurun.doctor import probes
     from tpurun.runtime.machine import probe
 
     cfg = None
@@ -104,9 +64,9 @@ def run_checks(
 
     env = dict(os.environ if env is None else env)
     machine = probe(env, dev_root)
-    uses_gcs = None if cfg is None else _uses_gcs(cfg)
+    uses_gcs = None if cfg is None else config_uses_gcs(cfg)
     # Slow children first, so they overlap with the quick checks.
-    gcs_probe = probes.start_gcs_probe(gcs_timeout, cfg) if uses_gcs is not False else None
+    gcs_probe = gcs.start_gcs_probe(gcs_timeout, cfg) if uses_gcs is not False else None
     devices = probes.device_counts(machine, probe_timeout)
 
     checks: list[Check] = []
@@ -131,7 +91,7 @@ def run_checks(
     return checks
 
 
-def _uses_gcs(cfg: Any) -> bool | None:
+def config_uses_gcs(cfg: Any) -> bool | None:
     """Whether the config reads or writes gs:// paths; None where the machine decides (the relative
     globs of a ``data.kaggle_dataset`` are read from gs:// on TPU nodes, from /kaggle/input on VMs)."""
     data = cfg.data
@@ -145,23 +105,7 @@ def _uses_gcs(cfg: Any) -> bool | None:
     return False
 
 
-def exit_code(checks: Sequence[Check]) -> int:
-    """0 when nothing fails, 1 when a check fails; warnings do not fail."""
-    return 1 if any(c.status == "fail" for c in checks) else 0
-
-
-def report(checks: Sequence[Check]) -> dict[str, Any]:
-    """The checks as JSON-ready data (``tpurun doctor --json``)."""
-    counts = {s: sum(c.status == s for c in checks) for s in STATUSES}
-    return {
-        "version": REPORT_VERSION,
-        "tpurun_version": __version__,
-        "status": "fail" if counts["fail"] else ("warn" if counts["warn"] else "ok"),
-        "exit_code": exit_code(checks),
-        "counts": counts,
-        "seconds": round(sum(c.seconds for c in checks), 3),
-        "checks": [asdict(c) for c in checks],
-    }
-
-
-__all__ = ["Check", "REPORT_VERSION", "exit_code", "report", "run_checks"]
+__all__ = [
+    "REPORT_VERSION", "STATUSES", "Check", "config_uses_gcs", "exit_code", "report", "run_checks",
+    "timed",
+]  # fmt: skip

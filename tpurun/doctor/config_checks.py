@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
-import math
+import os
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 from tpurun.data import files as datafiles
-from tpurun.doctor import Check, timed
-from tpurun.errors import ConfigError, TpurunError
+from tpurun.doctor.check import Check, timed
+from tpurun.doctor.model import (
+    BYTES_PER_PARAM,
+    MODEL_TIMEOUT,
+    SLOTS,
+    check_model,
+    check_model_on_cpu,
+)
+from tpurun.errors import TpurunError
 from tpurun.runtime.choice import KERAS_19246
 from tpurun.runtime.machine import Machine
-
-BYTES_PER_PARAM = 4  # float32 weights in a checkpoint
-SLOTS = 3  # weights + two Adam moments
-MODEL_TIMEOUT = 45.0  # seconds for the CPU child that builds the model and runs one step
 
 
 def _globs(value: str | list[str] | None) -> list[str]:
@@ -28,9 +30,9 @@ def _globs(value: str | list[str] | None) -> list[str]:
 
 
 def _size(path: str) -> int:
-    import tensorflow as tf
+    from tpurun import frameworks
 
-    return int(tf.io.gfile.stat(path).length)
+    return int(frameworks.tensorflow().io.gfile.stat(path).length)
 
 
 def check_config(cfg: Any) -> Check:
@@ -115,99 +117,6 @@ def check_plan(plan: Any) -> Check:
         f"steps_per_execution {plan.steps_per_execution}"
     )
     return Check("plan", "ok", finding, None, data)
-
-
-def check_model(prepared: Any, runtime: Any) -> tuple[Check, int | None]:
-    """Build the model and run one training step on one real batch (on this CPU, activated)."""
-    import keras
-    import numpy as np
-
-    from tpurun.data import pipeline
-    from tpurun.training.model import build_model, compile_model
-
-    cfg, plan = prepared.config, prepared.plan
-    try:
-        ds = pipeline.make_dataset(prepared.data.train_files, cfg.data, plan.global_batch_size,
-                                   training=True, seed=cfg.seed)  # fmt: skip
-        x, y = next(iter(ds.take(1)))
-        with runtime.scope():
-            model = build_model(cfg, plan.backend)
-            compile_model(model, cfg, plan)
-        started = time.monotonic()
-        try:
-            # As numpy: every backend takes it (JAX cannot read tf.Tensors).
-            x, y = keras.tree.map_structure(lambda t: t.numpy(), (x, y))
-            logs = model.train_on_batch(x, y, return_dict=True)
-        except ValueError as exc:
-            first = str(exc).strip().splitlines()[0]
-            return Check(
-                "model",
-                "fail",
-                f"the model does not fit the data: {first}",
-                "match the model's inputs/outputs to data.inputs / data.targets",
-            ), None
-        step = time.monotonic() - started
-        from tpurun.training.monitored import resolve_monitors
-
-        resolve_monitors(model, cfg)  # the same check train makes before its first step
-    except ConfigError as exc:
-        return Check("model", "fail", exc.message, "fix the callbacks' monitor or mode"), None
-    except TpurunError as exc:
-        return Check("model", "fail", exc.message, "fix the model section"), None
-    finally:
-        runtime.release()
-    params = int(model.count_params())
-    per_replica = params * BYTES_PER_PARAM * SLOTS
-    loss = float(np.asarray(logs.get("loss", np.nan)))
-    data = {"params": params, "bytes_per_replica": per_replica, "loss": loss,
-            "step_seconds": round(step, 3), "batch": plan.global_batch_size}  # fmt: skip
-    finding = (f"{model.name}: {params:,} parameters, ~{per_replica / 1e6:.1f} MB per replica "
-               f"(weights + optimizer slots); one step on a batch of {plan.global_batch_size} "
-               f"took {step:.2f} s, loss {loss:.4g}")  # fmt: skip
-    if not math.isfinite(loss):
-        return Check(
-            "model",
-            "fail",
-            finding + ": the loss is not finite",
-            "check the inputs' values and lower train.learning_rate.base",
-            data,
-        ), params
-    return Check("model", "ok", finding, None, data), params
-
-
-_MODEL_ON_CPU = """
-import json, os
-from dataclasses import asdict
-from pathlib import Path
-from tpurun.config import load_config
-from tpurun.doctor.config_checks import check_model
-from tpurun.runtime.prepare import choose_for, prepare
-from tpurun.runtime.activate import activate
-cfg = load_config(__CONFIG__, ["runtime.accelerator=cpu", "runtime.cpu_devices=1"])
-cfg._base_dir = Path(__BASE_DIR__)
-choice = choose_for(cfg)
-runtime = activate(choice, cfg.seed)
-check, params = check_model(prepare(cfg, choice, runtime.replicas), runtime)
-print(__MARK__ + json.dumps({"check": asdict(check), "params": params}))
-"""
-
-
-def check_model_on_cpu(cfg: Any, timeout: float) -> tuple[Check, int | None]:
-    """The model step for a config that trains on an accelerator: in a CPU-only child process, so
-    doctor never initialises (or locks) the TPU or GPU itself."""
-    from tpurun.doctor.probes import Child, _child_env, _code
-
-    code = _code(_MODEL_ON_CPU, config=cfg.to_dict(), base_dir=str(cfg.base_dir))
-    answer = Child(
-        code, timeout, env=_child_env({"JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": ""})
-    ).result()
-    if "check" not in answer:
-        status = "warn" if answer.get("timed_out") else "fail"
-        return Check("model", status, f"the CPU model check failed: {answer.get('error')}",
-                     "run `tpurun train` with --set runtime.accelerator=cpu to see the whole error"), None  # fmt: skip
-    check = Check(**answer["check"])
-    check.finding += " (checked on the CPU)"
-    return check, answer["params"]
 
 
 def check_resume(cfg: Any, prepared: Any) -> Check:
@@ -326,8 +235,6 @@ def check_advice(cfg: Any, choice: Any, plan: Any) -> Check:
 
 
 def run(cfg: Any, m: Machine, holder: list, devices: dict, with_model: bool) -> list[Check]:
-    import os
-
     from tpurun import frameworks
     from tpurun.runtime.activate import activate
     from tpurun.runtime.prepare import prepare

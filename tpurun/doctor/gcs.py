@@ -1,5 +1,6 @@
-"""Doctor's GCS probe: in a child process with a timeout, reach storage, read the first file of
-each gs:// data glob, and write then delete a test object where the config writes.
+"""Doctor's GCS probe: in a child process with a timeout (the script
+:mod:`tpurun.doctor.scripts.gcs_probe`), reach storage, read the first file of each gs:// data
+glob, and write then delete a test object where the config writes.
 
 A bucket that does not exist, a permission error and an unreachable store each get a finding that
 names the path and a fix that names the bucket. The child lowers TF's GCS retries, so a closed
@@ -11,66 +12,20 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from tpurun.doctor import Check
+from tpurun.doctor.check import Check
+from tpurun.doctor.child import Child, child_env
+from tpurun.doctor.scripts.gcs_probe import UNREACHABLE
 from tpurun.errors import TpurunError
 from tpurun.storage.fileio import short_detail
 
-# Lower TF's GCS retries (FIELD-NOTES: 2 retries at 100 ms fail a closed network in ~2 s).
+# The child's TF GCS retries: 2, from 100 ms, fail a closed network in about 2 s (TF's own
+# defaults take minutes), well inside the probe's timeout.
 GCS_RETRY_ENV = {
     "GCS_RETRY_CONFIG_MAX_RETRIES": "2",
     "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "100000",
 }
 GCS_PROBE_URL = "gs://cloud-samples-data/README.md"
 GCS_ENDPOINT = ("storage.googleapis.com", 443)
-
-
-_GCS = """
-import json, os, socket, sys, time, uuid
-started = time.perf_counter()
-def answer(**kw):
-    kw["seconds"] = round(time.perf_counter() - started, 3)
-    print(__MARK__ + json.dumps(kw)); sys.stdout.flush(); sys.exit(0)
-try:
-    socket.create_connection(__ENDPOINT__, timeout=__CONNECT__).close()
-except OSError as exc:
-    answer(reachable=False, stage="connect", error=f"{__ENDPOINT__[0]}:{__ENDPOINT__[1]}: {exc}")
-import tensorflow as tf
-g = tf.io.gfile
-def error_text(exc):
-    return (getattr(exc, "message", None) or str(exc)).strip()[:2000] or type(exc).__name__
-def url(path):
-    return f"exists: {bool(g.exists(path))}"
-def read(path):
-    files = [f for f in g.glob(path) if not f.endswith("/")]
-    if not files:
-        raise LookupError(f"no file matches {path}")
-    with g.GFile(files[0], "rb") as f:
-        f.read(16)
-    return f"{len(files)} file(s), the first one read"
-def write(folder):
-    probe = folder.rstrip("/") + "/.tpurun-doctor-" + uuid.uuid4().hex[:12]
-    with g.GFile(probe, "w") as f:
-        f.write("written by tpurun doctor to test access; safe to delete\\n")
-    g.remove(probe)
-    return "a test object written and deleted"
-results = []
-for kind, path in __TARGETS__:
-    t = time.perf_counter()
-    try:
-        results.append({"kind": kind, "path": path, "ok": True, "detail": globals()[kind](path)})
-    except Exception as exc:
-        results.append({"kind": kind, "path": path, "ok": False, "error_type": type(exc).__name__,
-                        "error": error_text(exc)})
-    results[-1]["seconds"] = round(time.perf_counter() - t, 3)
-failed = [r for r in results if not r["ok"]]
-if results and len(failed) == len(results) and all(r["error_type"] in __UNREACHABLE__ for r in failed):
-    answer(reachable=False, stage="gfile", error=failed[0]["error"], results=results)
-answer(reachable=True, stage="gfile", results=results)
-"""
-
-# TensorFlow's errors when the store cannot be reached at all (its retries spent).
-_UNREACHABLE = ("AbortedError", "UnavailableError", "DeadlineExceededError",
-                "FailedPreconditionError")  # fmt: skip
 
 
 def _proxy_endpoint(env: dict[str, str]) -> tuple[str, int] | None:
@@ -133,7 +88,7 @@ def _problem(result: dict[str, Any]) -> tuple[str, str]:
             f"{path}: {error}",
             "fix the glob: `tpurun data inspect 'GLOB'` lists what it matches",
         )
-    if error_type in _UNREACHABLE:
+    if error_type in UNREACHABLE:
         return (f"{path}: {doing}: storage did not answer ({error})",
                 "check the network (and HTTPS_PROXY, if one is needed); on a TPU the data must be "
                 "in a bucket the TPU can reach")  # fmt: skip
@@ -156,16 +111,14 @@ class GcsProbe:
         self, timeout: float, url: str = GCS_PROBE_URL,
         endpoint: tuple[str, int] | None = None, targets: list[tuple[str, str]] | None = None,
     ):  # fmt: skip
-        from tpurun.doctor.probes import Child, _child_env, _code  # probes re-exports this module
-
         self.timeout = timeout
         self.url = url
         self.targets = targets or [("url", url)]
         if endpoint is None:
             endpoint = _proxy_endpoint(dict(os.environ)) or GCS_ENDPOINT
-        code = _code(_GCS, connect=max(0.5, timeout / 2), endpoint=tuple(endpoint),
-                     targets=self.targets, unreachable=_UNREACHABLE)  # fmt: skip
-        self.child = Child(code, timeout, _child_env(GCS_RETRY_ENV))
+        asked = {"endpoint": list(endpoint), "connect": max(0.5, timeout / 2),
+                 "targets": [list(t) for t in self.targets]}  # fmt: skip
+        self.child = Child.script("gcs_probe", asked, timeout=timeout, env=child_env(GCS_RETRY_ENV))
 
     def check(self, uses_gcs: bool | None) -> Check:
         """``uses_gcs``: whether the config reads gs:// paths (None: no config, or it depends on
@@ -201,3 +154,8 @@ class GcsProbe:
 def start_gcs_probe(timeout: float, cfg: Any = None) -> GcsProbe:
     """The probe for a config (its data and output buckets), or of Google's public bucket."""
     return GcsProbe(timeout, targets=gcs_targets(cfg))
+
+
+__all__ = [
+    "GCS_ENDPOINT", "GCS_PROBE_URL", "GCS_RETRY_ENV", "GcsProbe", "gcs_targets", "start_gcs_probe",
+]  # fmt: skip

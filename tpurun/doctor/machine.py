@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tpurun._version import __version__
-from tpurun.doctor import Check
+from tpurun.doctor.check import Check
 from tpurun.runtime.machine import Machine, installed_version
 
 JAX_TPU_INSTALL = "pip install -U 'jax[tpu]'"
