@@ -154,12 +154,17 @@ def test_choice_calls_runtime_choose():
     assert failed.status == "fail" and "no TPU" in failed.finding
 
 
-def test_health_all_reduce_agrees_over_replicas():
-    choice = Choice("jax", "cpu", "data_parallel", 4, "float32", "test", cpu_devices=4)
+@pytest.mark.parametrize(("backend", "distribution"), [("jax", "data_parallel"),
+                                                         ("tensorflow", "mirrored")])  # fmt: skip
+def test_health_all_reduce_agrees_over_replicas(backend, distribution):
+    choice = Choice(backend, "cpu", distribution, 4, "float32", "test", cpu_devices=4)
     check = probes.check_health([choice], timeout=60)
     assert check.status == "ok", check.finding
     assert check.data["replicas"] == 4 and check.data["agree"]
+    assert check.data["platform"] == "cpu"
     assert probes.check_health([], 60).status == "skip"
+    tpu = Choice("tensorflow", "tpu", "tpu_strategy", None, "mixed_bfloat16", "test")
+    assert probes.check_health([tpu], 60).status == "skip"
 
 
 def test_a_child_that_hangs_is_reported_as_timed_out():

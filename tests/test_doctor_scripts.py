@@ -91,6 +91,20 @@ def test_importing_the_scripts_starts_no_framework():
                            *(f"tpurun.doctor.scripts.{n}" for n in SCRIPTS)}  # fmt: skip
 
 
+def test_importing_the_doctor_starts_no_framework():
+    """Every doctor module imports JAX, TensorFlow and Keras inside the functions that use them:
+    ``tpurun doctor`` must not start one before it has chosen, nor hold the TPU itself."""
+    modules = ["check", "child", "machine", "probes", "gcs", "config_checks", "model"]
+    code = (
+        "import json, sys\n"
+        + "".join(f"import tpurun.doctor.{name}\n" for name in modules)
+        + "print(json.dumps([m for m in ('jax', 'tensorflow', 'keras') if m in sys.modules]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == []
+
+
 # ------------------------------------------------------------------------------------ devices
 def test_device_summaries():
     tpu = [SimpleNamespace(platform="tpu", device_kind="TPU v3")] * 8
