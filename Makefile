@@ -6,14 +6,14 @@ BIN    := $(VENV)/bin
 # pyproject.toml, so that `pip install tpurun` on Kaggle or Colab keeps the image's own builds.
 PINS   := tensorflow-cpu==2.21.0 keras==3.15.1 jax==0.10.2
 
-.PHONY: install test test-fast lint format bench quickstart clean
+.PHONY: install test test-fast lint format docs bench quickstart clean
 
 install: $(BIN)/tpurun
 
 $(BIN)/tpurun: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet $(PINS) -e '.[dev,export,viz]'
+	$(BIN)/pip install --quiet $(PINS) -e '.[dev,export,viz,docs]'
 	@$(BIN)/tpurun --version
 
 test: install
@@ -32,6 +32,11 @@ format: install
 
 quickstart: install
 	$(BIN)/tpurun train configs/quickstart.yaml
+
+# Checks and builds the site; regenerates nothing: a stale config reference or a broken link fails.
+docs: install
+	$(BIN)/python -m tpurun.config.reference --check docs/config-reference.md
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
 
 bench: install
 	$(BIN)/python benchmarks/runner_overhead.py
