@@ -33,14 +33,14 @@ def test_help_and_version():
     assert result.exit_code == 0 and result.output.strip() == "tpurun 0.1.0"
 
 
-def test_every_exit_code_is_in_the_readme_table_and_the_cli_docstring():
+def test_every_exit_code_is_in_the_docs_table_and_the_cli_docstring():
     """One table, one column per kind of command: doctor's 1 (a check failed) is documented."""
     import tpurun.cli.app
     from tpurun import errors
 
     codes = {0} | {v for k, v in vars(errors).items() if k.startswith("EXIT_")}
-    readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("### Exit codes") :].split("\n\n")[2]
+    page = (ROOT / "docs" / "exit-codes.md").read_text()
+    table = page[page.index("| code |") :].split("\n\n")[0]
     rows = [line.split(" | ") for line in table.splitlines()[2:]]
     assert {int(row[0].strip("| ")) for row in rows} == codes == {0, 1, 2, 3, 130}
     assert table.splitlines()[0] == "| code | `train`, `config`, `data ...` | `doctor` |"
@@ -49,10 +49,10 @@ def test_every_exit_code_is_in_the_readme_table_and_the_cli_docstring():
         assert f" {code} " in tpurun.cli.app.__doc__.replace("\n", " "), code
 
 
-def test_the_readme_commands_table_is_one_table_naming_every_command():
+def test_the_docs_commands_table_is_one_table_naming_every_command():
     """A blank line inside it split it: the rows after it rendered as raw pipe text."""
-    readme = (ROOT / "README.md").read_text()
-    table = readme[readme.index("| command | what it does |") :].split("\n\n")[0].splitlines()
+    page = (ROOT / "docs" / "commands.md").read_text()
+    table = page[page.index("| command | what it does |") :].split("\n\n")[0].splitlines()
     assert all(line.startswith("|") for line in table)
     commands = {line.split("`")[1].split()[1] for line in table[2:]}
     registered = {c.name or c.callback.__name__ for c in app.registered_commands}

@@ -355,33 +355,6 @@ def test_validation_imports_no_framework(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def _schema_keys(cls, prefix=""):
-    import typing
-
-    from pydantic import BaseModel
-
-    from tpurun.config import NamedObject
-
-    for name, field in cls.model_fields.items():
-        sections = [
-            arg
-            for arg in typing.get_args(field.annotation) or (field.annotation,)
-            if isinstance(arg, type) and issubclass(arg, BaseModel) and arg is not NamedObject
-        ]
-        if not sections or type(None) in typing.get_args(field.annotation):
-            yield prefix + name  # a value, or a section that can be switched off with null
-        if sections:
-            yield from _schema_keys(sections[0], f"{prefix}{name}.")
-
-
-def test_readme_reference_covers_every_key():
-    from conftest import ROOT
-
-    readme = (ROOT / "README.md").read_text()
-    missing = [key for key in _schema_keys(Config) if f"| `{key}` |" not in readme]
-    assert not missing, f"keys missing from the README's reference table: {missing}"
-
-
 def test_time_limit_durations(tmp_path):
     path = write(tmp_path, GOOD)
     assert load_config(path, ["train.time_limit=8h45m"]).train.time_limit == 31500
