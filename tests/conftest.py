@@ -39,6 +39,26 @@ FACTORIES = Path(__file__).resolve().parent / "factories.py"
 
 
 @pytest.fixture(autouse=True)
+def _slow_marks_tell_the_truth(request, monkeypatch):
+    """An unmarked test must not start Python (or tpurun) in a subprocess: such a test is
+    `slow`, and `make test-fast` leaves it out. Fails the test that does, naming the program."""
+    if request.node.get_closest_marker("slow"):
+        return
+    import subprocess
+
+    real_init = subprocess.Popen.__init__
+
+    def guarded(self, args, *rest, **kwargs):
+        first = args[0] if isinstance(args, (list, tuple)) else str(args).split()[0]
+        program = os.path.basename(os.fspath(first))
+        if program.startswith("python") or program == "tpurun":
+            pytest.fail(f"{request.node.nodeid} starts {program} in a subprocess: mark it slow")
+        real_init(self, args, *rest, **kwargs)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
+
+
+@pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     # Record counts are cached per user; keep each test's cache its own.
     monkeypatch.setenv("TPURUN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))

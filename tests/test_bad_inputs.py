@@ -1,12 +1,13 @@
-"""Bad inputs to `tpurun train`, one row each, through the real command in a subprocess.
+"""Bad inputs to `tpurun train`, one row each.
 
 Every row must exit 2 with a message that names the key or file (and, for some, what was found or
 what is allowed), print no traceback, and leave an existing run directory as it was: a second
 attempt with a typo must not cost the first attempt's log or checkpoint state.
 
-Rows that fail validation run with TensorFlow, JAX and Keras made unimportable, which proves they
-answer before any framework loads (well under a second each). The others import TensorFlow and a
-backend, about 5 s each, and are marked slow.
+Rows that fail validation run in this process through Typer's CliRunner, with the door to
+TensorFlow, JAX and Keras (tpurun.frameworks, the only way tpurun reaches them) shut: that proves
+they answer before any framework loads. The others get past validation and read the data: they
+run the real console script in a subprocess, and are marked slow.
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from __future__ import annotations
 import pytest
 import yaml
 from conftest import FACTORIES, run_cli, toy_config, write_toy_data
+from typer.testing import CliRunner
+
+from tpurun import frameworks
+from tpurun.cli.app import app
 
 SLOW = pytest.mark.slow
 
@@ -26,6 +31,13 @@ EARLIER_RUN = {
     "summary.json": b'{"status": "completed", "epochs_completed": 2}\n',
 }
 FRAMEWORKS = ("tensorflow", "jax", "keras")
+
+
+def _shut(name: str):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{name} was asked for while validating a config")
+
+    return refuse
 
 
 # ------------------------------------------------------------------- edits of the valid toy config
@@ -301,7 +313,7 @@ ROWS = [
 
 @pytest.mark.parametrize(("edit", "args", "expected"), ROWS)
 def test_bad_input_exits_2_naming_the_problem_and_keeps_earlier_files(
-    request, tmp_path, edit, args, expected
+    request, tmp_path, monkeypatch, edit, args, expected
 ):
     run_dir = tmp_path / "runs" / "toy"
     for name, content in EARLIER_RUN.items():
@@ -316,22 +328,17 @@ def test_bad_input_exits_2_naming_the_problem_and_keeps_earlier_files(
     if config is not None:
         dumped = config if isinstance(config, str) else yaml.safe_dump(config, sort_keys=False)
         config_path.write_text(fill(dumped))
-    env = None
+    argv = ["train", str(config_path), *map(fill, args)]
     if request.node.get_closest_marker("slow"):  # gets past validation: reads the data
         write_toy_data(tmp_path / "data")
+        result = run_cli(*argv)
+        output, code = result.stdout + result.stderr, result.returncode
     else:
-        blocked = tmp_path / "no-frameworks"
         for name in FRAMEWORKS:
-            (blocked / name).mkdir(parents=True)
-            (blocked / name / "__init__.py").write_text(
-                f"raise ImportError('{name} was imported while validating a config')\n"
-            )
-        env = {"PYTHONPATH": str(blocked)}
-
-    result = run_cli("train", str(config_path), *map(fill, args), env=env)
-
-    output = result.stdout + result.stderr
-    assert result.returncode == 2, output
+            monkeypatch.setattr(frameworks, name, _shut(name))
+        result = CliRunner().invoke(app, argv)
+        output, code = result.output, result.exit_code
+    assert code == 2, output
     for part in expected:
         assert fill(part) in output, output
     assert "Traceback" not in output

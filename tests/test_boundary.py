@@ -10,9 +10,11 @@ import pytest
 import yaml
 from conftest import start_cli, toy_config
 
-from tpurun.cli.boundary import Signalled, StopSignals, _broken_framework, _interrupt_in
+from tpurun.cli.boundary import _broken_framework
+from tpurun.training.signals import SIGNALS, Signalled, interrupt_in
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_a_signal_before_training_starts_exits_3_in_one_line(tmp_path, toy_data, sig):
     """Ctrl-C (or a session ending) during start-up is the README's exit 3, without log noise."""
@@ -42,7 +44,7 @@ def test_a_signal_during_an_import_waits_for_the_import_to_finish(tmp_path, monk
         "FINISHED = True\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(Signalled) as info, StopSignals():
+    with pytest.raises(Signalled) as info, SIGNALS.command(train=True):
         import slow_module  # noqa: F401
 
         time.sleep(5)  # the deferred signal arrives within 0.05 s of the import's end
@@ -58,7 +60,7 @@ def test_an_interrupt_inside_an_import_is_not_a_broken_install():
         except KeyboardInterrupt as exc:
             raise ImportError("Encountered an error while initializing the extension.") from exc
     except ImportError as exc:
-        assert isinstance(_interrupt_in(exc), KeyboardInterrupt)
-    assert _interrupt_in(ValueError("x")) is None
+        assert isinstance(interrupt_in(exc), KeyboardInterrupt)
+    assert interrupt_in(ValueError("x")) is None
     missing = ModuleNotFoundError("No module named 'tensorflow'", name="tensorflow")
     assert "TensorFlow cannot be imported" in str(_broken_framework(missing))

@@ -59,6 +59,7 @@ def test_the_docs_commands_table_is_one_table_naming_every_command():
     assert commands == registered | {"data", "--version"}, commands
 
 
+@pytest.mark.slow
 def test_help_imports_no_framework():
     code = (
         "import sys; sys.argv = ['tpurun', '--help'];\n"
@@ -91,6 +92,7 @@ def test_missing_config_file_and_bad_set():
     assert result.exit_code == 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "command",
     [
@@ -198,6 +200,7 @@ def test_config_check_json_is_instant(tmp_path, toy_data):
     assert data["train"]["epochs"] == 7 and "derived" not in data
 
 
+@pytest.mark.slow
 def test_config_prints_derived_values(tmp_path, toy_data):
     path = write_config(
         tmp_path, toy_config(toy_data, tmp_path / "runs", runtime={"cpu_devices": 4})

@@ -343,6 +343,7 @@ def test_dict_configs_and_defaults():
     assert config.callbacks.reduce_lr_on_plateau is None
 
 
+@pytest.mark.slow
 def test_validation_imports_no_framework(tmp_path):
     path = write(tmp_path, GOOD)
     code = (

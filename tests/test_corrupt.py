@@ -185,6 +185,7 @@ def test_damaged_first_record_of_the_first_file(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_train_exits_2_with_one_paragraph_and_no_traceback(tmp_path):
     data = toy(tmp_path)
     shard = data / "val-00001-of-00002.tfrecord"

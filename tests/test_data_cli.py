@@ -47,6 +47,7 @@ def write_config(tmp_path, config):
     return path
 
 
+@pytest.mark.slow
 def test_bench_json_reports_examples_per_sec(tmp_path, toy_data):
     path = write_config(
         tmp_path, toy_config(toy_data, tmp_path / "runs", runtime={"cpu_devices": 2})
@@ -60,6 +61,7 @@ def test_bench_json_reports_examples_per_sec(tmp_path, toy_data):
     assert not (tmp_path / "runs").exists()  # benchmarking writes no run
 
 
+@pytest.mark.slow
 def test_bench_plain_listing_and_bad_config(tmp_path, toy_data):
     path = write_config(tmp_path, toy_config(toy_data, tmp_path / "runs"))
     result = run_cli("data", "bench", str(path), "--steps", "5")
@@ -69,6 +71,7 @@ def test_bench_plain_listing_and_bad_config(tmp_path, toy_data):
     assert result.returncode == 2 and "no file matches this glob" in result.stderr
 
 
+@pytest.mark.slow
 def test_inspect_prints_a_features_block_that_trains(tmp_path, toy_data):
     result = run_cli("data", "inspect", str(toy_data / "train-*.tfrecord"))
     assert result.returncode == 0, result.stderr
@@ -85,6 +88,7 @@ def test_inspect_prints_a_features_block_that_trains(tmp_path, toy_data):
     assert train.returncode == 0, train.stderr
 
 
+@pytest.mark.slow
 def test_inspect_json_and_missing_glob(tmp_path, toy_data):
     result = run_cli("data", "inspect", str(toy_data / "val-*.tfrecord"), "--json")
     assert result.returncode == 0, result.stderr
@@ -95,6 +99,7 @@ def test_inspect_json_and_missing_glob(tmp_path, toy_data):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_write_then_train_from_the_schema_alone(tmp_path):
     import numpy as np
 
@@ -118,6 +123,7 @@ def test_write_then_train_from_the_schema_alone(tmp_path):
     assert derived["record_counts_from"] == "schema" and derived["train_records"] == 960
 
 
+@pytest.mark.slow
 def test_write_bad_source_is_a_clear_error(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     result = run_cli("data", "write", str(tmp_path / "notes.txt"), str(tmp_path / "out" / "x"))

@@ -147,7 +147,7 @@ def pages_with_commands() -> list[Path]:
     equal below), so the README's run covers it."""
     return [
         page
-        for page in DOCS.glob("*.md")
+        for page in sorted(DOCS.glob("*.md"))
         if page.name != "index.md" and any(s.kind == "run" for s in steps(page.read_text()))
     ]
 

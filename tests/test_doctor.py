@@ -107,6 +107,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["flock", "lockf"])
 def test_lock_held_by_a_child_names_it(tmp_path, kind):
     lock = tmp_path / "libtpu_lockfile"
@@ -154,6 +155,7 @@ def test_choice_calls_runtime_choose():
     assert failed.status == "fail" and "no TPU" in failed.finding
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("backend", "distribution"), [("jax", "data_parallel"),
                                                          ("tensorflow", "mirrored")])  # fmt: skip
 def test_health_all_reduce_agrees_over_replicas(backend, distribution):
@@ -167,6 +169,7 @@ def test_health_all_reduce_agrees_over_replicas(backend, distribution):
     assert probes.check_health([tpu], 60).status == "skip"
 
 
+@pytest.mark.slow
 def test_a_child_that_hangs_is_reported_as_timed_out():
     result = Child(["-c", "import time; time.sleep(30)"], timeout=1).result()
     assert result["timed_out"] and "timed out after 1 s" in result["error"]
@@ -199,6 +202,7 @@ def _closed_port() -> int:
         return sock.getsockname()[1]  # closed again on return: connections are refused
 
 
+@pytest.mark.slow
 def test_gcs_probe_refused_fails_a_config_that_needs_gcs_and_warns_otherwise():
     endpoint = ("127.0.0.1", _closed_port())
     started = time.monotonic()
@@ -213,6 +217,7 @@ def test_gcs_probe_refused_fails_a_config_that_needs_gcs_and_warns_otherwise():
     assert check.status == "warn" and "not reachable" in check.finding
 
 
+@pytest.mark.slow
 def test_gcs_probe_is_bounded_by_its_timeout():
     import socket
 
@@ -227,6 +232,7 @@ def test_gcs_probe_is_bounded_by_its_timeout():
     )
 
 
+@pytest.mark.slow
 def test_gcs_probe_ok_when_storage_answers():
     import socket
 
@@ -295,6 +301,7 @@ def test_config_error_propagates(tmp_path):
 
 
 # ------------------------------------------------------------------------------- a real run
+@pytest.mark.slow
 def test_run_with_config_on_toy_data(toy_data, tmp_path):
     config = toy_config(toy_data, tmp_path / "out")
     started = time.monotonic()
@@ -365,6 +372,7 @@ def test_doctor_command_exit_codes_and_plain_text(tmp_path):
     assert result.returncode == 1 and "no file matches this glob" in result.stdout
 
 
+@pytest.mark.slow
 def test_model_check_for_an_accelerator_runs_in_a_cpu_child(tmp_path):
     """Where train would use a TPU or GPU, doctor checks the model in a CPU-only child process."""
     from conftest import toy_config, write_toy_data

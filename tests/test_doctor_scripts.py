@@ -58,6 +58,7 @@ def test_child_env_drops_the_parents_choices_and_adds_the_probes():
     assert env["XLA_FLAGS"] == "" and "TF_CPP_MIN_LOG_LEVEL" in env
 
 
+@pytest.mark.slow
 def test_a_script_that_crashes_is_reported_with_its_error():
     """Through the real ``python -m``: the GCS probe without a payload fails before TensorFlow."""
     result = Child.script("gcs_probe", {}, timeout=60).result()
@@ -73,6 +74,7 @@ def test_each_script_is_a_module_with_a_main(name):
     assert source.rstrip().endswith('if __name__ == "__main__":\n    main()')
 
 
+@pytest.mark.slow
 def test_importing_the_scripts_starts_no_framework():
     """The children's environment must be in place before JAX or TensorFlow start, and the
     package's own start stays small: the frameworks come inside the scripts' functions."""
@@ -91,6 +93,7 @@ def test_importing_the_scripts_starts_no_framework():
                            *(f"tpurun.doctor.scripts.{n}" for n in SCRIPTS)}  # fmt: skip
 
 
+@pytest.mark.slow
 def test_importing_the_doctor_starts_no_framework():
     """Every doctor module imports JAX, TensorFlow and Keras inside the functions that use them:
     ``tpurun doctor`` must not start one before it has chosen, nor hold the TPU itself."""

@@ -51,6 +51,7 @@ def _script(folder, name: str, body: str) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_saved_model_and_onnx_load_without_tpurun(run, tmp_path):
     run_dir, test_glob = run
     out = tmp_path / "export"
@@ -127,6 +128,7 @@ def scaled_mlp():
 '''
 
 
+@pytest.mark.slow
 def test_keras_format_carries_custom_code_and_a_mismatch_leaves_nothing(tmp_path, monkeypatch):
     from tpurun.infer import formats as export_formats
 

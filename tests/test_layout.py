@@ -157,6 +157,7 @@ def test_only_the_door_imports_the_frameworks():
     assert not offenders, "import these through tpurun.frameworks:\n" + "\n".join(offenders)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "code",
     [
@@ -174,6 +175,7 @@ def test_keras_and_jax_wait_for_activation(code):
     assert "before tpurun.runtime.activate set this process up" in result.stderr
 
 
+@pytest.mark.slow
 def test_tensorflow_may_come_first_and_then_activation_opens_the_door():
     code = (
         "from tpurun import frameworks\n"

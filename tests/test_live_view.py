@@ -304,6 +304,7 @@ class Screen:
         return ["".join(row).rstrip() for row in self.rows]
 
 
+@pytest.mark.slow
 def test_a_stop_message_gets_lines_of_its_own_on_a_terminal(toy_data, tmp_path):
     """Ctrl-C mid-training in an 80-column terminal: the live view is gone, the message starts a
     line, and the cursor is visible again."""

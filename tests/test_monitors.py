@@ -123,6 +123,7 @@ def test_an_unknown_direction_asks_for_mode(toy_data, tmp_path):
     assert tpurun.train(config, verbose=False)["status"] == "completed"
 
 
+@pytest.mark.slow
 def test_doctor_reports_a_monitor_typo_before_any_training(toy_data, tmp_path):
     config = toy_config(
         toy_data, tmp_path / "runs", callbacks={"checkpoint": {"monitor": "val_acuracy"}}

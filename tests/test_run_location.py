@@ -29,6 +29,7 @@ def _work_folder(tmp_path):
     return work, path
 
 
+@pytest.mark.slow
 def test_the_config_in_the_run_directory_loads_back_from_anywhere(tmp_path, monkeypatch):
     work, path = _work_folder(tmp_path)
     monkeypatch.chdir(work)

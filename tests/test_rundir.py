@@ -69,6 +69,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.slow
 def test_a_second_run_is_refused_while_one_holds_the_directory_and_a_dead_one_blocks_nothing(
     tmp_path,
 ):

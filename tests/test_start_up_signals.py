@@ -1,8 +1,8 @@
-"""Signals during start-up that used to go astray. One in the command line's first moments, while
-Typer builds the commands: ``train`` stops with exit 3 and its one line, as it does later in
-start-up; it is not lost when the process started with SIGINT ignored (a background job of a
-script), and other commands still read it as Ctrl-C. And one whose exception a framework's C++
-code turned into another error, or swallowed."""
+"""Signals during start-up, on the one signal route (tpurun.training.signals.SIGNALS). One in the
+command line's first moments, while Typer builds the commands: ``train`` stops with exit 3 and its
+one line, as it does later in start-up; it is not lost when the process started with SIGINT
+ignored (a background job of a script), and other commands still read it as Ctrl-C. And one whose
+exception a framework's C++ code turned into another error, or swallowed."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import typer
 import yaml
 from conftest import ROOT, _cli_env, toy_config
 
-from tpurun.cli.boundary import Signalled, StopSignals, exit_codes
+from tpurun.cli.boundary import exit_codes
 from tpurun.errors import TpurunError
-from tpurun.training.signals import Stop, stop_on_signals
+from tpurun.training.signals import SIGNALS, Signalled, Stop
 
 
 def run_signalled(args: list[str], sig: str = "SIGINT", ignored: bool = False):
@@ -48,6 +48,7 @@ def config(tmp_path, toy_data):
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "ignored", [False, True], ids=["sigint-default", "sigint-inherited-ignored"]
 )
@@ -61,12 +62,14 @@ def test_train_signalled_while_typer_starts_exits_3_in_one_line(config, ignored)
     assert "epoch" not in result.stdout
 
 
+@pytest.mark.slow
 def test_sigterm_while_typer_starts_stops_train_the_same_way(config):
     result = run_signalled(["train", str(config)], sig="SIGTERM")
     assert result.returncode == 3, result.stderr[-1500:]
     assert result.stderr.startswith("stopped: SIGTERM before training started")
 
 
+@pytest.mark.slow
 def test_other_commands_read_it_as_ctrl_c_or_not_at_all_when_ignored(config):
     interrupted = run_signalled(["config", str(config), "--check"])
     assert (interrupted.returncode, interrupted.stderr) == (130, "interrupted\n")
@@ -78,8 +81,8 @@ def test_other_commands_read_it_as_ctrl_c_or_not_at_all_when_ignored(config):
 
 # ---------------------------------------------- a signal's exception that a framework mishandles
 def _signal_lost_in_a_framework() -> None:
-    """SIGINT whose exception is caught where it lands, as TensorFlow's C++ ``nest.flatten`` did
-    (it printed a SystemError and raised a bare TypeError instead; exit 1, 'unexpected failure')."""
+    """SIGINT whose exception is caught where it lands, as TensorFlow's C++ ``nest.flatten`` does
+    (it prints a SystemError and raises a bare TypeError instead; exit 1, 'unexpected failure')."""
     try:
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(2)
@@ -89,7 +92,7 @@ def _signal_lost_in_a_framework() -> None:
 
 
 def test_a_signal_a_framework_turned_into_another_error_still_exits_3(capsys):
-    with pytest.raises(typer.Exit) as info, exit_codes(train=True), StopSignals():
+    with pytest.raises(typer.Exit) as info, exit_codes(train=True):
         _signal_lost_in_a_framework()
         raise TypeError  # a fresh error, not chained to the signal's
     assert info.value.exit_code == 3
@@ -98,15 +101,15 @@ def test_a_signal_a_framework_turned_into_another_error_still_exits_3(capsys):
 
 def test_a_signal_a_framework_swallowed_is_handed_to_training():
     stop = Stop()
-    with StopSignals():
+    with SIGNALS.command(train=True):
         _signal_lost_in_a_framework()  # start-up goes on, as if nothing came
-        with stop_on_signals(stop):
+        with SIGNALS.training(stop):
             assert stop.reason == "SIGINT"  # training stops at its first step (exit 3)
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 def test_user_errors_after_a_lost_signal_stay_user_errors(capsys):
-    with pytest.raises(typer.Exit) as info, exit_codes(train=True), StopSignals():
+    with pytest.raises(typer.Exit) as info, exit_codes(train=True):
         _signal_lost_in_a_framework()
         raise TpurunError("data.train: no file matches")
     assert info.value.exit_code == 2

@@ -265,6 +265,7 @@ def test_the_python_api_refuses_too(tmp_path):
 
 
 # ------------------------------------------------------------------------------------ training
+@pytest.mark.slow
 def test_a_packed_csv_trains_a_one_input_model_from_the_schema_alone(tmp_path):
     from conftest import run_cli
 

@@ -23,6 +23,7 @@ def focal(y_true, y_pred):
 """
 
 
+@pytest.mark.slow
 def test_a_model_trained_with_a_custom_loss_loads_with_plain_load_model(toy_data, tmp_path, capsys):
     (tmp_path / "losses.py").write_text(_LOSSES)
     config = toy_config(toy_data, tmp_path / "runs", model={"loss": f"{tmp_path / 'losses.py'}:focal"},
