@@ -147,7 +147,11 @@ def test_suggested_commands_are_checked():
             "outside backticks",
         ),
         ("write shards: `tpurun data write SRC OUT --shards 32`", TyperException, "--shards"),
-        ("write shards: `tpurun data write SRC OUT --shard-multiple many`", BadParameter, "many"),
+        (
+            "write shards: `tpurun data write SRC OUT --shard-multiple many`",
+            BadParameter,
+            "a valid integer",
+        ),
         ("write shards: `tpurun data rewrite SRC OUT`", AssertionError, "no command 'rewrite'"),
     ]
     for bad, error, says in refused:
