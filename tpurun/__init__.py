@@ -42,15 +42,24 @@ def train(
     Raises:
         tpurun.errors.TpurunError: a problem with the config, data, model or environment. If Keras
             was already imported in this kernel with another backend, the message says so.
+            :class:`~tpurun.errors.Interrupted`: stopped by the stop button (SIGINT) or SIGTERM,
+            with a checkpoint; calling it again continues.
+        KeyboardInterrupt: a second signal during training, or one before training started.
     """
-    from tpurun.config import Config
-    from tpurun.display.lines import PlainReporter
-    from tpurun.display.reporter import Reporter
-    from tpurun.training import session
+    from tpurun.training.signals import SIGNALS
 
-    cfg = config if isinstance(config, Config) else load_config(config, overrides)
-    reporter = PlainReporter() if verbose else Reporter()
-    return session.run(cfg, output=output, reporter=reporter, restart=restart, resume=resume)
+    # From the main thread, the signals take the route the command line's do for this call: a
+    # stop button before training raises a KeyboardInterrupt (Signalled) once it can surface;
+    # during training it stops at the next step with a checkpoint (Interrupted).
+    with SIGNALS.command(train=True):
+        from tpurun.config import Config
+        from tpurun.display.lines import PlainReporter
+        from tpurun.display.reporter import Reporter
+        from tpurun.training import session
+
+        cfg = config if isinstance(config, Config) else load_config(config, overrides)
+        reporter = PlainReporter() if verbose else Reporter()
+        return session.run(cfg, output=output, reporter=reporter, restart=restart, resume=resume)
 
 
 def evaluate(run_dir: str, data: str | None = None, checkpoint: str = "best") -> dict[str, Any]:

@@ -19,9 +19,10 @@ import typer
 
 from tpurun._version import __version__
 from tpurun.cli.args import ConfigArg, SetOpt
-from tpurun.cli.boundary import START_UP, SetCommand, StopSignals, exit_codes
+from tpurun.cli.boundary import SetCommand, exit_codes
 from tpurun.cli.data import data_app
 from tpurun.errors import EXIT_USER_ERROR
+from tpurun.training.signals import SIGNALS
 
 app = typer.Typer(
     name="tpurun",
@@ -92,11 +93,11 @@ def train(
     ] = None,
 ) -> None:
     """Train a model as CONFIG describes; rerunning continues an unfinished run."""
-    with exit_codes(train=True), StopSignals() as signals:
+    with exit_codes(train=True):  # a signal stops it with exit 3 from here on
         from tpurun.config import load_config
         from tpurun.display import make_reporter
 
-        reporter = signals.reporter = make_reporter(plain)
+        reporter = make_reporter(plain)
         if time_limit:
             _check_duration(time_limit)
         overrides = [*(set_ or []), *([f"train.time_limit={time_limit}"] if time_limit else [])]
@@ -361,7 +362,7 @@ def launch(
 
 def main() -> None:
     """Console-script entry point."""
-    START_UP.hold()  # until the command starts: typer takes a while to build the commands
+    SIGNALS.hold()  # until the command starts: Typer takes a while to build the commands
     try:
         app()
     except SystemExit as exc:

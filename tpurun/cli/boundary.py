@@ -3,8 +3,10 @@ an exit code (the README's table). Only :mod:`tpurun.cli.app` uses it.
 
 - :class:`TpurunError`: ``error: <its paragraph>``, exit 2 (an :class:`Interrupted` run: 3).
 - A framework that is missing or fails its own import: exit 2, saying what to check.
-- SIGINT or SIGTERM: exit 3 where ``train`` stops cleanly (:class:`StopSignals`); a second signal
-  during training, or Ctrl-C in another command, 130.
+- SIGINT or SIGTERM: exit 3 where ``train`` stops cleanly (a :class:`Signalled` before or after
+  its training loop, :class:`Interrupted` inside it); a second signal during training, or Ctrl-C
+  in another command, 130. What a signal means when is
+  :class:`tpurun.training.signals.SignalRoute`'s; this module only says it.
 - Anything else: exit 1, the traceback in a file whose path is printed.
 """
 
@@ -14,14 +16,11 @@ import contextlib
 import os
 import shlex
 import shutil
-import signal
 import sys
 import tempfile
 import textwrap
-import threading
 import traceback
 from pathlib import Path
-from typing import Any
 
 import typer
 
@@ -33,6 +32,7 @@ from tpurun.errors import (
     Interrupted,
     TpurunError,
 )
+from tpurun.training.signals import SIGNALS, Signalled, interrupt_in
 
 
 # ------------------------------------------------------------------------------------------- --set
@@ -135,18 +135,6 @@ def _broken_framework(exc: BaseException) -> TpurunError | None:
     )
 
 
-def _interrupt_in(exc: BaseException | None) -> KeyboardInterrupt | None:
-    """The interrupt behind an error, if any (NumPy turns one inside its import into an
-    ImportError, which is not a broken install)."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, KeyboardInterrupt):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
 def _interrupted(exc: KeyboardInterrupt, text: str) -> typer.Exit:
     if isinstance(exc, Signalled):
         say(f"stopped: {exc}")
@@ -160,155 +148,23 @@ def exit_codes(interrupted: str = "interrupted", train: bool = False):
     """The one place errors become exit codes: 2 with a message, 1 with a traceback file.
 
     Heavy imports (TensorFlow, JAX, Keras) belong inside it, so a broken install is a message too.
-    ``interrupted`` is what Ctrl-C prints (exit 130). A signal held since ``main()`` started
-    (:data:`START_UP`) is delivered here: ``train`` stops with exit 3, the others as Ctrl-C.
+    ``interrupted`` is what Ctrl-C prints (exit 130). The block is the command's span on the signal
+    route (:meth:`tpurun.training.signals.SignalRoute.command`): a signal held since ``main()``
+    started is delivered here, and ``train`` stops with exit 3 on a signal until its training loop
+    takes them.
     """
     try:
-        START_UP.release(train)
-        yield
+        with SIGNALS.command(train):
+            yield
     except TpurunError as exc:
         raise fail(exc) from None
     except KeyboardInterrupt as exc:
         raise _interrupted(exc, interrupted) from None
     except Exception as exc:
-        stop = _interrupt_in(exc)
+        stop = interrupt_in(exc)
         if stop is not None:
             raise _interrupted(stop, interrupted) from None
         broken = _broken_framework(exc)
         if broken is not None:
             raise fail(broken) from None
         raise _unexpected(exc) from None
-
-
-# ---------------------------------------------------------------------------------------- signals
-class Signalled(KeyboardInterrupt):
-    """SIGINT or SIGTERM while ``train`` was outside its training loop."""
-
-    def __init__(self, name: str, after_training: bool):
-        super().__init__(name)
-        self.name, self.after_training = name, after_training
-
-    def __str__(self) -> str:
-        if self.after_training:
-            return (
-                f"{self.name} after the last step, while the run was being saved; its checkpoint "
-                "is kept. Run the same command again to finish."
-            )
-        return (
-            f"{self.name} before training started: no step ran, nothing is lost. Run the same "
-            "command again to train."
-        )
-
-
-class StartUpSignals:
-    """SIGINT and SIGTERM from ``main()`` until a command's :func:`exit_codes` takes them.
-
-    Typer takes a few tenths of a second to build the commands. A signal then ended ``train`` with
-    exit 130 or a traceback instead of exit 3, and when the process started with SIGINT ignored (a
-    background job of a script, which inherits that) a SIGINT then was lost: StopSignals, coming
-    later, took SIGINT over, and the run trained to its end and exited 0. Held here, it is
-    delivered once the command starts. The interpreter's own start and ``tpurun.cli.app``'s imports
-    (about a tenth of a second) come before any of tpurun's code can hold anything.
-    """
-
-    def __init__(self) -> None:
-        self.pending: str | None = None
-        self._original: dict[int, Any] = {}
-
-    def hold(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            self._original = {sig: signal.signal(sig, self._hold) for sig in StopSignals.SIGNALS}
-
-    def _hold(self, signum: int, frame: Any) -> None:
-        if self.pending is not None:
-            raise KeyboardInterrupt  # a second one: at once
-        self.pending = signal.Signals(signum).name
-
-    def release(self, train: bool) -> None:
-        """Put the handlers back and deliver a held signal: exit 3 for ``train``; SIGINT as Ctrl-C
-        elsewhere (or not at all, when the process started with it ignored), SIGTERM's default."""
-        original, self._original = self._original, {}
-        for sig, old in original.items():
-            signal.signal(sig, old)
-        held, self.pending = self.pending, None
-        if held is None:
-            return
-        if train:  # StopSignals takes both signals over, as it does when nothing was held
-            raise Signalled(held, after_training=False)
-        if held == "SIGTERM":
-            os.kill(os.getpid(), signal.SIGTERM)
-        elif original.get(signal.SIGINT) is not signal.SIG_IGN:
-            raise KeyboardInterrupt
-
-
-START_UP = StartUpSignals()  # cli.main() holds; exit_codes() releases
-
-
-class StopSignals:
-    """SIGINT and SIGTERM outside the training loop stop ``train`` with exit 3, as inside it.
-
-    The loop's own handler (:func:`tpurun.training.signals.stop_on_signals`) replaces this one while it
-    runs. Without this one, Ctrl-C during start-up exits 130 and SIGTERM ends the process without
-    a word. A signal that arrives during an import waits for the import to finish: an extension
-    module stopped mid-initialisation prints a traceback and reports a broken install.
-    ``reporter``, once set, tells whether training has started (its ``started``).
-
-    The exception a handler raises lands wherever the main thread is, and that can be Python code
-    a framework's C++ called (TensorFlow's ``nest.flatten`` building a dataset, seen): there it
-    came out as an unrelated error (a bare TypeError: exit 1, "unexpected failure"), or it could
-    be cleared and lost. So the signal stays pending until it surfaces: an unrelated error that
-    leaves the block after it is the signal (exit 3); if none does, training takes it over
-    (:meth:`hand_over`) and stops at its first step.
-    """
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self) -> None:
-        self.pending: str | None = None
-        self.reporter: Any = None
-        self._previous: dict[int, Any] = {}
-        self._raised: Signalled | None = None
-
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
-        return self
-
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        if signal.SIGALRM in self._previous:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        for sig, old in self._previous.items():
-            signal.signal(sig, old)
-        raised, self._raised = self._raised, None
-        if raised is not None and exc is not None and _interrupt_in(exc) is None:
-            if not isinstance(exc, TpurunError):  # a framework turned the signal into this
-                raise Signalled(raised.name, raised.after_training) from exc
-
-    def hand_over(self) -> str | None:
-        """Training takes the signals over: the signal not acted on yet, if any, is its own now."""
-        held, self.pending, self._raised = self.pending, None, None
-        return held
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if signum != signal.SIGALRM:
-            self.pending = signal.Signals(signum).name
-        if self.pending is None:
-            return
-        if signal.getsignal(signal.SIGINT) != self._handle:  # training took the signals over
-            os.kill(os.getpid(), signal.Signals[self.pending])
-            self.pending = None
-        elif _importing(frame):
-            if signal.SIGALRM not in self._previous:
-                self._previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, self._handle)
-            signal.setitimer(signal.ITIMER_REAL, 0.05)  # look again once the import is done
-        else:
-            self._raised = Signalled(self.pending, bool(getattr(self.reporter, "started", False)))
-            raise self._raised
-
-
-def _importing(frame: Any) -> bool:
-    while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
-            return True
-        frame = frame.f_back
-    return False

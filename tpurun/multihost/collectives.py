@@ -10,23 +10,25 @@ from tpurun.multihost.cluster import Cluster
 _REASONS = ("", "SIGTERM", "SIGINT", "train.time_limit")
 
 
-def agree_on_stop(reason: str | None, save: str | None = None) -> tuple[str | None, str | None]:
-    """The stop (and the mid-epoch save) every process takes, given this one's (None: none).
+def agree_on_stop(reason: str | None, save_by_clock: bool = False) -> tuple[str | None, bool]:
+    """The stop every process takes, and whether all save now, given this process's stop reason
+    (None: none) and whether its own clock says an ``every_minutes`` save is due.
 
-    A signal or the time limit can reach any one process (a preemption notice, a Ctrl-C on one
-    host), and ``every_minutes`` saves follow each process's own clock; but a save is a collective
-    and a process that stopped alone would leave the others waiting forever in one. So at every
-    execution's end all processes exchange what they were asked, and all stop (or save) if any
-    was. Costs one small all-gather per execution (measured in benchmarks/multi_process.py).
+    The last step of :meth:`tpurun.training.signals.Stop.agreed`. A signal or the time limit can
+    reach any one process (a preemption notice, a Ctrl-C on one host), and ``every_minutes`` saves
+    follow each process's own clock; but a save is a collective, and a process that stopped alone
+    would leave the others waiting in one forever. So at every execution's end all processes
+    exchange what they were asked, and all stop (or save) if any was. Costs one small all-gather
+    per execution (measured in benchmarks/multi_process.py).
     """
     import numpy as np
 
     multihost_utils = frameworks.jax("experimental.multihost_utils")
 
     codes = np.array([_REASONS.index(reason) if reason in _REASONS else int(bool(reason)),
-                      int(bool(save))], dtype=np.int32)  # fmt: skip
+                      int(bool(save_by_clock))], dtype=np.int32)  # fmt: skip
     agreed = np.max(np.reshape(multihost_utils.process_allgather(codes), (-1, 2)), axis=0)
-    return (_REASONS[int(agreed[0])] or None), ("every_minutes" if agreed[1] else None)
+    return (_REASONS[int(agreed[0])] or None), bool(agreed[1])
 
 
 def check_shared_folder(folder: str, cluster: Cluster) -> None:

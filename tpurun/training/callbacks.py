@@ -21,7 +21,6 @@ from tpurun import frameworks
 from tpurun.config import Config
 from tpurun.display.reporter import Reporter
 from tpurun.errors import TpurunError
-from tpurun.multihost.collectives import agree_on_stop
 from tpurun.observe.callbacks import observers
 from tpurun.runtime.plan import Plan, resolve_monitor
 from tpurun.storage import fileio
@@ -154,11 +153,9 @@ class RunControl(keras.callbacks.Callback):
 
     def __init__(
         self, run: RunDir, checkpointer: Checkpointer, stop: Stop, *, steps_per_epoch: int,
-        watch_nan: bool, log: str | None, agree=None,
+        watch_nan: bool, log: str | None,
     ):  # fmt: skip
         super().__init__()
-        # Several processes: every one must stop at the same step (tpurun.multihost.cluster.agree_on_stop).
-        self.agree = agree
         self.run = run
         self.checkpointer = checkpointer
         self.stop = stop
@@ -176,13 +173,12 @@ class RunControl(keras.callbacks.Callback):
         self.checkpointer.restore_metrics(self._model, epoch)  # no JAX state sync needed here
 
     def _agreed(self, save: str | None = None) -> tuple[bool, str | None]:
-        """Whether to stop, and which mid-epoch save is due, as every process sees it."""
-        requested = self.stop.requested(time.monotonic())
-        if self.agree is not None:
-            self.stop.reason, minutes = self.agree(self.stop.reason, save == "every_minutes")
-            requested = self.stop.reason is not None
-            save = save if save == "every_steps" else minutes  # steps agree by themselves
-        return requested, save
+        """Whether to stop, and which mid-epoch save is due, as every process sees it
+        (:meth:`Stop.agreed`: with several processes, every one stops at the same step)."""
+        stopping, by_clock = self.stop.agreed(time.monotonic(), save == "every_minutes")
+        if save != "every_steps":  # step-counted saves agree by themselves
+            save = "every_minutes" if by_clock else None
+        return stopping, save
 
     def on_train_batch_end(self, batch, logs=None):
         step = step_offset(self.checkpointer.resume_at, self._epoch) + batch + 1
@@ -366,7 +362,6 @@ def build_callbacks(
     control = RunControl(
         run, checkpointer, stop, steps_per_epoch=plan.steps_per_epoch,
         watch_nan=cb.on_nan != "ignore", log=cb.csv_log.filename if cb.csv_log else None,
-        agree=agree_on_stop if plan.num_processes > 1 else None,
     )  # fmt: skip
     first = []
     if plan.validation_steps:

@@ -3,7 +3,7 @@
 Prints nothing: progress goes to the injected :class:`~tpurun.display.lines.Reporter`, problems are raised
 as :class:`~tpurun.errors.TpurunError`, and the summary is returned.
 
-(Named runner.py, not train.py: ``tpurun.train`` is the public function, and a submodule of that
+(Named session.py, not train.py: ``tpurun.train`` is the public function, and a submodule of that
 name would replace it on the package once imported.)
 """
 
@@ -14,13 +14,14 @@ import os
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any
 
 from tpurun._version import __version__
 from tpurun.config import Config
 from tpurun.display.reporter import Reporter
 from tpurun.errors import EXIT_USER_ERROR, Interrupted, TpurunError
-from tpurun.multihost.collectives import check_shared_folder, sync_processes
+from tpurun.multihost.collectives import agree_on_stop, check_shared_folder, sync_processes
 from tpurun.multihost.watchdog import Watchdog
 from tpurun.observe import input_wait
 from tpurun.runtime.activate import activate
@@ -176,9 +177,34 @@ def _run(
     prepared = prepare(config, runtime.choice, runtime.replicas)
     for warning in prepared.plan.warnings:
         reporter.message(warning, "warn")
-    plan, epochs = prepared.plan, config.train.epochs
     effective = prepared.effective()
-    identity = resume_lib.identity(effective, plan)
+    identity = resume_lib.identity(effective, prepared.plan)
+    point = _given_point(resume, identity, run, restart)
+    if output is None:
+        _warn_if_unfinished_elsewhere(config, run, reporter)
+    _create(run, runtime, restart, reporter)
+    if point is None:
+        point = resume_lib.latest(run)
+        if point is not None:
+            resume_lib.check_unchanged(point, identity)
+    previous = run.read_summary() or {}
+    summary = _new_summary(prepared, run, point, previous)
+    if summary.epochs_completed >= config.train.epochs and run.has_model():
+        return _already_trained(run, summary, previous, reporter)
+    _note_session(run, point, previous, effective, summary, reporter)
+    limit = config.train.time_limit
+    stop = Stop(
+        deadline=started + limit if limit else None,
+        agree=agree_on_stop if prepared.plan.num_processes > 1 else None,
+    )
+    job = fit.TrainJob(prepared, runtime, run, point, identity, effective, summary, reporter, stop)
+    ending = _Ending(run, effective, summary, reporter, started)
+    result = _train(job, ending)
+    return _conclude(job, result, ending)
+
+
+def _given_point(resume: str | None, identity: dict, run: RunDir, restart: bool):
+    """``--resume``'s checkpoint, checked against this config; None without ``--resume``."""
     point = resume_lib.from_path(resume) if resume else None
     if point is not None:
         resume_lib.check_unchanged(point, identity)
@@ -187,7 +213,11 @@ def _run(
                 f"--restart moves {run.path} aside, and --resume {resume} is inside it: pass one "
                 "of them (to start over from that checkpoint, copy it out first)."
             )
-    elsewhere = _unfinished_elsewhere(config, run) if output is None else None
+    return point
+
+
+def _warn_if_unfinished_elsewhere(config: Config, run: RunDir, reporter: Reporter) -> None:
+    elsewhere = _unfinished_elsewhere(config, run)
     if elsewhere:
         reporter.message(
             f"this config has an unfinished run in {elsewhere}, but output.dir "
@@ -196,85 +226,107 @@ def _run(
             f" or pass --output {os.path.dirname(elsewhere)}.",
             "warn",
         )
+
+
+def _create(run: RunDir, runtime, restart: bool, reporter: Reporter) -> None:
+    """Make the run directory (``--restart``: move the old one aside first) on every process."""
     aside = run.create(restart=restart)
     if runtime.choice.cluster.multi:  # process 0 made (or moved aside) the run directory
         sync_processes("tpurun: run directory ready")
     if aside:
         reporter.message(f"--restart: the previous run was moved to {aside}", "note")
-    if point is None:
-        point = resume_lib.latest(run)
-        if point is not None:
-            resume_lib.check_unchanged(point, identity)
-    previous = run.read_summary() or {}
-    summary = _new_summary(prepared, run, point, previous)
-    if summary.epochs_completed >= epochs and run.has_model():
-        reporter.message(
-            f"{run.path} has already trained {summary.epochs_completed} epoch(s) of {epochs}; "
-            "raise train.epochs to train further, or pass --restart to start over.",
-            "note",
-        )
-        summary.status = previous.get("status", "completed")
-        summary.seconds = previous.get("seconds")
-        result = summary.to_dict()
-        reporter.finish(result)
-        return result
+
+
+def _already_trained(run: RunDir, summary: Summary, previous: dict, reporter: Reporter) -> dict:
+    """A run that has trained its epochs already: say so, and return its summary as it was."""
+    reporter.message(
+        f"{run.path} has already trained {summary.epochs_completed} epoch(s) of {summary.epochs}; "
+        "raise train.epochs to train further, or pass --restart to start over.",
+        "note",
+    )
+    summary.status = previous.get("status", "completed")
+    summary.seconds = previous.get("seconds")
+    result = summary.to_dict()
+    reporter.finish(result)
+    return result
+
+
+def _note_session(
+    run: RunDir, point, previous: dict, effective: dict, summary: Summary, reporter: Reporter
+) -> None:
+    """What this session follows: a session that died, what changed since, where it resumes."""
     if previous.get("status") == "running":  # we hold the lock now: that session died
         reporter.message(
             f"the previous session (pid {previous.get('pid', '?')} on {previous.get('host', '?')}) "
             "ended without a word: killed, or its machine stopped.",
             "note",
         )
-    if point is not None:
-        previous_config = run.read_config()
-        changes = resume_lib.changed_settings(previous_config, effective)
-        if changes:
-            reporter.message("changed since the last session: " + "; ".join(changes[:6]), "note")
-        data_changes = resume_lib.changed_data(previous_config, effective)
-        if data_changes:
-            reporter.message(
-                "the data changed since the last session: " + "; ".join(data_changes), "warn"
-            )
-        epoch, step = point.position
-        summary.resumes.append(
-            {"epoch": epoch, "step": step, "from": point.source, "time": now_iso()}
+    if point is None:
+        return
+    previous_config = run.read_config()
+    changes = resume_lib.changed_settings(previous_config, effective)
+    if changes:
+        reporter.message("changed since the last session: " + "; ".join(changes[:6]), "note")
+    data_changes = resume_lib.changed_data(previous_config, effective)
+    if data_changes:
+        reporter.message(
+            "the data changed since the last session: " + "; ".join(data_changes), "warn"
         )
+    epoch, step = point.position
+    summary.resumes.append({"epoch": epoch, "step": step, "from": point.source, "time": now_iso()})
 
-    def finish(status: str, curves: bool = True) -> dict[str, Any]:
+
+@dataclass
+class _Ending:
+    """How a session ends in the run directory: its status and time in ``summary.json`` (with
+    ``config.yaml``, if training never began to write), and ``curves.png``."""
+
+    run: RunDir
+    effective: dict
+    summary: Summary
+    reporter: Reporter
+    started: float  # time.monotonic() at the session's start
+
+    def finish(self, status: str, curves: bool = True) -> dict[str, Any]:
+        run, summary = self.run, self.summary
         summary.status = status
-        summary.seconds = round(time.monotonic() - started, 3)
+        summary.seconds = round(time.monotonic() - self.started, 3)
         if run.begun or status in ("completed", "stopped_early"):
-            run.begin(effective, summary)
+            run.begin(self.effective, summary)
             run.write_summary(summary)
             if curves and status != "failed":
-                _write_curves(run, reporter)
+                _write_curves(run, self.reporter)
         return summary.to_dict()
 
-    limit = config.train.time_limit
-    stop = Stop(deadline=started + limit if limit else None)
-    hosts = runtime.choice.cluster
-    lost = _on_lost(hosts, run, summary)
+
+def _train(job: fit.TrainJob, ending: _Ending) -> fit.TrainResult:
+    """:func:`fit.train` in the signal route's training phase (and, on several hosts, under the
+    watchdog); a failure leaves its status, and an unexpected one its traceback in ``error.log``."""
+    hosts = job.runtime.choice.cluster
+    lost = _on_lost(hosts, job.run, job.summary)
     watchdog = Watchdog(hosts, lost) if hosts.multi else contextlib.nullcontext()
-    job = fit.TrainJob(prepared, runtime, run, point, identity, effective, summary, reporter, stop)
     try:
-        with stop_on_signals(stop), watchdog:
-            result = fit.train(job)
+        with stop_on_signals(job.stop), watchdog:
+            return fit.train(job)
     except TpurunError:
-        finish("failed")
+        ending.finish("failed")
         raise
     except KeyboardInterrupt:
-        finish("interrupted", curves=False)  # a second signal: stop at once
+        ending.finish("interrupted", curves=False)  # a second signal: stop at once
         raise
     except Exception as exc:
         if hosts.multi and _lost_peer(exc):
             lost(f"another process is gone (a collective failed: {str(exc).splitlines()[0][:160]})"
                  ": killed, out of memory, or its machine stopped. Rerun the same command on every "
                  "host to resume from the last checkpoint.")  # fmt: skip
-        finish("failed")
-        exc.tpurun_error_log = run.write_error(traceback.format_exc())
+        ending.finish("failed")
+        exc.tpurun_error_log = job.run.write_error(traceback.format_exc())
         raise
 
-    done, step = result.position
-    summary.epochs_completed = done
+
+def _record(summary: Summary, result: fit.TrainResult) -> None:
+    """What the fit did, into the summary: epochs, timings, input wait, metrics, NaN restores."""
+    summary.epochs_completed = result.position[0]
     summary.epoch_seconds = [round(s, 3) for s in result.epoch_seconds]
     summary.epoch_input_wait = input_wait.fractions(result.input_waits)
     wait = input_wait.overall(result.input_waits)
@@ -286,13 +338,21 @@ def _run(
     summary.nan_restores.extend(result.nan_restores)
     if result.best is not None:
         summary.best = result.best
+
+
+def _conclude(job: fit.TrainJob, result: fit.TrainResult, ending: _Ending) -> dict[str, Any]:
+    """The session's end: a NaN or a stop before the last epoch raises (its status written);
+    otherwise the final model is saved and the summary returned."""
+    config, run, summary, stop = job.prepared.config, job.run, job.summary, job.stop
+    reporter, epochs = job.reporter, config.train.epochs
+    done, step = result.position
+    _record(summary, result)
     if stop.nan_at is not None:
-        epoch, nan_step = stop.nan_at
-        finish("nan")
-        raise TpurunError(_nan_message(config, summary, (epoch, nan_step), result.position, run))
+        ending.finish("nan")
+        raise TpurunError(_nan_message(config, summary, stop.nan_at, result.position, run))
     if stop.reason is not None and done < epochs:  # a stop after the last step is just the end
         where = f"epoch {done + 1}, step {step}" if step else f"the end of epoch {done}"
-        finish("interrupted")
+        ending.finish("interrupted")
         raise Interrupted(
             f"{stop.reason}: stopped at {where}; the checkpoint is saved in {run.checkpoints}. Run "
             "the same command again to continue."
@@ -306,7 +366,7 @@ def _run(
             "resume from the run's checkpoints.",
             "note",
         )
-    final = finish("completed" if done >= epochs else "stopped_early")
+    final = ending.finish("completed" if done >= epochs else "stopped_early")
     said = input_wait.verdict(result.input_waits, run.file(CONFIG))
     if said:
         reporter.message(*said)
