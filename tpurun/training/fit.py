@@ -7,6 +7,7 @@ Imports Keras and TensorFlow inside its functions only: the runner imports this 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -75,16 +76,68 @@ def train(job: TrainJob) -> TrainResult:
     With ``callbacks.on_nan: restore``, a NaN loss reloads the latest checkpoint with the learning
     rate cut, and training goes on from there (as Model Garden's loss recovery does).
     """
-    tf = frameworks.tensorflow()
-    from tpurun.data import pipeline
+    frameworks.tensorflow()
     from tpurun.observe.callbacks import epoch_waits
     from tpurun.training import callbacks as cbs
-    from tpurun.training.model import build_model, check_loss_fits, compile_model
-    from tpurun.training.monitored import resolve_monitors
 
-    prepared, runtime, run, point, stop = job.prepared, job.runtime, job.run, job.point, job.stop
-    config, plan, reporter = prepared.config, prepared.plan, job.reporter
+    prepared, run, reporter = job.prepared, job.run, job.reporter
+    config, plan = prepared.config, prepared.plan
+    train_data, val_ds = _datasets(job)
+    model = _compiled_model(job)
+    callbacks, progress, control = cbs.build_callbacks(
+        config, plan, run, reporter, job.stop, job.identity
+    )
+    checkpoint = control.checkpointer
+    inputs = _first_inputs(job, model, train_data)
+    if job.point is not None:
+        _resume(job, model, inputs, checkpoint)
+    first_writes = _once(_first_writes(job, model, control))
+    callbacks = [cbs.keras.callbacks.LambdaCallback(on_train_begin=first_writes), *callbacks]
+    reporter.start(plan, run.path, config.train.epochs, checkpoint.position[0])
+    fitting = _Fitting(
+        model, train_data, val_ds, callbacks, progress, checkpoint, inputs,
+        # Under a tf.distribute strategy the validation set repeats and needs its step count;
+        # elsewhere it is finite and Keras reads it to the end (see pipeline.make_dataset).
+        val_steps=plan.validation_steps if job.runtime.strategy is not None else None,
+    )  # fmt: skip
+    restores: list[dict] = []
+    _fit_once(job, fitting)
+    while _restore_after_nan(job, fitting, restores):
+        _fit_once(job, fitting)
+    return TrainResult(
+        model=model,
+        position=checkpoint.position,
+        best=checkpoint.best_record,
+        last_logs=checkpoint.last_logs,
+        epoch_seconds=progress.epoch_seconds,
+        epoch_rates=progress.epoch_rates,
+        first_step_seconds=progress.first_step_seconds,
+        nan_restores=restores,
+        input_waits=epoch_waits(callbacks),
+    )
 
+
+@dataclass
+class _Fitting:
+    """What every ``fit`` of a session shares (a mid-epoch resume and a NaN restore fit again)."""
+
+    model: Any
+    train_data: Callable[[int, int], Any]  # (epoch, step) -> the training stream from there
+    val_ds: Any  # None without a validation set
+    callbacks: list
+    progress: Any  # callbacks.Progress
+    checkpoint: Any  # checkpoints.Checkpointer
+    inputs: Any  # the first batch's inputs: they build the model before weights are loaded
+    val_steps: int | None = None
+
+
+def _datasets(job: TrainJob) -> tuple[Callable[[int, int], Any], Any]:
+    """This process's training stream from a position, as a function of (epoch, step); and its
+    validation set (None without one)."""
+    from tpurun.data import pipeline
+
+    prepared, runtime = job.prepared, job.runtime
+    config, plan = prepared.config, prepared.plan
     batch, share, val_share = (
         plan.per_process_batch_size,
         prepared.train_share,
@@ -106,32 +159,55 @@ def train(job: TrainJob) -> TrainResult:
             take_batches=plan.validation_steps, repeat_eval=runtime.strategy is not None,
             cache=_cache(config, "validation"), shard=val_share.shard,
         )  # fmt: skip
-    with runtime.scope():
+    return train_data, val_ds
+
+
+def _compiled_model(job: TrainJob) -> Any:
+    """The config's model, built and compiled in the runtime's scope."""
+    from tpurun.training.model import build_model, compile_model
+
+    config, plan = job.prepared.config, job.prepared.plan
+    with job.runtime.scope():
         model = build_model(config, plan.backend)
         note = compile_model(model, config, plan)
     if note:
-        reporter.message(note, "note")
-    callbacks, progress, control = cbs.build_callbacks(
-        config, plan, run, reporter, stop, job.identity
-    )
-    checkpoint = control.checkpointer
+        job.reporter.message(note, "note")
+    return model
 
+
+def _first_inputs(job: TrainJob, model, train_data: Callable[[int, int], Any]) -> Any:
+    """The first batch's inputs, once its targets are checked against the model's loss."""
+    from tpurun.training.model import check_loss_fits
+
+    tf = frameworks.tensorflow()
     try:
         first_batch = next(iter(train_data(0, 0).take(1)))
     except tf.errors.DataLossError as exc:  # the shuffle buffer fills before the first step
-        raise _damaged_while_training(prepared, exc) from None
-    check_loss_fits(model, config, first_batch[1])
+        raise _damaged_while_training(job.prepared, exc) from None
+    check_loss_fits(model, job.prepared.config, first_batch[1])
+    return first_batch[0]
 
+
+def _resume(job: TrainJob, model, inputs, checkpoint) -> None:
+    """Load the resume point: weights, optimizer, callbacks' state, learning-rate scale."""
+    point, config, plan = job.point, job.prepared.config, job.prepared.plan
+    _restore(model, inputs, point.weights, job.runtime, str(point.source))
+    checkpoint.restore(point.state, point.folder)
+    _apply_lr_scale(model, config, plan, checkpoint.lr_scale, saved=checkpoint.lr_scale)
+    if point.state.get("warm_start"):
+        job.reporter.message(f"starting from the weights in {point.source} (no resume state "
+                             "beside it: epoch 1, fresh optimizer position)", "note")  # fmt: skip
+    else:
+        job.reporter.message(point.describe(), "note")
+
+
+def _first_writes(job: TrainJob, model, control) -> Callable[..., None]:
+    """The run's first writes, for Keras' first ``on_train_begin``."""
+    from tpurun.training import callbacks as cbs
+    from tpurun.training.monitored import resolve_monitors
+
+    config, run, point, checkpoint = job.prepared.config, job.run, job.point, control.checkpointer
     log = config.callbacks.csv_log.filename if config.callbacks.csv_log else None
-    if point is not None:
-        _restore(model, first_batch[0], point.weights, runtime, str(point.source))
-        checkpoint.restore(point.state, point.folder)
-        _apply_lr_scale(model, config, plan, checkpoint.lr_scale, saved=checkpoint.lr_scale)
-        if point.state.get("warm_start"):
-            reporter.message(f"starting from the weights in {point.source} (no resume state beside "
-                             "it: epoch 1, fresh optimizer position)", "note")  # fmt: skip
-        else:
-            reporter.message(point.describe(), "note")
 
     def on_train_begin(logs=None) -> None:
         # Keras has built the model and its metrics against the data by now (symbolic build): the
@@ -145,75 +221,72 @@ def train(job: TrainJob) -> TrainResult:
         if config.callbacks.on_nan == "restore" and checkpoint.position == (0, 0):
             checkpoint.save_latest(model, 0, 0, "start")  # something to go back to before epoch 1
 
-    once = _once(on_train_begin)
-    callbacks = [cbs.keras.callbacks.LambdaCallback(on_train_begin=once), *callbacks]
-    reporter.start(plan, run.path, config.train.epochs, checkpoint.position[0])
-    # Under a tf.distribute strategy the validation set repeats and needs its step count; elsewhere
-    # it is finite and Keras reads it to the end (see pipeline.make_dataset).
-    val_steps = plan.validation_steps if runtime.strategy is not None else None
-    restores: list[dict] = []
-    while True:
-        try:
-            _fit_from(model, train_data, val_ds, val_steps, plan, config.train.epochs, checkpoint,
-                      progress, callbacks)  # fmt: skip
-        except tf.errors.DataLossError as exc:
-            raise _damaged_while_training(prepared, exc) from None
-        except ValueError as exc:
-            if int(model.optimizer.iterations.numpy()) > 0:
-                raise
-            # Before the first step, a ValueError is the model not fitting the data's shapes.
-            raise ModelError(_misfit(exc, model, config)) from None
-        except (fileio.StorageError, tf.errors.OpError) as exc:  # a bucket failed mid-run
-            stopped = fileio.training_stopped(exc, run.checkpoints)
-            if stopped is None:
-                raise
-            raise stopped from None
-        except TpurunError:
+    return on_train_begin
+
+
+def _fit_once(job: TrainJob, f: _Fitting) -> None:
+    """Fit from the checkpoint's position to the last epoch (or a stop), its failures said as
+    what to do about them."""
+    tf = frameworks.tensorflow()
+    config, plan = job.prepared.config, job.prepared.plan
+    try:
+        _fit_from(f.model, f.train_data, f.val_ds, f.val_steps, plan, config.train.epochs,
+                  f.checkpoint, f.progress, f.callbacks)  # fmt: skip
+    except tf.errors.DataLossError as exc:
+        raise _damaged_while_training(job.prepared, exc) from None
+    except ValueError as exc:
+        if int(f.model.optimizer.iterations.numpy()) > 0:
             raise
-        except Exception as exc:
-            missing = _missing_package(exc)
-            if missing is None:
-                raise
-            extra = ", ".join(spec.name for spec in config.callbacks.extra)
-            used_by = f" (callbacks.extra: {extra})" if extra else ""
-            raise TpurunError(
-                f"training stopped: a package is not installed: {missing}{used_by}. Install it "
-                "(pip install ...), or leave out what needs it. Nothing after the last checkpoint "
-                "was lost; rerunning continues."
-            ) from None
-        if stop.nan_at is None or config.callbacks.on_nan != "restore":
-            break
-        if len(restores) + len(job.summary.nan_restores) >= config.callbacks.max_nan_restores:
-            break
-        back = resume_lib.latest(run)
-        if back is None:
-            break
-        epoch, step = stop.nan_at
-        scale = checkpoint.lr_scale * config.callbacks.nan_lr_factor  # cuts add up
-        _restore(model, first_batch[0], back.weights, runtime, back.source)
-        checkpoint.restore(back.state, back.folder)  # its lr_scale: the one it was saved with
-        _apply_lr_scale(model, config, plan, scale, saved=checkpoint.lr_scale)
-        checkpoint.lr_scale = scale
-        restores.append({"epoch": epoch, "step": step, "restored_to": list(back.position),
-                         "lr_scale": checkpoint.lr_scale})  # fmt: skip
-        reporter.message(
-            f"NaN loss at epoch {epoch}, step {step}: {back.describe()} with the learning rate "
-            f"x{checkpoint.lr_scale:g} (restore {len(restores) + len(job.summary.nan_restores)} "
-            f"of {config.callbacks.max_nan_restores})",
-            "warn",
-        )
-        stop.nan_at = None
-    return TrainResult(
-        model=model,
-        position=checkpoint.position,
-        best=checkpoint.best_record,
-        last_logs=checkpoint.last_logs,
-        epoch_seconds=progress.epoch_seconds,
-        epoch_rates=progress.epoch_rates,
-        first_step_seconds=progress.first_step_seconds,
-        nan_restores=restores,
-        input_waits=epoch_waits(callbacks),
+        # Before the first step, a ValueError is the model not fitting the data's shapes.
+        raise ModelError(_misfit(exc, f.model, config)) from None
+    except (fileio.StorageError, tf.errors.OpError) as exc:  # a bucket failed mid-run
+        stopped = fileio.training_stopped(exc, job.run.checkpoints)
+        if stopped is None:
+            raise
+        raise stopped from None
+    except TpurunError:
+        raise
+    except Exception as exc:
+        missing = _missing_package(exc)
+        if missing is None:
+            raise
+        extra = ", ".join(spec.name for spec in config.callbacks.extra)
+        used_by = f" (callbacks.extra: {extra})" if extra else ""
+        raise TpurunError(
+            f"training stopped: a package is not installed: {missing}{used_by}. Install it "
+            "(pip install ...), or leave out what needs it. Nothing after the last checkpoint "
+            "was lost; rerunning continues."
+        ) from None
+
+
+def _restore_after_nan(job: TrainJob, f: _Fitting, restores: list[dict]) -> bool:
+    """After a NaN loss with ``callbacks.on_nan: restore`` and restores left: reload the latest
+    checkpoint with the learning rate cut, and record it in ``restores``. Whether training goes
+    on."""
+    config, plan, stop, checkpoint = job.prepared.config, job.prepared.plan, job.stop, f.checkpoint
+    if stop.nan_at is None or config.callbacks.on_nan != "restore":
+        return False
+    if len(restores) + len(job.summary.nan_restores) >= config.callbacks.max_nan_restores:
+        return False
+    back = resume_lib.latest(job.run)
+    if back is None:
+        return False
+    epoch, step = stop.nan_at
+    scale = checkpoint.lr_scale * config.callbacks.nan_lr_factor  # cuts add up
+    _restore(f.model, f.inputs, back.weights, job.runtime, back.source)
+    checkpoint.restore(back.state, back.folder)  # its lr_scale: the one it was saved with
+    _apply_lr_scale(f.model, config, plan, scale, saved=checkpoint.lr_scale)
+    checkpoint.lr_scale = scale
+    restores.append({"epoch": epoch, "step": step, "restored_to": list(back.position),
+                     "lr_scale": checkpoint.lr_scale})  # fmt: skip
+    job.reporter.message(
+        f"NaN loss at epoch {epoch}, step {step}: {back.describe()} with the learning rate "
+        f"x{checkpoint.lr_scale:g} (restore {len(restores) + len(job.summary.nan_restores)} "
+        f"of {config.callbacks.max_nan_restores})",
+        "warn",
     )
+    stop.nan_at = None
+    return True
 
 
 def _missing_package(exc: BaseException) -> str | None:
