@@ -3,9 +3,10 @@
 Every command block runs as written. The convention, read page by page:
 
 - A fenced block tagged ``console`` runs. Each line starting ``$ `` is a command (a line ending in
-  ``\\`` continues it), run by bash in a temporary folder, in page order, with this Python's
-  ``bin`` folder (the repository's ``.venv/bin``) first on PATH. Other lines are sample output,
-  not compared. A command ending in ``# exit N`` must exit N; any other must exit 0.
+  ``\\`` continues it), run by bash in a temporary folder, in page order, each in a shell of its
+  own (a ``cd`` does not carry over), with this Python's ``bin`` folder (the repository's
+  ``.venv/bin``) first on PATH. Other lines are sample output, not compared. A command ending in
+  ``# exit N`` must exit N; any other must exit 0.
 - ``<!-- file: PATH -->`` on the line before a fenced block writes the block to PATH in that folder
   before the commands after it run (a config, a model factory).
 - ``<!-- docs-test: after-quickstart -->`` on a page: its commands run in the folder the README's
