@@ -14,6 +14,11 @@ What the door adds to a plain import:
   that matter. If the import fails, what it wrote is shown after all.
 - TensorFlow's GCS client settings (:data:`GCS_DEFAULTS`), which it reads once, at the process's
   first ``gs://`` use.
+- A matplotlib backend this process can use. Importing TensorFlow imports matplotlib where it is
+  installed, and matplotlib refuses a ``MPLBACKEND`` it cannot load: a notebook kernel exports
+  ``module://matplotlib_inline.backend_inline``, which ``!.venv/bin/tpurun`` (another environment)
+  cannot import. tpurun never opens a window, so such a value is replaced by ``agg`` in tpurun's
+  own process (:func:`usable_matplotlib_backend`; ``tpurun doctor`` says what it found).
 
 tpurun's own child scripts that must run without tpurun (``infer/check.py``, ``infer/loader.py``)
 import the frameworks directly; ``tests/test_layout.py`` checks that no other module does.
@@ -22,6 +27,7 @@ import the frameworks directly; ``tests/test_layout.py`` checks that no other mo
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 import tempfile
@@ -64,9 +70,43 @@ def apply_gcs_defaults() -> None:
         os.environ.setdefault(key, value)
 
 
+#: matplotlib's own backend names (matplotlib 3.8-3.10): any other value must be ``module://...``.
+_MPL_BACKENDS = frozenset(
+    "gtk3agg gtk3cairo gtk4agg gtk4cairo macosx nbagg notebook qtagg qtcairo qt5agg qt5cairo "
+    "tkagg tkcairo webagg wx wxagg wxcairo agg cairo pdf pgf ps svg template".split()
+)
+replaced_matplotlib_backend: str | None = None  # what usable_matplotlib_backend() replaced
+
+
+def usable_matplotlib_backend(env: dict | os._Environ = os.environ) -> str | None:
+    """Replace an inherited ``MPLBACKEND`` that matplotlib would refuse with ``agg``.
+
+    Returns:
+        The value replaced, or None when there was nothing to replace.
+    """
+    global replaced_matplotlib_backend
+    value = env.get("MPLBACKEND", "")
+    if not value or _loadable_backend(value):
+        return None
+    env["MPLBACKEND"] = "agg"
+    if env is os.environ:
+        replaced_matplotlib_backend = value
+    return value
+
+
+def _loadable_backend(value: str) -> bool:
+    if not value.startswith("module://"):
+        return value.lower() in _MPL_BACKENDS
+    try:
+        return importlib.util.find_spec(value.removeprefix("module://")) is not None
+    except (ImportError, ValueError):  # its parent package is missing too
+        return False
+
+
 def tensorflow(submodule: str | None = None) -> ModuleType:
     """TensorFlow (or ``tensorflow.<submodule>``), imported quietly. Allowed at any time."""
     apply_gcs_defaults()
+    usable_matplotlib_backend()
     tf = sys.modules.get("tensorflow") or _quiet_import("tensorflow")
     return importlib.import_module(f"tensorflow.{submodule}") if submodule else tf
 
@@ -94,7 +134,7 @@ def jax(submodule: str | None = None) -> ModuleType:
 # tf.data map functions ask the door for TensorFlow while they are traced. AutoGraph would convert
 # these functions too (and warn that os.environ has no source); marked as TF's own
 # tf.autograph.experimental.do_not_convert marks a function, they are called as they are.
-for _door in (tensorflow, keras, jax, apply_gcs_defaults):
+for _door in (tensorflow, keras, jax, apply_gcs_defaults, usable_matplotlib_backend):
     _door.autograph_info__ = {}
 
 

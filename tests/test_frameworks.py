@@ -1,0 +1,41 @@
+"""tpurun.frameworks: what the one door to TensorFlow, JAX and Keras adds to a plain import."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import ROOT, run_cli
+
+from tpurun import frameworks
+
+NOTEBOOK_BACKEND = "module://matplotlib_inline.backend_inline"  # what ipykernel exports
+
+
+@pytest.mark.parametrize(
+    ("inherited", "kept"),
+    [
+        ("module://no_such_package.backend", False),  # cannot be imported here
+        ("module://matplotlib.backends.backend_agg", True),  # can
+        ("TkAgg", True),  # one of matplotlib's own names (any case)
+        ("no-such-backend", False),  # neither
+    ],
+)
+def test_an_inherited_matplotlib_backend_is_kept_only_when_usable(inherited, kept):
+    env = {"MPLBACKEND": inherited}
+    replaced = frameworks.usable_matplotlib_backend(env)
+    assert env["MPLBACKEND"] == (inherited if kept else "agg")
+    assert replaced == (None if kept else inherited)
+
+
+def test_no_backend_set_is_left_alone():
+    env: dict = {}
+    assert frameworks.usable_matplotlib_backend(env) is None and env == {}
+
+
+@pytest.mark.slow
+def test_a_notebook_kernels_backend_does_not_stop_a_command():
+    """A kernel from another environment exports its inline backend; tpurun's TensorFlow import
+    (which imports matplotlib) must not fail on it."""
+    result = run_cli("config", str(ROOT / "configs" / "quickstart.yaml"),
+                     env={"MPLBACKEND": NOTEBOOK_BACKEND})  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "Key backend" not in result.stderr
