@@ -39,3 +39,25 @@ def test_a_notebook_kernels_backend_does_not_stop_a_command():
                      env={"MPLBACKEND": NOTEBOOK_BACKEND})  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "Key backend" not in result.stderr
+
+
+QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["config", QUICKSTART],
+        ["data", "bench", QUICKSTART, "--steps", "2"],
+        ["data", "inspect", str(ROOT / "configs" / "data" / "digits" / "digits-train-*")],
+    ],
+    ids=["config", "data-bench", "data-inspect"],
+)
+def test_no_command_shows_tensorflows_start_up_lines(args):
+    """TensorFlow logs oneDNN and CPU-feature notices through absl before its log level applies;
+    every command imports it through the door, which keeps them off stderr."""
+    result = run_cli(*args)
+    assert result.returncode == 0, result.stderr
+    for noise in ("I0000", "oneDNN", "absl::InitializeLog"):
+        assert noise not in result.stderr, result.stderr
