@@ -72,6 +72,7 @@ def run_checks(
     checks: list[Check] = []
     checks += timed("platform", lambda: mc.check_platform(machine, env))
     checks += timed("versions", lambda: mc.check_versions(machine))
+    checks += timed("matplotlib", lambda: mc.check_matplotlib_backend(env))
     checks += timed("tpu", lambda: mc.check_tpu(machine, devices))
     checks += timed("libtpu_lock", lambda: mc.check_lock(lock_path))
     checks += timed("devices", lambda: mc.check_devices(devices))

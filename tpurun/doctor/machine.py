@@ -122,6 +122,28 @@ def check_versions(m: Machine) -> Check:
 
 
 # ------------------------------------------------------------------------------------------- tpu
+def check_matplotlib_backend(env: Mapping[str, str]) -> Check:
+    """The ``MPLBACKEND`` this process inherited, and what tpurun does with it: one matplotlib
+    would refuse (a notebook kernel's, from another environment) is replaced by agg in tpurun's
+    own process, since importing TensorFlow imports matplotlib."""
+    from tpurun import frameworks
+
+    inherited = env.get("MPLBACKEND", "")
+    data = {"inherited": inherited or None, "used": "agg"}
+    if not inherited:
+        return Check("matplotlib", "ok", "MPLBACKEND not set: curves are drawn with agg", data=data)
+    if frameworks.usable_matplotlib_backend(dict(env)) is None:
+        data["used"] = inherited
+        return Check("matplotlib", "ok", f"MPLBACKEND={inherited}: usable here", data=data)
+    kernel = " (a notebook kernel's)" if "backend_inline" in inherited else ""
+    return Check(
+        "matplotlib", "ok",
+        f"MPLBACKEND={inherited}{kernel} cannot be loaded in this environment; tpurun draws no "
+        "window, so it uses agg in its own processes instead",
+        data=data,
+    )  # fmt: skip
+
+
 def check_tpu(m: Machine, devices: dict[str, Any]) -> Check:
     data: dict[str, Any] = {
         "present": m.tpu_present,
