@@ -66,8 +66,9 @@ def test_no_command_shows_tensorflows_start_up_lines(args):
 def test_doctor_says_which_backend_it_found_and_which_it_uses():
     from tpurun.doctor.machine import check_matplotlib_backend
 
-    kernel = check_matplotlib_backend({"MPLBACKEND": NOTEBOOK_BACKEND})
-    assert kernel.status == "ok" and kernel.data == {"inherited": NOTEBOOK_BACKEND, "used": "agg"}
+    elsewhere = "module://only_in_the_kernels_env.backend_inline"  # not importable here
+    kernel = check_matplotlib_backend({"MPLBACKEND": elsewhere})
+    assert kernel.status == "ok" and kernel.data == {"inherited": elsewhere, "used": "agg"}
     assert "(a notebook kernel's) cannot be loaded in this environment" in kernel.finding
     assert check_matplotlib_backend({"MPLBACKEND": "agg"}).data["used"] == "agg"
     assert check_matplotlib_backend({}).finding.startswith("MPLBACKEND not set")
