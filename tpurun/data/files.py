@@ -6,8 +6,10 @@ Questions about the files, asked long before (and often without) any dataset: by
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 from tpurun import frameworks
 from tpurun.errors import DataError
@@ -15,8 +17,33 @@ from tpurun.errors import DataError
 _COMPRESSION = {"none": "", "gzip": "GZIP"}
 
 
-def expand(patterns: str | Sequence[str], resolve=lambda p: p, key: str = "") -> list[str]:
+@dataclass(frozen=True)
+class PathRule:
+    """Where a relative local path is read from, and how a message says so. Absolute and
+    ``scheme://`` paths stay as they are."""
+
+    base: str
+    says: str  # "the config file's folder", "the working directory", ...
+
+    def __call__(self, path: str) -> str:
+        if "://" in path or os.path.isabs(path):
+            return path
+        return os.path.join(self.base, path)
+
+
+def working_directory() -> PathRule:
+    """The rule of a path given on the command line."""
+    return PathRule(os.getcwd(), "the working directory")
+
+
+def expand(patterns: str | Sequence[str], rule: PathRule | None = None, key: str = "") -> list[str]:
     """Expand globs (local, gs://, ram://) into a sorted file list; folders are left out.
+
+    Args:
+        patterns: a glob or several.
+        rule: how a relative local glob becomes a path (default: from the working directory);
+            a glob that matches nothing says which rule applied.
+        key: what to call the globs in messages (``data.train``, ``--data``).
 
     Raises:
         DataError: when a glob matches no file, naming the glob.
@@ -26,9 +53,10 @@ def expand(patterns: str | Sequence[str], resolve=lambda p: p, key: str = "") ->
     tf = frameworks.tensorflow()
     from tpurun.storage import fileio
 
+    rule = rule or working_directory()
     files: list[str] = []
     for pattern in [patterns] if isinstance(patterns, str) else patterns:
-        path = resolve(pattern)
+        path = rule(pattern)
         try:
             matched = _files_only(tf.io.gfile.glob(path))
         except tf.errors.OpError as exc:
@@ -38,8 +66,8 @@ def expand(patterns: str | Sequence[str], resolve=lambda p: p, key: str = "") ->
             raise DataError(f"{path}: cannot list files: {exc.message}") from None
         if not matched:
             hint = ""
-            if "://" not in path:
-                hint = " Relative paths are read from the config file's folder."
+            if path != pattern:
+                hint = f" '{pattern}' is relative: it is read from {rule.says}, {rule.base}."
             where = f"{key}: " if key else ""
             raise DataError(f"{where}{path}: no file matches this glob.{hint}")
         files.extend(sorted(matched))

@@ -7,7 +7,6 @@ anything is written.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tpurun.config import Config, DataConfig, reference_problems
@@ -60,7 +59,7 @@ def kaggle_root(name: str) -> str:
         ) from None
 
 
-def path_resolver(config: Config) -> Callable[[str], str]:
+def path_resolver(config: Config) -> datafiles.PathRule:
     """How a data path of ``config`` becomes a file path: from data.kaggle_dataset's root when it
     is set, else from the config file's folder. Absolute and ``scheme://`` paths stay as they are.
 
@@ -69,9 +68,8 @@ def path_resolver(config: Config) -> Callable[[str], str]:
     """
     name = config.data.kaggle_dataset
     if not name:
-        return config.resolve_path
-    root = kaggle_root(name)
-    return lambda path: path if "://" in path or path.startswith("/") else f"{root}/{path}"
+        return datafiles.PathRule(str(config.base_dir), "the config file's folder")
+    return datafiles.PathRule(kaggle_root(name), f"data.kaggle_dataset '{name}''s folder")
 
 
 def resolve(config: Config) -> ResolvedData:

@@ -54,9 +54,9 @@ def check_split(cfg: Any, split: str, m: Machine, replicas: int | None) -> Check
     patterns = _globs(getattr(cfg.data, split))
     if not patterns:
         return Check(name, "skip", f"no data.{split} set")
-    resolve_path = path_resolver(cfg)
-    globs = [resolve_path(g) for g in patterns]
-    files = datafiles.expand(globs, key=name)
+    rule = path_resolver(cfg)
+    globs = [rule(g) for g in patterns]
+    files = datafiles.expand(patterns, rule, key=name)
     total = sum(_size(f) for f in files)
     data: dict[str, Any] = {"globs": globs, "files": len(files), "bytes": total}
     local = [g for g in globs if "://" not in g]

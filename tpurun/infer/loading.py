@@ -271,8 +271,8 @@ def find_records(
 
     Args:
         key: what to call the glob in messages (``--data``, ``data.validation``).
-        resolve: how a pattern becomes a path (the config's, for its own globs); relative local
-            paths are otherwise read from the working directory.
+        resolve: how a pattern becomes a path (the config's rule, for its own globs); relative
+            local paths are otherwise read from the working directory.
 
     Raises:
         DataError: no file matches, damaged files, or records that do not match the features.
@@ -280,7 +280,6 @@ def find_records(
     from tpurun.data import records
     from tpurun.data import schema_file as schema_lib
 
-    resolve = resolve or (lambda p: p if "://" in p else os.path.abspath(p))
     files = sorted(datafiles.expand(patterns, resolve, key))
     schemas = schema_lib.find_for(files)
     first = schemas.get(files[0], (None, None))[1] or {}
