@@ -12,7 +12,7 @@ from typing import Any
 
 from tpurun.errors import TpurunError
 from tpurun.storage import fileio
-from tpurun.storage.rundir import LOCK, SUMMARY, RunDir
+from tpurun.storage.rundir import ERROR_LOG, LOCK, SUMMARY, RunDir
 
 #: How a summary's status reads in the listing: a signal or the time limit "stopped" the run.
 SHOWN_STATUS = {"interrupted": "stopped", "stopped_early": "early-stopped"}
@@ -54,8 +54,16 @@ def _best_logged(rows: list[dict[str, str]], best: dict[str, Any]) -> dict[str, 
 def _row(path: str) -> dict[str, Any]:
     run = RunDir(path, writer=False)
     summary = run.read_summary()
-    if summary is None:  # no summary yet: starting (checking data, compiling), or never did
-        status = "starting" if run.is_locked() else "not started"
+    if summary is None:
+        # No summary yet: starting (checking data, compiling); failed before its first write
+        # (only an unexpected failure leaves its error.log behind: a user error leaves no folder);
+        # or killed while starting.
+        if run.is_locked():
+            status = "starting"
+        elif fileio.exists(run.file(ERROR_LOG)):
+            status = "failed"
+        else:
+            status = "not started"
         summary = {}
     else:
         status = run.status(summary)

@@ -125,6 +125,7 @@ class RunDir:
         self.writer = writer
         self._lock = runlock.make_lock(self.file(LOCK))
         self.begun = False
+        self._made = False  # create() made the folder: nothing was in it before this session
 
     def __repr__(self) -> str:
         return f"RunDir({self.path!r}, writer={self.writer})"
@@ -222,7 +223,24 @@ class RunDir:
         )
 
     def unlock(self) -> None:
+        """Release the lock. A folder this session made and never began (the run failed before
+        its first write: a config, data or model problem) is removed too, so that a mistake
+        leaves no run behind in ``tpurun runs``."""
+        untouched = self._made and not self.begun and self._lock.held
+        self._made = False
+        if untouched and not fileio.is_remote(self.path):
+            # Under the lock, so that no other run can take the folder meanwhile; only when it
+            # holds nothing else (an unexpected failure's error.log stays, and the run with it).
+            with contextlib.suppress(OSError):
+                if sorted(os.listdir(self.path)) == [CHECKPOINTS, LOCK]:
+                    os.rmdir(self.checkpoints)
+                    os.remove(self.file(LOCK))
+                    os.rmdir(self.path)
         self._lock.release()
+        if untouched and fileio.is_remote(self.path):
+            with contextlib.suppress(Exception):  # best effort: it holds no object but a marker
+                if not fileio.glob(fileio.join(fileio.escape(self.checkpoints), "*")):
+                    fileio.remove(self.checkpoints)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[RunDir]:
@@ -249,6 +267,7 @@ class RunDir:
                 fileio.rename(self.path, aside)
                 if fileio.is_remote(aside):  # the lock object moved along (a folder's objects do)
                     fileio.remove(fileio.join(aside, LOCK))
+        made = not self.exists()
         try:
             fileio.makedirs(self.checkpoints)
         except OSError as exc:
@@ -260,6 +279,7 @@ class RunDir:
                 f"output.dir: {self.path} is not writable. Choose another with --output."
             )
         self.lock()
+        self._made = made or aside is not None
         return aside
 
     def _writing(self) -> bool:
