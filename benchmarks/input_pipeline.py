@@ -1,4 +1,4 @@
-"""Input pipeline throughput: the seeds' recipe versus tpurun's ``make_dataset`` versus raw reads.
+"""Input pipeline throughput: the Kaggle TPU recipe versus tpurun's ``make_dataset`` versus raw reads.
 
 Two datasets are written once into benchmarks/_work/input_pipeline/ (gitignored; reused while the
 parameters match):
@@ -10,7 +10,7 @@ parameters match):
 
 On the same files, three pipelines are timed:
 
-(a) seeds: the seeds' recipe, ``TFRecordDataset(files).map(decode_fn, num_parallel_calls=1)
+(a) recipe: the Kaggle TPU recipe, ``TFRecordDataset(files).map(decode_fn, num_parallel_calls=1)
     .batch(B, drop_remainder=True)``, no prefetch; ``decode_fn`` is ``parse_single_example`` then
     ``decode_raw`` and the seed's ``cast`` to float16 (images: ``decode_jpeg``, ``resize``, / 255).
     The seed itself repeats the batched dataset (``dataset.repeat(1000)``); so does this, so that a
@@ -75,8 +75,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 WORK = HERE / "_work" / "input_pipeline"
-KINDS = ("seeds", "tpurun", "read")
-LABELS = {"seeds": "(a) seeds", "tpurun": "(b) tpurun", "read": "(c) read"}
+KINDS = ("recipe", "tpurun", "read")
+LABELS = {"recipe": "(a) recipe", "tpurun": "(b) tpurun", "read": "(c) read"}
 RAW_WIDTH = 1024
 IMAGE_SIZE = 192
 TARGETS = {"raw": {"b/a": 3.5, "b/c": 0.8}, "images": {"b/a": 1.8}}
@@ -85,7 +85,7 @@ PROTOCOL = "@@ "  # marks the worker's answers on stdout; anything else there is
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        description="Examples/s of the seeds' tf.data recipe, tpurun's pipeline and raw reads."
+        description="Examples/s of the Kaggle TPU recipe's tf.data, tpurun's pipeline and raw reads."
     )
     p.add_argument("--shards", type=int, default=16, help="shards per dataset (default 16)")
     p.add_argument(
@@ -226,7 +226,7 @@ def build_pipeline(kind: str, dataset: str, files: list[str], batch: int):
     import tensorflow as tf
 
     autotune = tf.data.AUTOTUNE
-    if kind == "seeds":
+    if kind == "recipe":
         if dataset == "raw":
 
             def decode_fn(record_bytes):  # the seed's, verbatim
@@ -501,9 +501,9 @@ def bench(dataset: str, args: argparse.Namespace) -> dict:
 
 def _ratios(rate: dict[str, float]) -> dict[str, float]:
     return {
-        "b/a": round(rate["tpurun"] / rate["seeds"], 3),
+        "b/a": round(rate["tpurun"] / rate["recipe"], 3),
         "b/c": round(rate["tpurun"] / rate["read"], 3),
-        "c/a": round(rate["read"] / rate["seeds"], 3),
+        "c/a": round(rate["read"] / rate["recipe"], 3),
     }
 
 

@@ -6,7 +6,7 @@ to do; only ``cli.py`` turns them into ``error: ...`` and an exit code, with no 
 
 from __future__ import annotations
 
-#: Exit codes, as documented in the README (``tpurun doctor`` exits 1 when a check fails).
+#: Exit codes, as documented in docs/exit-codes.md (``tpurun doctor`` exits 1 when a check fails).
 EXIT_UNEXPECTED = 1
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 3

@@ -1,6 +1,6 @@
 """Write a synthetic, learnable dataset laid out like the NAIC recipe's TFRecords.
 
-The recipe (seeds: a Kaggle TPU notebook for the NAIC 2021 wireless competition) reads records
+The recipe (a Kaggle TPU notebook for the NAIC 2021 wireless competition) reads records
 with two features, ``x`` and ``y``, each one bytes value holding raw float32 data that it decodes
 with ``tf.io.decode_raw``. This script writes the same layout:
 

@@ -2,7 +2,7 @@
 :mod:`tpurun.display.reports` (training's own output is :mod:`tpurun.display.lines`), and is the only module that
 chooses an exit code, through :mod:`tpurun.cli.boundary`.
 
-Exit codes (the README's table): 0 success; 1 anything unexpected, with the traceback written to a
+Exit codes (docs/exit-codes.md): 0 success; 1 anything unexpected, with the traceback written to a
 file whose path is printed (for ``doctor``: a check failed); 2 a user error (config, data, usage, an
 environment that cannot run the config), one short paragraph and no traceback; 3 ``train`` stopped by
 SIGTERM or SIGINT (during training with its checkpoint saved, before it with nothing to lose), so

@@ -1,6 +1,6 @@
 """Feature specs: how each record key is parsed (a whole batch at a time) and decoded.
 
-The config's feature types map onto ``tf.train.Example`` as the seeds and Kaggle's public TFRecord
+The config's feature types map onto ``tf.train.Example`` as the Kaggle TPU recipes and Kaggle's public TFRecord
 datasets lay them out:
 
 ==========  =====================  ====================================================

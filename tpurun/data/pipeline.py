@@ -1,6 +1,6 @@
 """TFRecord files -> a fast ``tf.data`` pipeline, used by every backend.
 
-The training pipeline follows the TF TPU guide's advice, and fixes the seeds' recipe (one parse
+The training pipeline follows the TF TPU guide's advice, and fixes the Kaggle TPU recipe's (one parse
 thread, no prefetch, and a ``shuffle()`` whose result was discarded):
 
 seeded passes of (files shuffled -> parallel interleaved reads -> record shuffle) -> batch(

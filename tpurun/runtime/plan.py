@@ -46,7 +46,7 @@ class Plan:
 
 
 def batch_sizes(config: Config, replicas: int) -> tuple[int, int, list[str]]:
-    """Per-core and global batch size for a replica count, with the seeds' advice as warnings."""
+    """Per-core and global batch size for a replica count, with the Kaggle TPU recipe's advice as warnings."""
     train = config.train
     if train.global_batch_size is not None:
         if train.global_batch_size % replicas:

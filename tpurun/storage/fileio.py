@@ -92,7 +92,7 @@ def storage_error(path: str, doing: str, exc: BaseException) -> StorageError:
             f"{path}: Google Cloud Storage did not answer while {doing} ({first}); tpurun gave "
             f"up after {retries} retries. Check the network (and HTTPS_PROXY, if one is needed), "
             "then run the same command again; to wait longer for storage, set "
-            "GCS_RETRY_CONFIG_MAX_RETRIES (see the README's Google Cloud Storage section)."
+            "GCS_RETRY_CONFIG_MAX_RETRIES (see docs/gcs.md, 'When storage fails')."
         )
     return StorageError(f"{path}: {doing} failed: {name}: {first}")
 
