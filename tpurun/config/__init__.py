@@ -1,5 +1,6 @@
-"""The experiment file: its typed schema (:mod:`.schema`, with :mod:`.base` and :mod:`.features`)
-and its loading (:mod:`.loader`).
+"""The experiment file: its typed schema (:mod:`.schema`, with :mod:`.base`, :mod:`.features`,
+:mod:`.train_config` and :mod:`.callbacks_config`), its loading (:mod:`.loader`), and the reference
+page generated from it (:mod:`.reference`).
 
 Nothing here imports TensorFlow, JAX or Keras, so ``tpurun --help`` and validation answer at once.
 Values that need the machine or the data (replicas, global batch, scaled learning rate, steps) are
@@ -7,6 +8,13 @@ derived later, in :mod:`tpurun.runtime.plan`.
 """
 
 from tpurun.config.base import NamedObject, Section
+from tpurun.config.callbacks_config import (
+    CallbacksConfig,
+    CheckpointConfig,
+    CsvLogConfig,
+    EarlyStoppingConfig,
+    ReduceLROnPlateauConfig,
+)
 from tpurun.config.features import (
     BytesFeature,
     Feature,
@@ -26,20 +34,13 @@ from tpurun.config.loader import (
 )
 from tpurun.config.schema import (
     WRITTEN_KEYS,
-    CallbacksConfig,
-    CheckpointConfig,
     Config,
-    CsvLogConfig,
     DataConfig,
-    EarlyStoppingConfig,
-    LearningRateConfig,
     ModelConfig,
     OutputConfig,
-    ReduceLROnPlateauConfig,
     RuntimeConfig,
-    TrainConfig,
-    parse_duration,
 )
+from tpurun.config.train_config import LearningRateConfig, TrainConfig, parse_duration
 
 __all__ = [
     "WRITTEN_KEYS", "BytesFeature", "CallbacksConfig", "CheckpointConfig", "Config", "CsvLogConfig",
