@@ -17,7 +17,8 @@ import pytest
 
 from tpurun.errors import TpurunError
 from tpurun.storage import fileio, runlock
-from tpurun.storage.rundir import LOCK, RunDir, Summary
+from tpurun.storage.rundir import LOCK, RunDir
+from tpurun.storage.summary import Summary
 
 
 @pytest.fixture

@@ -16,7 +16,8 @@ import yaml
 from conftest import ROOT, toy_config
 
 from tpurun.errors import TpurunError
-from tpurun.storage.rundir import CHECKPOINTS, RunDir, Summary, run_path
+from tpurun.storage.rundir import CHECKPOINTS, RunDir, run_path
+from tpurun.storage.summary import Summary
 
 
 def test_summary_round_trips_and_ignores_keys_it_does_not_know():

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 import tpurun
 from tpurun.cli.app import app
 from tpurun.observe.runs import list_runs
-from tpurun.storage.rundir import RunDir, Summary
+from tpurun.storage.rundir import RunDir
+from tpurun.storage.summary import Summary
 
 
 def runs_json(folder: Path) -> dict[str, dict]:

@@ -18,7 +18,8 @@ from tpurun.errors import DataError, ModelError, TpurunError
 from tpurun.runtime.activate import ActiveRuntime
 from tpurun.runtime.plan import Plan
 from tpurun.storage import fileio
-from tpurun.storage.rundir import RunDir, Summary
+from tpurun.storage.rundir import RunDir
+from tpurun.storage.summary import Summary
 from tpurun.training import resume as resume_lib
 from tpurun.training.signals import Stop, StopNow
 

@@ -27,7 +27,8 @@ from tpurun.observe import input_wait
 from tpurun.runtime.activate import activate
 from tpurun.runtime.machine import Machine, probe
 from tpurun.runtime.prepare import Prepared, choose_for, prepare
-from tpurun.storage.rundir import CONFIG, RunDir, Summary, now_iso, run_path
+from tpurun.storage.rundir import CONFIG, RunDir, now_iso, run_path
+from tpurun.storage.summary import Summary
 from tpurun.training import fit
 from tpurun.training import resume as resume_lib
 from tpurun.training.model import custom_training_code, inference_saver
