@@ -8,7 +8,8 @@ subprocesses, since Keras fixes its backend once per process.
 from __future__ import annotations
 
 import os
-import sys
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ["KERAS_BACKEND"] = "jax"
@@ -25,7 +26,6 @@ os.environ.setdefault(
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from tpurun import frameworks  # noqa: E402
@@ -34,8 +34,19 @@ from tpurun import frameworks  # noqa: E402
 # CPU devices), so tests may import Keras and tpurun's modules that build on it.
 frameworks.activated("jax")
 
-ROOT = Path(__file__).resolve().parent.parent
-FACTORIES = Path(__file__).resolve().parent / "factories.py"
+# The helpers live in helpers.py; these names stay importable from conftest too.
+from helpers import (  # noqa: E402, F401
+    FACTORIES,
+    ROOT,
+    cli_env,
+    make_records,
+    run_cli,
+    start_cli,
+    toy_config,
+    write_toy_data,
+)
+
+_cli_env = cli_env  # the older name
 
 
 @pytest.fixture(autouse=True)
@@ -64,87 +75,50 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("TPURUN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
 
 
-def make_records(n: int, seed: int = 0) -> list[dict]:
-    """Separable toy data: x is 8 float32 values stored raw; y = 1 when their sum is positive."""
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(n, 8)).astype(np.float32)
-    y = (x.sum(axis=1) > 0).astype(np.int64)
-    return [{"x": x[i].tobytes(), "y": int(y[i]), "id": f"r{i}"} for i in range(n)]
-
-
-def write_toy_data(folder: Path, n_train: int = 512, n_val: int = 128, shards: int = 4) -> Path:
-    from tpurun.data.write import write_shards
-
-    folder.mkdir(parents=True, exist_ok=True)
-    write_shards(str(folder / "train"), make_records(n_train, 0), shards)
-    write_shards(str(folder / "val"), make_records(n_val, 1), 2)
-    return folder
-
-
-def toy_config(data_dir: Path, out_dir: Path, **sections) -> dict:
-    """A complete config dict for the toy data; ``sections`` update its top-level sections."""
-    config = {
-        "name": "toy",
-        "seed": 7,
-        "runtime": {"backend": "auto", "cpu_devices": 1},
-        "model": {
-            "factory": f"{FACTORIES}:mlp",
-            "loss": "binary_crossentropy",
-            "metrics": ["accuracy"],
-        },
-        "data": {
-            "train": str(data_dir / "train-*.tfrecord"),
-            "validation": str(data_dir / "val-*.tfrecord"),
-            "features": {
-                "x": {"type": "raw", "dtype": "float32", "shape": [8]},
-                "y": {"type": "int64", "cast": "float32"},
-            },
-            "inputs": "x",
-            "targets": "y",
-            "shuffle_buffer": 256,
-        },
-        "train": {"per_core_batch_size": 32, "epochs": 2, "learning_rate": {"base": 0.01}},
-        "output": {"dir": str(out_dir)},
-    }
-    for key, value in sections.items():
-        if isinstance(value, dict) and isinstance(config.get(key), dict):
-            config[key] = {**config[key], **value}
-        else:
-            config[key] = value
-    return config
-
-
 @pytest.fixture
 def toy_data(tmp_path) -> Path:
     return write_toy_data(tmp_path / "data")
 
 
-def _cli_env(env: dict | None) -> dict:
-    full_env = {**os.environ, "TPURUN_PLAIN": "1", **(env or {})}
-    # The subprocess picks its own backend and devices, as a user's shell would.
-    for key in ("KERAS_BACKEND", "XLA_FLAGS", "JAX_PLATFORMS"):
-        full_env.pop(key, None)
-    return full_env
+# ------------------------------------------------------------------------ runs trained once
+@dataclass(frozen=True)
+class TrainedToy:
+    """The toy model trained once for the session (see tests/trained.py): 1 epoch on 8 replicas.
+    Read it in place; a test that writes into a run directory (evaluate writes eval-*.json)
+    takes its own copy with :meth:`copy`."""
+
+    run_dir: Path
+    test_glob: str  # 1,003 records with targets
+    unlabeled_glob: str  # the same records without the target
+
+    def copy(self, folder: Path) -> Path:
+        """A copy of the run directory under ``folder`` (same name), for a test to write into."""
+        target = folder / self.run_dir.name
+        shutil.copytree(self.run_dir, target)
+        return target
+
+    def altered_weights(self, path: Path) -> Path:
+        """A weights file (``path`` ends in .weights.h5) for the same model that computes
+        something else (its output layer's kernel moved by 0.5): evidence of which checkpoint
+        a command loaded."""
+        import tpurun
+
+        model, _spec = tpurun.load(str(self.run_dir))
+        last = model.layers[-1]
+        last.kernel.assign(last.kernel + 0.5)
+        model.save_weights(str(path))
+        return path
 
 
-def run_cli(*args: str, env: dict | None = None, timeout: float = 600):
-    """Run the real `tpurun` console script in a subprocess."""
-    import subprocess
+@pytest.fixture(scope="session")
+def trained_toy_run(tmp_path_factory) -> TrainedToy:
+    """What test_evaluate, test_predict and test_export used to train each for themselves."""
+    from trained import train_toy, write_test_set
 
-    exe = Path(sys.executable).parent / "tpurun"
-    return subprocess.run(
-        [str(exe), *args], capture_output=True, text=True, env=_cli_env(env), timeout=timeout,
-        cwd=ROOT,
-    )  # fmt: skip
-
-
-def start_cli(*args: str, env: dict | None = None):
-    """Start the real `tpurun` console script, its stdout and stderr piped (to send it signals)."""
-    import subprocess
-
-    exe = Path(sys.executable).parent / "tpurun"
-    return subprocess.Popen([str(exe), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=_cli_env(env), cwd=ROOT)  # fmt: skip
+    folder = tmp_path_factory.mktemp("trained-toy")
+    run_dir = train_toy(folder)
+    return TrainedToy(run_dir, write_test_set(folder / "test"),
+                      write_test_set(folder / "unlabeled", targets=False))  # fmt: skip
 
 
 # ---------------------------------------------------------------- a GCS server on 127.0.0.1

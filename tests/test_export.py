@@ -1,6 +1,7 @@
 """tpurun export: a model trained on JAX (8 simulated devices) as a SavedModel and as ONNX, each
-loaded in a fresh process that never imports tpurun, matching the trained model within 1e-5; a
-.keras file whose custom layer travels with a loader; a mismatch leaves nothing behind."""
+loaded in a fresh process that never imports tpurun, matching the checkpoint it was made from
+within 1e-5 (the latest resume point, a weights file given by path); a .keras file whose custom
+layer travels with a loader; a mismatch (keras, ONNX) leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import run_cli
-from trained import in_file_order, train_toy, write_test_set
+from helpers import cli_env, run_cli
+from trained import in_file_order, train_toy
 from typer.testing import CliRunner
 
 import tpurun
@@ -21,12 +22,6 @@ from tpurun.cli.app import app
 from tpurun.errors import TpurunError
 
 runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("export")
-    return train_toy(folder), write_test_set(folder / "test", targets=False)
 
 
 def _without_tpurun(script: str, x, backend: str = "tensorflow") -> np.ndarray:
@@ -37,8 +32,7 @@ def _without_tpurun(script: str, x, backend: str = "tensorflow") -> np.ndarray:
     check = "\nimport sys\nassert 'tpurun' not in sys.modules, 'tpurun was imported'\n"
     with open(script, "a") as f:
         f.write(check)
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    env["KERAS_BACKEND"] = backend
+    env = cli_env(KERAS_BACKEND=backend)
     done = subprocess.run([sys.executable, "-I", script], cwd=folder, env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
@@ -52,20 +46,31 @@ def _script(folder, name: str, body: str) -> str:
 
 
 @pytest.mark.slow
-def test_saved_model_and_onnx_load_without_tpurun(run, tmp_path):
-    run_dir, test_glob = run
+def test_saved_model_and_onnx_load_without_tpurun(trained_toy_run, tmp_path):
+    """Both through the CLI: the SavedModel from the latest resume point by the console script
+    (its backend is the run's, JAX, not the one auto would pick there for 8 CPU devices), the
+    ONNX file from a weights file given by path; each loaded without tpurun computes what Keras
+    computes with those weights."""
+    run_dir, test_glob = trained_toy_run.run_dir, trained_toy_run.unlabeled_glob
+    other = trained_toy_run.altered_weights(tmp_path / "other.weights.h5")
     out = tmp_path / "export"
-    # The real command, in a process of its own: its backend is the run's (JAX), not the one auto
-    # would pick there for 8 CPU devices.
-    saved = run_cli("export", str(run_dir), "--format", "saved_model",
+    saved = run_cli("export", str(run_dir), "--format", "saved_model", "--checkpoint", "latest",
                     "--output", str(out / "saved_model"), "--json")  # fmt: skip
     assert saved.returncode == 0, saved.stderr
     shown = json.loads(saved.stdout)
     assert (shown["backend"], shown["platforms"]) == ("jax", ["cpu", "cuda"])
-    onnx = tpurun.export(str(run_dir), "onnx", str(out / "model.onnx"))
+    assert shown["checkpoint_label"] == "latest (end of epoch 1)"
+    onnx = runner.invoke(app, ["export", str(run_dir), "--format", "onnx", "--checkpoint",
+                               str(other), "-o", str(out / "model.onnx"), "--json"])  # fmt: skip
+    assert onnx.exit_code == 0, onnx.output
+    onnx = json.loads(onnx.output)
+    assert onnx["checkpoint"] == str(other) and onnx["format"] == "onnx"
     _, x, _ = in_file_order(test_glob)
     model, spec = tpurun.load(str(run_dir))
-    expected = model.predict(x, batch_size=len(x), verbose=0)
+    expected = model.predict(x, batch_size=len(x), verbose=0)  # one epoch: latest is best
+    model.load_weights(str(other))
+    altered = model.predict(x, batch_size=len(x), verbose=0)
+    assert np.abs(altered - expected).max() > 1e-2
 
     sidecar = json.loads((out / "saved_model.json").read_text())
     assert sidecar["inputs"] == [{"name": "x", "shape": [None, 8], "dtype": "float32",
@@ -100,7 +105,28 @@ def test_saved_model_and_onnx_load_without_tpurun(run, tmp_path):
         name = session.get_inputs()[0].name
         np.save("y.npy", session.run(None, {name: np.load("x.npy")})[0])
     """), x)  # fmt: skip
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got, altered, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_an_onnx_file_that_computes_something_else_leaves_nothing(trained_toy_run, tmp_path,
+                                                                  monkeypatch):  # fmt: skip
+    from tpurun.infer import formats as export_formats
+
+    real = export_formats.write_onnx
+
+    def altered(model, path):  # an artifact that no longer computes what was trained
+        model.layers[-1].kernel.assign(model.layers[-1].kernel + 0.5)
+        return real(model, path)
+
+    monkeypatch.setattr(export_formats, "write_onnx", altered)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["export", str(trained_toy_run.run_dir), "--format", "onnx",
+                                 "-o", str(out / "model.onnx")])  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "the onnx artifact's outputs differ from the trained model's" in result.output
+    assert "Traceback" not in result.output
+    assert not out.exists() or list(out.iterdir()) == []
 
 
 CUSTOM = '''
@@ -172,8 +198,8 @@ def test_keras_format_carries_custom_code_and_a_mismatch_leaves_nothing(tmp_path
     "platforms, message",
     [("cpu,gpu", "unknown: gpu"), ("cuda", "include cpu (e.g. cpu,cuda)")],
 )
-def test_platforms_are_checked(run, tmp_path, platforms, message):
-    run_dir, _ = run
+def test_platforms_are_checked(trained_toy_run, tmp_path, platforms, message):
+    run_dir = trained_toy_run.run_dir
     args = ["export", str(run_dir), "--format", "saved_model", "--output", str(tmp_path / "m"),
             "--platforms", platforms]  # fmt: skip
     result = runner.invoke(app, args)

@@ -4,12 +4,13 @@ streamed to CSV, .npy or .npz; and the user errors of evaluate, predict and expo
 from __future__ import annotations
 
 import csv
+import json
 import shutil
 
 import numpy as np
 import pytest
 import yaml
-from trained import TEST_RECORDS, in_file_order, train_toy, write_test_set
+from trained import TEST_RECORDS, in_file_order
 from typer.testing import CliRunner
 
 import tpurun
@@ -18,10 +19,10 @@ from tpurun.cli.app import app
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("predict")
-    return train_toy(folder), write_test_set(folder / "test", targets=False)
+@pytest.fixture
+def run(trained_toy_run):
+    """The session's trained toy run (read, never written to) and the test set without targets."""
+    return trained_toy_run.run_dir, trained_toy_run.unlabeled_glob
 
 
 def _rows(path) -> list[dict]:
@@ -78,6 +79,34 @@ def test_arrays_and_class_names(run, tmp_path):
     np.testing.assert_array_equal(positive, y[:, 0])
     assert [r["class"] for r in rows] == ["positive" if p >= 0.5 else "negative" for p in positive]
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_cli_predicts_with_the_latest_resume_point_or_a_weights_file(trained_toy_run, tmp_path):
+    """--checkpoint latest: the resume point (after one epoch, the best model's weights, so the
+    same rows); --checkpoint PATH: that file's weights, the rows Keras predicts with them."""
+    run_dir, test_glob = trained_toy_run.run_dir, trained_toy_run.unlabeled_glob
+    other = trained_toy_run.altered_weights(tmp_path / "other.weights.h5")
+
+    def predicted(checkpoint: str) -> tuple[dict, np.ndarray]:
+        out = tmp_path / f"{checkpoint.replace('/', '_')}.npy"
+        result = runner.invoke(app, ["predict", str(run_dir), "--data", test_glob, "--output",
+                                     str(out), "--checkpoint", checkpoint, "--json"])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output), np.load(out)[:, 0]
+
+    _, x, _ = in_file_order(test_glob)
+    model, _spec = tpurun.load(str(run_dir))
+    best = model.predict(x, batch_size=TEST_RECORDS, verbose=0)[:, 0]
+    model.load_weights(str(other))
+    altered = model.predict(x, batch_size=TEST_RECORDS, verbose=0)[:, 0]
+
+    shown, rows = predicted("latest")
+    assert shown["checkpoint_label"] == "latest (end of epoch 1)" and shown["rows"] == TEST_RECORDS
+    np.testing.assert_allclose(rows, best, rtol=0, atol=1e-6)
+    shown, rows = predicted(str(other))
+    assert shown["checkpoint"] == str(other)
+    np.testing.assert_allclose(rows, altered, rtol=0, atol=1e-6)
+    assert np.abs(rows - best).max() > 1e-2  # other weights: other predictions
 
 
 def test_user_errors_exit_2_with_a_clear_message(run, tmp_path):
