@@ -1,93 +1,159 @@
-"""``tpurun runs``: completed, stopped, killed and running runs, read from their summaries alone."""
+"""``tpurun runs``: every status a run can list with (completed, early-stopped, stopped, nan,
+failed, died, running), read from the summaries alone, newest first; the default folder; a table
+that fits a narrow terminal."""
 
 from __future__ import annotations
 
 import builtins
 import json
 import os
-import signal
-import time
 from pathlib import Path
 
 import pytest
-import yaml
-from conftest import start_cli, toy_config
+from helpers import FakeTTY, start_cli, toy_config, wait_for_epoch, write_config
 from typer.testing import CliRunner
 
-import tpurun
 from tpurun.cli.app import app
+from tpurun.display import reports
 from tpurun.observe.runs import list_runs
 from tpurun.storage.rundir import RunDir
 from tpurun.storage.summary import Summary
 
 
-def runs_json(folder: Path) -> dict[str, dict]:
-    result = CliRunner().invoke(app, ["runs", str(folder), "--json"])
+def runs_json(*args: str) -> dict[str, dict]:
+    result = CliRunner().invoke(app, ["runs", *args, "--json"])
     assert result.exit_code == 0, result.output
     return {run["name"]: run for run in json.loads(result.output)}
 
 
-def wait_for_epoch(run_dir: Path, proc, timeout: float = 240) -> None:
-    """Until the run has logged an epoch (it is training), or fail with what it printed."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if (run_dir / "log.csv").exists() and len((run_dir / "log.csv").read_text().split()) > 1:
-            return
-        if proc.poll() is not None:
-            raise AssertionError(proc.communicate()[1])
-        time.sleep(0.2)
-    raise AssertionError(f"{run_dir}: no epoch logged in {timeout} s")
+def write_run(folder: Path, name: str, updated: str, **summary) -> Path:
+    """A run directory whose summary says ``summary``, its lock released (its process ended), as
+    the run wrote it at ``updated`` (HH:MM on 2026-01-01)."""
+    run = RunDir(str(folder / name))
+    run.create()
+    run.write_summary(Summary(**summary))
+    run.unlock()
+    path = Path(run.path) / "summary.json"
+    data = json.loads(path.read_text())
+    data["updated"] = f"2026-01-01T{updated}:00+0000"
+    path.write_text(json.dumps(data))
+    return Path(run.path)
+
+
+@pytest.fixture
+def ended_runs(tmp_path, trained_toy_run) -> Path:
+    """./runs with a real completed run (the session's toy run, 1 epoch on 8 replicas) and a run
+    of each other way to end, their summaries written as tpurun writes them."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    done = trained_toy_run.copy(runs)
+    data = json.loads((done / "summary.json").read_text())
+    data["updated"] = "2026-01-01T00:06:00+0000"
+    (done / "summary.json").write_text(json.dumps(data))
+    best = {"monitor": "val_loss", "value": 0.25, "epoch": 2}
+    common = {"epochs": 5, "backend": "jax", "replicas": 1, "best": best}
+    write_run(runs, "early", "00:05", status="stopped_early", epochs_completed=3, **common)
+    write_run(runs, "stopped", "00:04", status="interrupted", epochs_completed=2, **common)
+    write_run(runs, "nan", "00:03", status="nan", epochs_completed=0, epochs=5)
+    write_run(runs, "failed", "00:02", status="failed", epochs_completed=1, **common)
+    # SIGKILL leaves the summary at running: only its released lock tells.
+    write_run(runs, "killed", "00:01", status="running", epochs_completed=0, epochs=5)
+    return runs
+
+
+EXPECTED = {"toy": "completed", "early": "early-stopped", "stopped": "stopped", "nan": "nan",
+            "failed": "failed", "killed": "died"}  # fmt: skip
 
 
 @pytest.mark.slow
-def test_completed_stopped_killed_and_running_runs(toy_data, tmp_path):
-    runs = tmp_path / "runs"
-    tpurun.train(toy_config(toy_data, runs, name="done", train={"epochs": 1}), verbose=False)
-
-    procs = {}
-    for name in ("stopped", "killed", "live"):  # real processes, still training
-        config = toy_config(toy_data, runs, name=name, train={"epochs": 500})
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(config))
-        procs[name] = start_cli("train", str(path))
+def test_every_status_and_a_live_run_newest_first(ended_runs, toy_data):
+    """One real process, still training, beside the runs that ended."""
+    runs = ended_runs
+    config = toy_config(toy_data, runs, name="live", train={"epochs": 500})
+    live = start_cli("train", str(write_config(runs.parent, config, "live")))
     try:
-        for name, proc in procs.items():
-            wait_for_epoch(runs / name, proc)
-        procs["stopped"].send_signal(signal.SIGTERM)
-        procs["killed"].send_signal(signal.SIGKILL)
-        procs["stopped"].communicate(timeout=120)
-        procs["killed"].communicate(timeout=60)
-        assert procs["stopped"].returncode == 3 and procs["killed"].returncode == -9
-
-        listed = runs_json(runs)
+        wait_for_epoch(runs / "live", live)
+        listed = runs_json(str(runs))
         assert {name: run["status"] for name, run in listed.items()} == {
-            "done": "completed", "stopped": "stopped", "killed": "died", "live": "running",
-        }  # fmt: skip
-        # The killed run's summary still says running: only its released lock tells.
-        assert json.loads((runs / "killed" / "summary.json").read_text())["status"] == "running"
-        done = listed["done"]
-        assert (done["epochs_completed"], done["epochs"], done["best_epoch"]) == (1, 1, 1)
-        assert done["best_monitor"] == "val_loss" and done["best_value"] > 0
-        assert (done["backend"], done["replicas"]) == ("jax", 1)
-        assert done["examples_per_sec"] > 0 and 0 <= done["input_wait"] <= 1
-        live = listed["live"]  # its summary is the one it started with; its log is newer
-        assert live["epochs"] == 500 and live["epochs_completed"] >= 1
-        assert live["best_monitor"] == "val_loss" and live["best_value"] > 0
-        assert next(iter(listed)) != "done"  # newest first: the others updated later
-
-        table = CliRunner().invoke(app, ["runs", str(runs), "--plain"])
-        assert table.exit_code == 0, table.output
-        lines = table.output.splitlines()
-        assert lines[0].split() == ["run", "status", "epochs", "best", "backend", "examples/s",
-                                    "input", "wait", "updated"]  # fmt: skip
-        done_line = next(line for line in lines if line.startswith("done "))
-        assert " completed " in done_line and " 1/1 " in done_line and " jax x1 " in done_line
-        assert "val_loss" in done_line and "@1" in done_line
+            "live": "running",
+            **EXPECTED,
+        }
+        # Newest first: the live run's log is newer than every summary written above.
+        assert list(listed) == ["live", "toy", "early", "stopped", "nan", "failed", "killed"]
+        running = listed["live"]  # its summary is the one it started with; its log is newer
+        assert running["epochs"] == 500 and running["epochs_completed"] >= 1
+        assert running["best_monitor"] == "val_loss" and running["best_value"] > 0
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate(timeout=60)
+        live.kill()
+        live.communicate(timeout=60)
+    assert runs_json(str(runs))["live"]["status"] == "died"  # killed: the lock went with it
+
+
+def test_a_real_completed_run_and_the_plain_table(ended_runs):
+    listed = runs_json(str(ended_runs))
+    assert {name: run["status"] for name, run in listed.items()} == EXPECTED
+    done = listed["toy"]  # the session's toy run: every field from a real summary
+    assert (done["epochs_completed"], done["epochs"], done["best_epoch"]) == (1, 1, 1)
+    assert done["best_monitor"] == "val_loss" and done["best_value"] > 0
+    assert (done["backend"], done["replicas"]) == ("jax", 8)
+    assert done["examples_per_sec"] > 0 and 0 <= done["input_wait"] <= 1
+
+    table = CliRunner().invoke(app, ["runs", str(ended_runs), "--plain"])
+    assert table.exit_code == 0, table.output
+    lines = table.output.splitlines()
+    assert lines[0].split() == ["run", "status", "epochs", "best", "backend", "examples/s",
+                                "input", "wait", "updated"]  # fmt: skip
+    assert [line.split()[:2] for line in lines[1:]] == [[n, s] for n, s in EXPECTED.items()]
+    done_line = lines[1]
+    assert " 1/1 " in done_line and " jax x8 " in done_line
+    assert "val_loss" in done_line and "@1" in done_line
+    early = lines[2].split()
+    assert early[2:6] == ["3/5", "val_loss", "0.25", "@2"] and lines[2].endswith("2026-01-01 00:05")
+    assert lines[4].split()[2:4] == ["0/5", "-"]  # the NaN run: no best value
+
+
+def test_the_default_folder_is_runs_in_the_working_directory(ended_runs, monkeypatch):
+    monkeypatch.chdir(ended_runs.parent)
+    assert list(runs_json()) == list(EXPECTED)
+    monkeypatch.chdir(ended_runs)  # no ./runs here
+    result = CliRunner().invoke(app, ["runs"])
+    assert result.exit_code == 2 and "runs: no such folder" in result.output
+
+
+def narrow_table(runs: Path, monkeypatch, columns: int = 60) -> list[str]:
+    """``tpurun runs`` on a terminal ``columns`` wide: its lines as they show (escapes removed)."""
+    import re
+
+    for name in ("TPURUN_PLAIN", "CI", "JPY_PARENT_PID", "COLAB_RELEASE_TAG",
+                 "KAGGLE_KERNEL_RUN_TYPE"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.setenv("COLUMNS", str(columns))  # Rich's console reads its width from it
+    out = FakeTTY()
+    with monkeypatch.context() as stdout:
+        stdout.setattr("sys.stdout", out)
+        reports.show_runs(list_runs(str(runs)), str(runs))
+    text = out.getvalue()
+    assert "\x1b[" in text  # a Rich table, not the plain lines
+    return [re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", line).rstrip() for line in text.splitlines()
+            if line.strip()]  # fmt: skip
+
+
+def test_a_narrow_terminal_cuts_cells_short_and_keeps_one_line_per_run(ended_runs, monkeypatch):
+    lines = narrow_table(ended_runs, monkeypatch)
+    assert len(lines) == 1 + len(EXPECTED), lines  # a header and one line per run: no wrap
+    assert all(len(line) <= 60 for line in lines), lines
+    assert all("…" in line for line in lines)  # what does not fit is cut short
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: at 60 columns every cell is cut alike, and the run "
+    "names shrink to '…': the listing no longer says which run is which",
+)
+def test_a_narrow_terminal_still_names_each_run_and_its_status(ended_runs, monkeypatch):
+    lines = narrow_table(ended_runs, monkeypatch)
+    assert [line.split()[:2] for line in lines[1:]] == [[n, s] for n, s in EXPECTED.items()]
 
 
 def test_two_hundred_runs_list_from_their_summaries_alone_newest_first(tmp_path, monkeypatch):
