@@ -142,13 +142,14 @@ class ExactValidation(keras.callbacks.Callback):
 class RunControl(keras.callbacks.Callback):
     """The one stop path, and each finished epoch's commit.
 
-    A stop request (SIGTERM/SIGINT, ``train.time_limit``) or a NaN/Inf loss is noticed once per
-    execution. Mid-epoch, a stop saves the resume point at that step and raises :class:`StopNow`,
-    which ends ``fit`` at once, skipping the validation pass Keras would otherwise run first (a
-    preempted VM has seconds). A NaN saves nothing: the last good checkpoint stays. At an epoch's
-    last step, the epoch end decides: a NaN epoch writes no row and no checkpoint; otherwise the CSV
-    row, then the checkpoint (a resume drops rows past the checkpoint, so a kill between the two
-    leaves neither a gap nor a duplicate).
+    A stop request (SIGTERM/SIGINT, ``train.time_limit``; with several processes, the one they
+    all agree on: :meth:`~tpurun.training.signals.Stop.agreed`) or a NaN/Inf loss is noticed once
+    per execution. Mid-epoch, a stop saves the resume point at that step and raises
+    :class:`StopNow`, which ends ``fit`` at once, skipping the validation pass Keras would
+    otherwise run first (a preempted VM has seconds). A NaN saves nothing: the last good
+    checkpoint stays. At an epoch's last step, the epoch end decides: a NaN epoch writes no row
+    and no checkpoint; otherwise the CSV row, then the checkpoint (a resume drops rows past the
+    checkpoint, so a kill between the two leaves neither a gap nor a duplicate).
     """
 
     def __init__(

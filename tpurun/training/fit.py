@@ -139,11 +139,8 @@ def _datasets(job: TrainJob) -> tuple[Callable[[int, int], Any], Any]:
 
     prepared, runtime = job.prepared, job.runtime
     config, plan = prepared.config, prepared.plan
-    batch, share, val_share = (
-        plan.per_process_batch_size,
-        prepared.train_share,
-        prepared.validation_share,
-    )
+    batch = plan.per_process_batch_size
+    share, val_share = prepared.train_share, prepared.validation_share
 
     def train_data(epoch: int, step: int):
         """This process's training stream from a position: the batches an unbroken run would see."""

@@ -93,6 +93,8 @@ class Stop:
 
 # ---------------------------------------------------------------------------------- the route
 class Phase(enum.Enum):
+    """Where the process is, which says what a signal means (the module's table)."""
+
     OFF = "off"
     HOLDING = "holding"
     STARTING = "starting"
@@ -124,10 +126,14 @@ class SignalRoute:
 
     ``HOLDING``: Typer takes a few tenths of a second to build the commands. A signal then is held
     and delivered when the command starts, so ``train`` stops with exit 3 and its one line as it
-    does later in start-up, and a process started with SIGINT ignored (a background job of a
-    script inherits that) still stops: ``train`` takes SIGINT over, so nothing else would. The
-    interpreter's own start and ``tpurun.cli.app``'s imports (about a tenth of a second) come
-    before any of tpurun's code can hold anything.
+    does later in start-up. ``train`` takes SIGINT whatever the process inherited, so one held
+    while the process has SIGINT ignored (a background job of a script inherits that) stops it
+    too; any other command keeps ignoring it. The interpreter's own start and
+    ``tpurun.cli.app``'s imports (about a tenth of a second) come before any of tpurun's code can
+    hold anything.
+
+    Every transition sets the handler again (:meth:`_enter`), and ``OFF`` puts back the handlers
+    ``HOLDING`` found: no phase swaps handlers with another.
 
     ``STARTING`` and ``SAVING`` raise :class:`Signalled` where the main thread is, with two
     exceptions to how a handler's exception usually lands:
