@@ -2,7 +2,7 @@
 
 Prints each layout's steady examples/s (summary.json, the first epoch left out), the ratio to 1x8,
 the time JAX's distributed runtime takes to start, and what the per-execution stop agreement
-costs (tpurun.multihost.cluster.agree_on_stop). A CPU machine shows correctness and overhead, not speed-up:
+costs (tpurun.multihost.collectives.agree_on_stop). A CPU machine shows correctness and overhead, not speed-up:
 the 8 "devices" are slices of the same 2 cores, and processes add gloo all-reduces over loopback.
 
     .venv/bin/python benchmarks/multi_process.py [--epochs 4]
