@@ -97,7 +97,7 @@ def commits(local_runs: Path, remote_runs: str, args) -> dict:
     import numpy as np
 
     from tpurun.storage.rundir import RunDir
-    from tpurun.training.checkpoints import Checkpointer
+    from tpurun.training.checkpoints.checkpointer import Checkpointer
 
     model = mlp(args.width)
     model.compile(optimizer="adam", loss="binary_crossentropy")

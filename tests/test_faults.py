@@ -19,7 +19,7 @@ import yaml
 from conftest import ROOT, toy_config, write_toy_data
 
 from tpurun.storage.rundir import RunDir
-from tpurun.training import resume as resume_lib
+from tpurun.training.checkpoints import resume as resume_lib
 
 pytestmark = pytest.mark.slow
 

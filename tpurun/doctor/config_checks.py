@@ -126,7 +126,7 @@ def check_resume(cfg: Any, prepared: Any) -> Check:
     """
     from tpurun.storage.fileio import StorageError
     from tpurun.storage.rundir import RunDir, run_path
-    from tpurun.training import resume as resume_lib
+    from tpurun.training.checkpoints import resume as resume_lib
 
     run_dir = run_path(cfg.output.dir, cfg.name)
     run = RunDir(run_dir)

@@ -89,7 +89,7 @@ def find_checkpoint(trained: TrainedRun, which: str = "best") -> Checkpoint:
     Raises:
         TpurunError: no such checkpoint; the message lists the ones there are.
     """
-    from tpurun.training import resume
+    from tpurun.training.checkpoints import resume
 
     run = trained.run
     if which == "best":
@@ -117,7 +117,7 @@ def find_checkpoint(trained: TrainedRun, which: str = "best") -> Checkpoint:
 
 def available(run: RunDir) -> list[str]:
     """The checkpoints a run has, as ``--checkpoint`` takes them."""
-    from tpurun.training import resume
+    from tpurun.training.checkpoints import resume
 
     found = ["latest"] if resume.latest(run) is not None else []
     if fileio.exists(run.checkpoint(BEST_MODEL)) or run.has_model():

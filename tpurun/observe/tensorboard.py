@@ -20,7 +20,7 @@ from typing import Any
 from tpurun import frameworks
 from tpurun.storage import fileio
 from tpurun.storage.rundir import TENSORBOARD, RunDir
-from tpurun.training.checkpoints import step_offset
+from tpurun.training.checkpoints.checkpointer import step_offset
 
 keras = frameworks.keras()  # the process is set up: see tpurun.frameworks
 

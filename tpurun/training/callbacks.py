@@ -25,7 +25,7 @@ from tpurun.observe.callbacks import observers
 from tpurun.runtime.plan import Plan, resolve_monitor
 from tpurun.storage import fileio
 from tpurun.storage.rundir import EARLY_STOPPING_WEIGHTS, RunDir
-from tpurun.training.checkpoints import Checkpointer, step_offset
+from tpurun.training.checkpoints.checkpointer import Checkpointer, step_offset
 from tpurun.training.model import import_object
 from tpurun.training.signals import Stop, StopNow
 from tpurun.training.validation import correctable, exact_logs

@@ -20,12 +20,12 @@ from tpurun.runtime.plan import Plan
 from tpurun.storage import fileio
 from tpurun.storage.rundir import RunDir
 from tpurun.storage.summary import Summary
-from tpurun.training import resume as resume_lib
+from tpurun.training.checkpoints import resume as resume_lib
 from tpurun.training.signals import Stop, StopNow
 
 if TYPE_CHECKING:
     from tpurun.runtime.prepare import Prepared
-    from tpurun.training.resume import ResumePoint
+    from tpurun.training.checkpoints.resume import ResumePoint
 
 
 @dataclass

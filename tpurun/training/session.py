@@ -30,7 +30,7 @@ from tpurun.runtime.prepare import Prepared, choose_for, prepare
 from tpurun.storage.rundir import CONFIG, RunDir, now_iso, run_path
 from tpurun.storage.summary import Summary
 from tpurun.training import fit
-from tpurun.training import resume as resume_lib
+from tpurun.training.checkpoints import resume as resume_lib
 from tpurun.training.model import custom_training_code, inference_saver
 from tpurun.training.signals import Stop, stop_on_signals
 
