@@ -190,7 +190,10 @@ def _run(
             resume_lib.check_unchanged(point, identity)
     previous = run.read_summary() or {}
     summary = _new_summary(prepared, run, point, previous)
-    if summary.epochs_completed >= config.train.epochs and run.has_model():
+    done, epochs = summary.epochs_completed, config.train.epochs
+    if done > epochs or (done == epochs and run.has_model()):
+        # (Exactly its epochs and no model.keras: the session that trained the last one stopped
+        # before saving it; this one trains no epoch and saves it.)
         return _already_trained(run, summary, previous, reporter)
     _note_session(run, point, previous, effective, summary, reporter)
     limit = config.train.time_limit
@@ -240,9 +243,11 @@ def _create(run: RunDir, runtime, restart: bool, reporter: Reporter) -> None:
 
 def _already_trained(run: RunDir, summary: Summary, previous: dict, reporter: Reporter) -> dict:
     """A run that has trained its epochs already: say so, and return its summary as it was."""
+    done, epochs = summary.epochs_completed, summary.epochs
+    of = f"of {epochs}" if done <= epochs else f"(more than train.epochs: {epochs})"
     reporter.message(
-        f"{run.path} has already trained {summary.epochs_completed} epoch(s) of {summary.epochs}; "
-        "raise train.epochs to train further, or pass --restart to start over.",
+        f"{run.path} has already trained {done} epoch(s) {of}; raise train.epochs to train "
+        "further, or pass --restart to start over.",
         "note",
     )
     summary.status = previous.get("status", "completed")
