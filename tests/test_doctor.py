@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 from conftest import toy_config
@@ -205,9 +204,8 @@ def _closed_port() -> int:
 @pytest.mark.slow
 def test_gcs_probe_refused_fails_a_config_that_needs_gcs_and_warns_otherwise():
     endpoint = ("127.0.0.1", _closed_port())
-    started = time.monotonic()
     check = GcsProbe(5.0, endpoint=endpoint).check(uses_gcs=True)
-    assert time.monotonic() - started < 5
+    # Refused at connect: the probe says so, not that it timed out after 5 s.
     assert check.status == "fail", check
     assert check.finding.startswith(f"GCS is not reachable: 127.0.0.1:{endpoint[1]}: ")
     assert "Connection refused" in check.finding and check.data["stage"] == "connect"
@@ -224,12 +222,13 @@ def test_gcs_probe_is_bounded_by_its_timeout():
     with socket.socket() as server:  # accepts connections into its backlog, never answers
         server.bind(("127.0.0.1", 0))
         server.listen()
-        started = time.monotonic()
         check = GcsProbe(1.0, endpoint=server.getsockname()).check(uses_gcs=True)
-    assert time.monotonic() - started < 3  # TensorFlow's import alone takes longer than 1 s
+    # The probe's own timeout ended it (TensorFlow's import alone takes longer than 1 s), and it
+    # says so: not a refusal, not a failed read.
     assert check.status == "fail" and check.finding == (
         "GCS did not answer: the probe timed out after 1 s"
     )
+    assert check.data["timed_out"] is True, check.data  # the child was ended by the timeout
 
 
 @pytest.mark.slow
@@ -304,10 +303,8 @@ def test_config_error_propagates(tmp_path):
 @pytest.mark.slow
 def test_run_with_config_on_toy_data(toy_data, tmp_path):
     config = toy_config(toy_data, tmp_path / "out")
-    started = time.monotonic()
     checks = run_checks(config, env={}, dev_root=fake_dev(tmp_path),
                         lock_path=str(tmp_path / "lock"), gcs_timeout=5)  # fmt: skip
-    elapsed = time.monotonic() - started
     status = {c.name: c.status for c in checks}
     for name in ("platform", "versions", "libtpu_lock", "devices", "choice", "health", "config",
                  "data.train", "data.validation", "plan", "output", "model", "advice"):  # fmt: skip
@@ -315,7 +312,6 @@ def test_run_with_config_on_toy_data(toy_data, tmp_path):
     assert status["tpu"] == "skip"
     gcs = next(c for c in checks if c.name == "gcs.reachable")
     assert (gcs.status, gcs.finding) == ("skip", "not needed: no gs:// path in this config")
-    assert elapsed < 60
     model = next(c for c in checks if c.name == "model")
     assert model.data["params"] == 161
     plan = next(c for c in checks if c.name == "plan")

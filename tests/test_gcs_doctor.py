@@ -5,8 +5,6 @@ its environment points at the server (the test process never uses gs:// itself).
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from conftest import toy_config, write_toy_data
 
@@ -73,10 +71,10 @@ def test_the_gcs_probe_reads_the_data_and_writes_where_the_run_goes(gcs, tmp_pat
 def test_the_gcs_probe_names_a_server_that_does_not_answer(gcs, tmp_path, monkeypatch):
     cfg = config_for(tmp_path, gcs.bucket, gcs.bucket)
     gcs.kill()
-    started = time.monotonic()
-    check = start_probe(gcs, monkeypatch, cfg, timeout=30).check(uses_gcs=True)
-    assert time.monotonic() - started < 30
+    check = start_probe(gcs, monkeypatch, cfg, timeout=120).check(uses_gcs=True)
+    # Refused at once and named as such: not the probe's timeout (a hang guard here).
     assert check.status == "fail" and check.finding.startswith("GCS is not reachable: 127.0.0.1:")
+    assert not check.data.get("timed_out"), check.data
     assert "HTTPS_PROXY" in check.fix
 
 
