@@ -37,7 +37,9 @@ frameworks.activated("jax")
 # The helpers live in helpers.py; these names stay importable from conftest too.
 from helpers import (  # noqa: E402, F401
     FACTORIES,
+    PLAIN_SIGNALS,
     ROOT,
+    FakeTTY,
     cli_env,
     make_records,
     run_cli,
@@ -78,6 +80,26 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
 @pytest.fixture
 def toy_data(tmp_path) -> Path:
     return write_toy_data(tmp_path / "data")
+
+
+@pytest.fixture
+def terminal(monkeypatch):
+    """stdout is a real-looking terminal: nothing asks for plain lines. Call it in the test body
+    (pytest puts its own capture back on sys.stdout between the setup and the call); it returns
+    the FakeTTY that stdout now is. ``terminal(columns=60)``: a terminal that wide (Rich reads
+    COLUMNS)."""
+    for name in PLAIN_SIGNALS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
+
+    def install(columns: int | None = None) -> FakeTTY:
+        if columns is not None:
+            monkeypatch.setenv("COLUMNS", str(columns))
+        out = FakeTTY()
+        monkeypatch.setattr("sys.stdout", out)
+        return out
+
+    return install
 
 
 # ------------------------------------------------------------------------ runs trained once

@@ -28,7 +28,7 @@ TPURUN = str(Path(sys.executable).parent / "tpurun")
 #: What this process set for itself (conftest.py): a subprocess picks its own, as a user's shell.
 _OWN_SETTINGS = ("KERAS_BACKEND", "XLA_FLAGS", "JAX_PLATFORMS")
 #: Whatever asks tpurun for plain lines (a terminal test drops them all).
-_PLAIN_SIGNALS = ("TPURUN_PLAIN", "CI", "JPY_PARENT_PID", "COLAB_RELEASE_TAG",
+PLAIN_SIGNALS = ("TPURUN_PLAIN", "CI", "JPY_PARENT_PID", "COLAB_RELEASE_TAG",
                   "KAGGLE_KERNEL_RUN_TYPE")  # fmt: skip
 
 
@@ -104,7 +104,7 @@ def cli_env(env: dict | None = None, *, plain: bool = True, **extra: str) -> dic
     if plain:
         full["TPURUN_PLAIN"] = "1"
     else:
-        for key in _PLAIN_SIGNALS:
+        for key in PLAIN_SIGNALS:
             full.pop(key, None)
     return {**full, **(env or {}), **extra}
 

@@ -7,15 +7,11 @@ import re
 from types import SimpleNamespace
 
 import pytest
+from helpers import FakeTTY
 
 from tpurun.display.lines import PlainReporter, format_duration
 from tpurun.display.live import LiveReporter
 from tpurun.display.reporter import want_plain
-
-
-class FakeTTY(io.StringIO):
-    def isatty(self):
-        return True
 
 
 @pytest.mark.parametrize(

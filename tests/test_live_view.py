@@ -11,24 +11,17 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import pytest
-import yaml
-from conftest import ROOT, _cli_env, toy_config
+from helpers import ROOT, TPURUN, FakeTTY, cli_env, toy_config, write_config
 from test_console import plan
 
 from tpurun.display.lines import PlainReporter
 from tpurun.display.live import LiveReporter
 from tpurun.display.reporter import Reporter
-
-
-class FakeTTY(io.StringIO):
-    def isatty(self):
-        return True
 
 
 class Clock:
@@ -314,21 +307,11 @@ def test_a_stop_message_gets_lines_of_its_own_on_a_terminal(toy_data, tmp_path):
     import termios
 
     runs = Path(tempfile.mkdtemp(prefix="lv"))  # short: the checkpoint path fits in 80 columns
-    path = tmp_path / "exp.yaml"
-    path.write_text(yaml.safe_dump(toy_config(toy_data, runs, train={"epochs": 400})))
-    env = _cli_env({"TERM": "xterm-256color", "COLUMNS": "80", "LINES": "30"})
-    for key in (
-        "TPURUN_PLAIN",
-        "CI",
-        "JPY_PARENT_PID",
-        "COLAB_RELEASE_TAG",
-        "KAGGLE_KERNEL_RUN_TYPE",
-    ):
-        env.pop(key, None)
+    path = write_config(tmp_path, toy_config(toy_data, runs, train={"epochs": 400}))
+    env = cli_env(plain=False, TERM="xterm-256color", COLUMNS="80", LINES="30")
     controller, worker = pty.openpty()
     fcntl.ioctl(worker, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 80, 0, 0))
-    exe = Path(sys.executable).parent / "tpurun"
-    proc = subprocess.Popen([str(exe), "train", str(path)], stdin=worker, stdout=worker,
+    proc = subprocess.Popen([TPURUN, "train", str(path)], stdin=worker, stdout=worker,
                             stderr=worker, env=env, cwd=ROOT, close_fds=True)  # fmt: skip
     os.close(worker)
     raw, sent, deadline = b"", False, time.monotonic() + 300

@@ -2,42 +2,11 @@
 
 from __future__ import annotations
 
-import io
 import json
 from types import SimpleNamespace
 
-import pytest
-
 from tpurun.display import reports
 from tpurun.doctor import Check
-
-
-class FakeTTY(io.StringIO):
-    def isatty(self):
-        return True
-
-
-@pytest.fixture
-def terminal(monkeypatch):
-    """stdout is a real-looking terminal: nothing asks for plain lines. Call it in the test body
-    (pytest puts its own capture back on sys.stdout between the setup and the call)."""
-    for name in (
-        "TPURUN_PLAIN",
-        "CI",
-        "JPY_PARENT_PID",
-        "COLAB_RELEASE_TAG",
-        "KAGGLE_KERNEL_RUN_TYPE",
-    ):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("TERM", "xterm-256color")
-
-    def install() -> FakeTTY:
-        out = FakeTTY()
-        monkeypatch.setattr("sys.stdout", out)
-        return out
-
-    return install
-
 
 CHECKS = [
     Check("platform", "ok", "CPU machine", seconds=0.01),

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import FakeTTY, start_cli, toy_config, wait_for_epoch, write_config
+from helpers import start_cli, toy_config, wait_for_epoch, write_config
 from typer.testing import CliRunner
 
 from tpurun.cli.app import app
@@ -120,27 +120,20 @@ def test_the_default_folder_is_runs_in_the_working_directory(ended_runs, monkeyp
     assert result.exit_code == 2 and "runs: no such folder" in result.output
 
 
-def narrow_table(runs: Path, monkeypatch, columns: int = 60) -> list[str]:
+def narrow_table(runs: Path, terminal, columns: int = 60) -> list[str]:
     """``tpurun runs`` on a terminal ``columns`` wide: its lines as they show (escapes removed)."""
     import re
 
-    for name in ("TPURUN_PLAIN", "CI", "JPY_PARENT_PID", "COLAB_RELEASE_TAG",
-                 "KAGGLE_KERNEL_RUN_TYPE"):  # fmt: skip
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("TERM", "xterm-256color")
-    monkeypatch.setenv("COLUMNS", str(columns))  # Rich's console reads its width from it
-    out = FakeTTY()
-    with monkeypatch.context() as stdout:
-        stdout.setattr("sys.stdout", out)
-        reports.show_runs(list_runs(str(runs)), str(runs))
+    out = terminal(columns)
+    reports.show_runs(list_runs(str(runs)), str(runs))
     text = out.getvalue()
     assert "\x1b[" in text  # a Rich table, not the plain lines
     return [re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", line).rstrip() for line in text.splitlines()
             if line.strip()]  # fmt: skip
 
 
-def test_a_narrow_terminal_cuts_cells_short_and_keeps_one_line_per_run(ended_runs, monkeypatch):
-    lines = narrow_table(ended_runs, monkeypatch)
+def test_a_narrow_terminal_cuts_cells_short_and_keeps_one_line_per_run(ended_runs, terminal):
+    lines = narrow_table(ended_runs, terminal)
     assert len(lines) == 1 + len(EXPECTED), lines  # a header and one line per run: no wrap
     assert all(len(line) <= 60 for line in lines), lines
     assert all("…" in line for line in lines)  # what does not fit is cut short
@@ -151,8 +144,8 @@ def test_a_narrow_terminal_cuts_cells_short_and_keeps_one_line_per_run(ended_run
     reason="bug: at 60 columns every cell is cut alike, and the run "
     "names shrink to '…': the listing no longer says which run is which",
 )
-def test_a_narrow_terminal_still_names_each_run_and_its_status(ended_runs, monkeypatch):
-    lines = narrow_table(ended_runs, monkeypatch)
+def test_a_narrow_terminal_still_names_each_run_and_its_status(ended_runs, terminal):
+    lines = narrow_table(ended_runs, terminal)
     assert [line.split()[:2] for line in lines[1:]] == [[n, s] for n, s in EXPECTED.items()]
 
 
