@@ -152,7 +152,7 @@ def test_two_model_inputs_from_a_feature_map(toy_data, tmp_path):
         (
             {"factory": f"{FACTORIES}:uses_tensorflow_ops"},
             ModelError,
-            "built on the JAX backend.*runtime.backend: tensorflow",
+            "runs on the JAX backend.*runtime.backend: tensorflow",
         ),
         (
             {"factory": f"{FACTORIES}:mlp", "kwargs": {"width": 3}},

@@ -6,6 +6,8 @@ to do; only ``cli.py`` turns them into ``error: ...`` and an exit code, with no 
 
 from __future__ import annotations
 
+import re
+
 #: Exit codes, as documented in docs/exit-codes.md (``tpurun doctor`` exits 1 when a check fails).
 EXIT_UNEXPECTED = 1
 EXIT_USER_ERROR = 2
@@ -52,3 +54,22 @@ class Interrupted(TpurunError):
     """Training stopped on SIGTERM or SIGINT, after saving a checkpoint; rerunning continues."""
 
     exit_code = EXIT_INTERRUPTED
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+# Lines that say an exception happened without saying what (Keras wraps a layer's error in them).
+_GENERIC = re.compile(r"^'?(Exception encountered( when calling [\w.]+\(\))?[.:]?|Traceback .*)$")
+
+
+def describe(exc: BaseException, limit: int = 300) -> str:
+    """``Type: first meaningful line`` of an exception, for one line of a message: its first line
+    that is neither empty nor a wrapper's "Exception encountered", ANSI codes taken out, cut at
+    ``limit`` characters."""
+    text = _ANSI.sub("", str(exc)).strip()
+    if len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":  # a message quoted whole
+        text = text[1:-1]
+    lines = [line.strip() for line in text.splitlines()]
+    meaningful = next((line for line in lines if line and not _GENERIC.match(line)), "")
+    if len(meaningful) > limit:
+        meaningful = meaningful[: limit - 3].rstrip() + "..."
+    return f"{type(exc).__name__}: {meaningful}" if meaningful else type(exc).__name__

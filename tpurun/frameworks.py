@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import sys
 import tempfile
 from types import ModuleType
@@ -146,6 +147,11 @@ def _check_order(name: str, module: str) -> None:
         )
 
 
+# TensorFlow's start-up notices (absl's I/W lines, and absl's own warning about them): noise even
+# when the import fails, so they are left out of what is shown then.
+_NOTICE = re.compile(r"^([IW]\d{4} |WARNING: All log messages before absl::InitializeLog)")
+
+
 def _quiet_import(name: str) -> ModuleType:
     """Import ``name`` with file descriptor 2 captured; on failure, replay what it wrote."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -160,7 +166,8 @@ def _quiet_import(name: str) -> ModuleType:
         except BaseException:
             os.dup2(saved, 2)
             capture.seek(0)
-            sys.stderr.write(capture.read().decode(errors="replace"))
+            said = capture.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(line for line in said if not _NOTICE.match(line)))
             raise
         finally:
             os.dup2(saved, 2)

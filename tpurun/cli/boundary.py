@@ -31,6 +31,7 @@ from tpurun.errors import (
     EnvironmentSetupError,
     Interrupted,
     TpurunError,
+    describe,
 )
 from tpurun.training.signals import SIGNALS, Signalled, interrupt_in
 
@@ -104,9 +105,8 @@ def _unexpected(exc: Exception) -> typer.Exit:
             path = name
         except OSError:
             path = None
-    last = text.strip().splitlines()[-1]
     where = f"; the traceback is in {path}" if path else f"\n{text}"
-    typer.echo(f"error: unexpected failure: {last}{where}", err=True)
+    typer.echo(f"error: unexpected failure: {describe(exc)}{where}", err=True)
     return typer.Exit(code=EXIT_UNEXPECTED)
 
 
@@ -114,22 +114,34 @@ _FRAMEWORKS = {"tensorflow": "TensorFlow", "keras": "Keras", "jax": "JAX", "jaxl
 
 
 def _broken_framework(exc: BaseException) -> TpurunError | None:
-    """A framework that is missing or fails its own import: the environment's fault (exit 2)."""
-    importing = []
+    """A framework that is missing or fails its own import: the environment's fault (exit 2).
+    When the failure is in another package the framework imports (matplotlib, say), that package
+    is named as the cause, and the check suggested is for it."""
+    importing, culprit = [], None
     tb = exc.__traceback__
     while tb is not None:  # the framework modules whose top-level code was running
         module = tb.tb_frame.f_globals.get("__name__", "")
-        if tb.tb_frame.f_code.co_name == "<module>" and module.split(".")[0] in _FRAMEWORKS:
-            importing.append(module.split(".")[0])
+        top = module.split(".")[0]
+        if tb.tb_frame.f_code.co_name == "<module>" and top in _FRAMEWORKS:
+            importing.append(top)
+        elif importing and top and top not in _FRAMEWORKS and top not in ("importlib", "tpurun"):
+            culprit = top  # the innermost package below the framework's import
         tb = tb.tb_next
     missing = isinstance(exc, ImportError) and (exc.name or "").split(".")[0] in _FRAMEWORKS
     if not importing and not missing:
         return None
-    name = _FRAMEWORKS[importing[0] if importing else exc.name.split(".")[0]]
-    last = (str(exc).strip().splitlines() or [""])[-1]
+    package = importing[0] if importing else exc.name.split(".")[0]
+    name = _FRAMEWORKS[package]
+    if culprit is not None:
+        return EnvironmentSetupError(
+            f"{name} cannot be imported: the {culprit} it imports failed ({describe(exc)}). The "
+            f"cause is {culprit} or its settings, not {name}: check `python -c 'import {culprit}'`"
+            " in this environment, with the same environment variables; `tpurun doctor` shows "
+            "what it finds."
+        )
     return EnvironmentSetupError(
-        f"{name} cannot be imported ({type(exc).__name__}: {last}), and this command needs it. "
-        f"Check it with `python -c 'import {(importing or [exc.name])[0]}'` in this environment; "
+        f"{name} cannot be imported ({describe(exc)}), and this command needs it. "
+        f"Check it with `python -c 'import {package}'` in this environment; "
         "`tpurun doctor` lists the versions installed. Where no framework is installed, "
         "pip install 'tpurun[cpu]' (or [gpu], [tpu]); on Kaggle and Colab, keep the image's own."
     )

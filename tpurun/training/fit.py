@@ -6,20 +6,20 @@ Imports Keras and TensorFlow inside its functions only: the runner imports this 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tpurun import frameworks
-from tpurun.config import Config, DataConfig
+from tpurun.config import Config
 from tpurun.display.reporter import Reporter
-from tpurun.errors import DataError, ModelError, TpurunError
+from tpurun.errors import DataError, ModelError
 from tpurun.runtime.activate import ActiveRuntime
 from tpurun.runtime.plan import Plan
 from tpurun.storage import fileio
 from tpurun.storage.rundir import RunDir
 from tpurun.storage.summary import Summary
+from tpurun.training import failures
 from tpurun.training.checkpoints import resume as resume_lib
 from tpurun.training.signals import Stop, StopNow
 
@@ -181,7 +181,7 @@ def _first_inputs(job: TrainJob, model, train_data: Callable[[int, int], Any]) -
     try:
         first_batch = next(iter(train_data(0, 0).take(1)))
     except tf.errors.DataLossError as exc:  # the shuffle buffer fills before the first step
-        raise _damaged_while_training(job.prepared, exc) from None
+        raise failures.damaged_while_training(job.prepared, exc) from None
     check_loss_fits(model, job.prepared.config, first_batch[1])
     return first_batch[0]
 
@@ -224,37 +224,17 @@ def _first_writes(job: TrainJob, model, control) -> Callable[..., None]:
 
 def _fit_once(job: TrainJob, f: _Fitting) -> None:
     """Fit from the checkpoint's position to the last epoch (or a stop), its failures said as
-    what to do about them."""
-    tf = frameworks.tensorflow()
+    what to do about them (:mod:`tpurun.training.failures`)."""
     config, plan = job.prepared.config, job.prepared.plan
     try:
         _fit_from(f.model, f.train_data, f.val_ds, f.val_steps, plan, config.train.epochs,
                   f.checkpoint, f.progress, f.callbacks)  # fmt: skip
-    except tf.errors.DataLossError as exc:
-        raise _damaged_while_training(job.prepared, exc) from None
-    except ValueError as exc:
-        if int(f.model.optimizer.iterations.numpy()) > 0:
-            raise
-        # Before the first step, a ValueError is the model not fitting the data's shapes.
-        raise ModelError(_misfit(exc, f.model, config)) from None
-    except (fileio.StorageError, tf.errors.OpError) as exc:  # a bucket failed mid-run
-        stopped = fileio.training_stopped(exc, job.run.checkpoints)
-        if stopped is None:
-            raise
-        raise stopped from None
-    except TpurunError:
-        raise
     except Exception as exc:
-        missing = _missing_package(exc)
-        if missing is None:
+        first_step = int(f.model.optimizer.iterations.numpy()) == 0
+        said = failures.explain(exc, job.prepared, f.model, job.run.checkpoints, first_step)
+        if said is None:
             raise
-        extra = ", ".join(spec.name for spec in config.callbacks.extra)
-        used_by = f" (callbacks.extra: {extra})" if extra else ""
-        raise TpurunError(
-            f"training stopped: a package is not installed: {missing}{used_by}. Install it "
-            "(pip install ...), or leave out what needs it. Nothing after the last checkpoint "
-            "was lost; rerunning continues."
-        ) from None
+        raise said from None
 
 
 def _restore_after_nan(job: TrainJob, f: _Fitting, restores: list[dict]) -> bool:
@@ -287,19 +267,6 @@ def _restore_after_nan(job: TrainJob, f: _Fitting, restores: list[dict]) -> bool
     return True
 
 
-def _missing_package(exc: BaseException) -> str | None:
-    """The "No module named ..." behind an exception, if a missing package caused it (TF's
-    TBNotInstalledError, raised mid-fit by Keras' TensorBoard callback, wraps one)."""
-    seen = 0
-    while exc is not None and seen < 8:
-        if isinstance(exc, ImportError):
-            return str(exc)
-        # __context__ even when suppressed: Keras re-raises callback errors "from None" to
-        # shorten their tracebacks, which hides the cause.
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return None
-
-
 def _once(fn):
     """``fn`` on its first call only (fit runs more than once per run)."""
     done = []
@@ -310,25 +277,6 @@ def _once(fn):
             fn(*args, **kwargs)
 
     return wrapper
-
-
-def _damaged_while_training(prepared: Prepared, exc: Exception) -> DataError:
-    """TF's DataLossError does not say which file it was reading: find it, and say what to do."""
-    from tpurun.data import records
-
-    files = prepared.data.train_files + prepared.data.validation_files
-    found = records.find_corrupt(files, prepared.config.data.compression)
-    if not found:
-        first = (getattr(exc, "message", "") or str(exc)).strip().splitlines()[0]
-        return DataError(f"reading the training data failed: {first}")
-    if not prepared.config.data.skip_corrupt:
-        return records.corrupt_error(found)
-    # Damaged after the run checked it (a copy still in progress?). The verdict is remembered, so
-    # the rerun leaves the file out.
-    return DataError(
-        f"{found[0].path}: damaged while training ({found[0].problem()}). Run the same command "
-        "again: data.skip_corrupt leaves it out, and training continues from the last checkpoint."
-    )
 
 
 def _fit_from(model, train_data, val_ds, val_steps, plan: Plan, epochs: int, checkpoint, progress,
@@ -354,23 +302,6 @@ def _fit_from(model, train_data, val_ds, val_steps, plan: Plan, epochs: int, che
     if epoch < epochs:
         _fit(model, train_data(epoch, 0), val_ds, val_steps, plan.steps_per_epoch, epochs, epoch,
              callbacks)  # fmt: skip
-
-
-def _misfit(exc: Exception, model, config: Config) -> str:
-    """Keras' shape error in one line: the line that names shapes (its first often says only
-    "Exception encountered when calling Functional.call()"), and the output/target counts."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    named = [
-        line for line in lines
-        if re.search(r"shape|arity|expected", line, re.I) and not line.startswith("Exception encountered")
-    ]  # fmt: skip
-    detail = (named or lines or [type(exc).__name__])[0]
-    outputs = len(getattr(model, "outputs", None) or [])
-    targets = len(DataConfig.names(config.data.targets))
-    counts = ""
-    if outputs and outputs != targets:
-        counts = f" The model has {outputs} outputs and data.targets names {targets} feature(s)."
-    return f"the model does not fit the data (data.inputs / data.targets): {detail}{counts}"
 
 
 def _fit(model, train_ds, val_ds, val_steps, steps: int, epochs: int, initial_epoch: int,

@@ -8,12 +8,13 @@ import importlib.util
 import inspect
 import sys
 import traceback
+import types
 from pathlib import Path
 from typing import Any
 
 from tpurun import frameworks
 from tpurun.config import Config, NamedObject
-from tpurun.errors import ModelError
+from tpurun.errors import ModelError, describe
 from tpurun.runtime.plan import Plan
 
 
@@ -68,7 +69,7 @@ def _brief(exc: BaseException) -> str:
         f for f in traceback.extract_tb(exc.__traceback__) if "site-packages" not in f.filename
     ]
     where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-    return f"{type(exc).__name__}: {exc}{where}"
+    return f"{describe(exc)}{where}"
 
 
 def build_model(config: Config, backend: str) -> Any:
@@ -101,14 +102,33 @@ def build_model(config: Config, backend: str) -> Any:
     return model
 
 
+#: What a model that fails on JAX because of TensorFlow ops is told.
+TF_OPS_ON_JAX = (
+    "The model runs on the JAX backend, and its factory's module uses TensorFlow: TensorFlow ops "
+    "(tf.*) run only on runtime.backend: tensorflow. Set it, or use keras.ops."
+)
+
+
+def factory_imports_tensorflow(config: Config) -> bool:
+    """Whether the factory's module has TensorFlow (or a part of it) among its names."""
+    try:
+        factory = import_object(config.model.factory, config.base_dir, "model.factory")
+    except ModelError:
+        return False
+    module = inspect.getmodule(factory)
+    return module is not None and any(
+        isinstance(value, types.ModuleType) and value.__name__.split(".")[0] == "tensorflow"
+        for value in vars(module).values()
+    )
+
+
 def _factory_failed(config: Config, backend: str, exc: BaseException) -> ModelError:
     message = f"model.factory '{config.model.factory}' raised {_brief(exc)}"
     text = "".join(traceback.format_exception(exc))
-    if backend == "jax" and ("tensorflow" in text or "tf." in str(exc)):
-        message += (
-            ". The model was built on the JAX backend, and this looks like it uses TensorFlow ops:"
-            " set runtime.backend: tensorflow, or use keras.ops."
-        )
+    if backend == "jax" and (
+        "tensorflow" in text or "tf." in str(exc) or factory_imports_tensorflow(config)
+    ):
+        message += f". {TF_OPS_ON_JAX}"
     return ModelError(message)
 
 
