@@ -8,15 +8,22 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import yaml
-from conftest import ROOT, toy_config
+from helpers import (
+    ROOT,
+    logged_epochs,
+    read_summary,
+    run_cli,
+    start_cli,
+    toy_config,
+    wait_for_checkpoint,
+    write_config,
+)
 
 from tpurun.errors import TpurunError
-from tpurun.storage.rundir import CHECKPOINTS, RunDir, run_path
+from tpurun.storage.rundir import RunDir, run_path
 from tpurun.storage.summary import Summary
 
 
@@ -99,34 +106,16 @@ def test_a_second_run_is_refused_while_one_holds_the_directory_and_a_dead_one_bl
     run.unlock()
 
 
-def _train_command(config_path: Path) -> list[str]:
-    return [str(Path(sys.executable).parent / "tpurun"), "train", str(config_path), "--plain"]
-
-
-def _env() -> dict:
-    env = {**os.environ, "TPURUN_PLAIN": "1"}
-    for key in ("KERAS_BACKEND", "XLA_FLAGS", "JAX_PLATFORMS"):
-        env.pop(key, None)
-    return env
-
-
 @pytest.mark.slow
 def test_two_real_train_commands_on_one_directory_then_a_sigkill_then_a_resume(toy_data, tmp_path):
-    config = toy_config(
-        toy_data, tmp_path / "runs", train={"epochs": 400, "per_core_batch_size": 8}
-    )
-    path = tmp_path / "toy.yaml"
-    path.write_text(yaml.safe_dump(config))
+    config = toy_config(toy_data, tmp_path / "runs", train={"epochs": 400})
+    path = write_config(tmp_path / "toy.yaml", config)
     run_dir = tmp_path / "runs" / "toy"
-    first = subprocess.Popen(_train_command(path), env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)  # fmt: skip
+    first = start_cli("train", str(path), "--plain", stdout=subprocess.DEVNULL,
+                      stderr=subprocess.DEVNULL)  # fmt: skip
     try:
-        deadline = time.monotonic() + 120
-        while not (run_dir / CHECKPOINTS / "latest.json").exists():  # an epoch is done
-            assert time.monotonic() < deadline and first.poll() is None
-            time.sleep(0.2)
-        second = subprocess.run(_train_command(path), env=_env(), cwd=ROOT, capture_output=True,
-                                text=True, timeout=300)  # fmt: skip
+        wait_for_checkpoint(run_dir, first)  # an epoch is done
+        second = run_cli("train", str(path), "--plain", timeout=300)
         assert second.returncode == 2, second.stderr
         assert f"in use by another tpurun run (pid {first.pid} on " in second.stderr
         assert "Traceback" not in second.stderr
@@ -136,10 +125,9 @@ def test_two_real_train_commands_on_one_directory_then_a_sigkill_then_a_resume(t
         first.wait()
     assert RunDir(str(run_dir)).status() == "died"  # not "running" forever
 
-    config["train"]["epochs"] = 1  # the killed run had finished at least one epoch
-    path.write_text(yaml.safe_dump(config))
-    third = subprocess.run(_train_command(path), env=_env(), cwd=ROOT, capture_output=True,
-                           text=True, timeout=300)  # fmt: skip
+    config["train"]["epochs"] = len(logged_epochs(run_dir)) + 1  # one more than the killed run
+    write_config(path, config)
+    third = run_cli("train", str(path), "--plain", timeout=300)
     assert third.returncode == 0, third.stderr
     assert "ended without a word" in third.stdout
-    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+    assert read_summary(run_dir)["status"] == "completed"
