@@ -60,3 +60,10 @@ class Summary:
         """A summary from its JSON; unknown keys (a newer tpurun's) are left out."""
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def steady_rate(rates: list[float]) -> float:
+    """Examples/s over a run's epochs: the first epoch, which compiles, is left out when there
+    are others."""
+    steady = rates[1:] or rates
+    return sum(steady) / len(steady) if steady else 0.0

@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -163,6 +163,7 @@ class RunControl(keras.callbacks.Callback):
         self.steps_per_epoch = steps_per_epoch
         self.watch_nan = watch_nan
         self.log = log
+        self.committed: Callable[[int, dict], None] | None = None  # after each epoch's commit
         self._epoch = 0
 
     def _nan(self, logs: Mapping[str, Any] | None) -> bool:
@@ -207,6 +208,8 @@ class RunControl(keras.callbacks.Callback):
         if self.log:
             self.run.append_log(self.log, epoch, logs)
         self.checkpointer.epoch_end(self.model, epoch, logs)
+        if self.committed is not None:
+            self.committed(epoch + 1, logs)
         if self._agreed()[0]:
             self._model.stop_training = True  # asked (or out of time) during validation
 

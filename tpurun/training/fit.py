@@ -18,7 +18,7 @@ from tpurun.runtime.activate import ActiveRuntime
 from tpurun.runtime.plan import Plan
 from tpurun.storage import fileio
 from tpurun.storage.rundir import RunDir
-from tpurun.storage.summary import Summary
+from tpurun.storage.summary import Summary, steady_rate
 from tpurun.training import failures
 from tpurun.training.checkpoints import resume as resume_lib
 from tpurun.training.signals import Stop, StopNow
@@ -89,6 +89,7 @@ def train(job: TrainJob) -> TrainResult:
         config, plan, run, reporter, job.stop, job.identity
     )
     checkpoint = control.checkpointer
+    control.committed = _keep_summary_current(job, progress, checkpoint)
     inputs = _first_inputs(job, model, train_data)
     if job.point is not None:
         _resume(job, model, inputs, checkpoint)
@@ -116,6 +117,24 @@ def train(job: TrainJob) -> TrainResult:
         nan_restores=restores,
         input_waits=epoch_waits(callbacks),
     )
+
+
+def _keep_summary_current(job: TrainJob, progress, checkpoint) -> Callable[[int, dict], None]:
+    """What each committed epoch writes into ``summary.json``, so that `tpurun runs` reads a
+    resumed session as current as a fresh one: epochs done, the best value, the last metrics
+    and the rate so far."""
+
+    def committed(epochs_done: int, logs: dict) -> None:
+        summary = job.summary
+        summary.epochs_completed = epochs_done
+        summary.final_metrics = {k: float(v) for k, v in logs.items()}
+        if checkpoint.best_record is not None:
+            summary.best = checkpoint.best_record
+        if progress.epoch_rates:
+            summary.examples_per_sec = round(steady_rate(progress.epoch_rates), 1)
+        job.run.write_summary(summary)
+
+    return committed
 
 
 @dataclass

@@ -28,17 +28,11 @@ from tpurun.runtime.activate import activate
 from tpurun.runtime.machine import Machine, probe
 from tpurun.runtime.prepare import Prepared, choose_for, prepare
 from tpurun.storage.rundir import CONFIG, RunDir, now_iso, run_path
-from tpurun.storage.summary import Summary
+from tpurun.storage.summary import Summary, steady_rate
 from tpurun.training import fit
 from tpurun.training.checkpoints import resume as resume_lib
 from tpurun.training.model import custom_training_code, inference_saver
 from tpurun.training.signals import Stop, stop_on_signals
-
-
-def _examples_per_sec(rates: list[float]) -> float:
-    # The first epoch includes compilation; leave it out when there is more than one.
-    steady = rates[1:] or rates
-    return sum(steady) / len(steady) if steady else 0.0
 
 
 def _inside(path: str, folder: str) -> bool:
@@ -337,7 +331,7 @@ def _record(summary: Summary, result: fit.TrainResult) -> None:
     summary.epoch_input_wait = input_wait.fractions(result.input_waits)
     wait = input_wait.overall(result.input_waits)
     summary.input_wait = None if wait is None else round(wait, 4)
-    summary.examples_per_sec = round(_examples_per_sec(result.epoch_rates), 1)
+    summary.examples_per_sec = round(steady_rate(result.epoch_rates), 1)
     if result.first_step_seconds is not None:
         summary.time_to_first_step = round(result.first_step_seconds, 3)
     summary.final_metrics = result.last_logs
