@@ -139,11 +139,6 @@ def test_a_narrow_terminal_cuts_cells_short_and_keeps_one_line_per_run(ended_run
     assert all("…" in line for line in lines)  # what does not fit is cut short
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: at 60 columns every cell is cut alike, and the run "
-    "names shrink to '…': the listing no longer says which run is which",
-)
 def test_a_narrow_terminal_still_names_each_run_and_its_status(ended_runs, terminal):
     lines = narrow_table(ended_runs, terminal)
     assert [line.split()[:2] for line in lines[1:]] == [[n, s] for n, s in EXPECTED.items()]

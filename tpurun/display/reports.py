@@ -298,6 +298,9 @@ def show_runs(runs: list[dict[str, Any]], folder: str, as_json: bool = False,
     table = _table(columns=_RUN_COLUMNS)
     for column in table.columns:  # a narrow terminal cuts cells short rather than wrap rows
         column.no_wrap = True
+    # ... but never the run's name (up to 24 characters) or its status: the other cells give way.
+    for index, most in ((0, 24), (1, 13)):
+        table.columns[index].min_width = min(most, max(len(r[index]) for r in rows))
     for cells in rows:
         style = _RUN_STYLES.get(cells[1])
         cells[1] = f"[{style}]{cells[1]}[/]" if style else cells[1]
