@@ -370,4 +370,7 @@ def main() -> None:
         code = (
             exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USER_ERROR)
         )
+        activate = sys.modules.get("tpurun.runtime.activate")  # imported: it may have joined
+        if activate is not None:
+            activate.leave(code)
         sys.exit(code)

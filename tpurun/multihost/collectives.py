@@ -7,6 +7,17 @@ from tpurun import frameworks
 from tpurun.errors import EnvironmentSetupError
 from tpurun.multihost.cluster import Cluster
 
+
+def lost_peer(exc: BaseException) -> bool:
+    """Whether a collective failed because another process went away (gloo on CPUs, the
+    coordination service elsewhere)."""
+    text = str(exc)
+    return type(exc).__name__ == "JaxRuntimeError" and any(
+        s in text
+        for s in ("Connection reset", "Connection refused", "heartbeat", "Barrier", "closed")
+    )
+
+
 _REASONS = ("", "SIGTERM", "SIGINT", "train.time_limit")
 
 

@@ -90,19 +90,26 @@ def launch(processes: int, args: Sequence[str], port: int | None = None) -> int:
 
 def _wait(children: list[subprocess.Popen]) -> int:
     """Wait for all; when one fails while others run, stop the others and say which failed."""
+    failed_at: dict[int, int] = {}  # process -> the poll at which it was first seen failed
+    polls = 0
     while True:
+        polls += 1
         codes = [c.poll() for c in children]
         if all(code is not None for code in codes):
             break
-        failed = [(i, code) for i, code in enumerate(codes) if code not in (None, 0, 3)]
-        if failed and any(code is None for code in codes):
-            # The others notice a dead process too and exit; let them, then name the one killed
-            # by a signal, the cause, rather than the first to exit.
+        for i, code in enumerate(codes):
+            if code not in (None, 0, 3):
+                failed_at.setdefault(i, polls)
+        if failed_at and any(code is None for code in codes):
+            # The others notice a dead process too and exit, with errors of their own: let
+            # them, then name the cause: one killed by a signal, else the first seen to fail.
             time.sleep(1.0)
             codes = [c.poll() for c in children]
-            failed = sorted(((i, c) for i, c in enumerate(codes) if c not in (None, 0, 3)),
-                            key=lambda f: (f[1] >= 0, f[0]))  # fmt: skip
-            i, code = failed[0]
+            for i, code in enumerate(codes):
+                if code not in (None, 0, 3):
+                    failed_at.setdefault(i, polls + 1)
+            i = min(failed_at, key=lambda p: (codes[p] is None or codes[p] >= 0, failed_at[p], p))
+            code = codes[i] if codes[i] is not None else children[i].returncode
             sys.stderr.write(
                 f"tpurun launch: process {i} {_describe(code)}; stopping the others (they "
                 "cannot go on without it). Rerun the same command to resume from the last "
@@ -112,9 +119,11 @@ def _wait(children: list[subprocess.Popen]) -> int:
             return code if code > 0 else EXIT_USER_ERROR
         time.sleep(0.2)
     codes = [c.returncode for c in children]
-    killed = [(i, code) for i, code in enumerate(codes) if code < 0]
-    if killed:  # all ended before the launcher looked: still name the cause
-        i, code = killed[0]
+    failed = [i for i, code in enumerate(codes) if code not in (0, 3)]
+    # All ended before the launcher looked: still name the cause, as above.
+    cause = min(failed, key=lambda p: (codes[p] >= 0, failed_at.get(p, polls + 1), p), default=None)
+    if cause is not None and (codes[cause] < 0 or cause in failed_at):
+        i, code = cause, codes[cause]
         sys.stderr.write(
             f"tpurun launch: process {i} {_describe(code)}; the others stopped too. Rerun the "
             "same command to resume from the last checkpoint.\n"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,8 +65,27 @@ def _prepare_environment(choice: Choice) -> None:
 JAX_HEARTBEAT_SECONDS = 90
 
 
+#: This process joined other processes through JAX's distributed runtime (see :func:`leave`).
+joined_cluster = False
+
+
+def leave(code: int) -> None:
+    """End a process that joined a cluster and is failing (``code`` not 0 or 3) at once.
+
+    An ordinary exit runs JAX's shutdown, a barrier with every other process: one stuck in a
+    collective waiting for this one would hold it there until a watchdog gives up, and the
+    launcher would report an abort instead of this process's own error. The message is already
+    written; flush it and go.
+    """
+    if joined_cluster and code not in (0, 3):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def _join_cluster(choice: Choice) -> None:
     """Connect to the other processes through JAX's distributed runtime, before JAX starts."""
+    global joined_cluster
     jax = frameworks.jax()
 
     hosts = choice.cluster
@@ -80,6 +100,7 @@ def _join_cluster(choice: Choice) -> None:
             initialization_timeout=120,
             heartbeat_timeout_seconds=JAX_HEARTBEAT_SECONDS,
         )
+        joined_cluster = True
     except (RuntimeError, ValueError) as exc:
         where = hosts.coordinator or "the coordinator JAX found"
         raise EnvironmentSetupError(

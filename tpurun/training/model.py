@@ -15,6 +15,7 @@ from typing import Any
 from tpurun import frameworks
 from tpurun.config import Config, NamedObject
 from tpurun.errors import ModelError, describe
+from tpurun.multihost.collectives import lost_peer
 from tpurun.runtime.plan import Plan
 
 
@@ -93,6 +94,8 @@ def build_model(config: Config, backend: str) -> Any:
     try:
         model = factory(**config.model.kwargs)
     except Exception as exc:
+        if lost_peer(exc):  # building the variables is a collective: another process is gone
+            raise
         raise _factory_failed(config, backend, exc) from None
     if not isinstance(model, keras.Model):
         raise ModelError(

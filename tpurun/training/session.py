@@ -21,7 +21,12 @@ from tpurun._version import __version__
 from tpurun.config import Config
 from tpurun.display.reporter import Reporter
 from tpurun.errors import EXIT_USER_ERROR, Interrupted, TpurunError
-from tpurun.multihost.collectives import agree_on_stop, check_shared_folder, sync_processes
+from tpurun.multihost.collectives import (
+    agree_on_stop,
+    check_shared_folder,
+    lost_peer,
+    sync_processes,
+)
 from tpurun.multihost.watchdog import Watchdog
 from tpurun.observe import input_wait
 from tpurun.runtime.activate import activate
@@ -41,6 +46,9 @@ def _inside(path: str, folder: str) -> bool:
     return os.path.realpath(path).startswith(os.path.realpath(folder) + os.sep)
 
 
+LOST_EXIT_DELAY_SECONDS = 2.0
+
+
 def _on_lost(hosts, run: RunDir, summary: Summary):
     """What this process does once another is lost: say so, record it, and end at once. The main
     thread may be stuck in a collective, and JAX's own shutdown would wait for the lost process,
@@ -52,19 +60,12 @@ def _on_lost(hosts, run: RunDir, summary: Summary):
             run.write_summary(summary)
         sys.stderr.write(f"error: process {hosts.process_id}: {message}\n")
         sys.stderr.flush()
+        # This process ends because another did: let that one be seen to end first, so that
+        # `tpurun launch` (or a cluster's scheduler) names the cause, not this consequence.
+        time.sleep(LOST_EXIT_DELAY_SECONDS)
         os._exit(EXIT_USER_ERROR)
 
     return lost
-
-
-def _lost_peer(exc: BaseException) -> bool:
-    """Whether a collective failed because another process went away (gloo on CPUs, the
-    coordination service elsewhere)."""
-    text = str(exc)
-    return type(exc).__name__ == "JaxRuntimeError" and any(
-        s in text
-        for s in ("Connection reset", "Connection refused", "heartbeat", "Barrier", "closed")
-    )
 
 
 def _unfinished_elsewhere(config: Config, run: RunDir) -> str | None:
@@ -315,7 +316,7 @@ def _train(job: fit.TrainJob, ending: _Ending) -> fit.TrainResult:
         ending.finish("interrupted", curves=False)  # a second signal: stop at once
         raise
     except Exception as exc:
-        if hosts.multi and _lost_peer(exc):
+        if hosts.multi and lost_peer(exc):
             lost(f"another process is gone (a collective failed: {str(exc).splitlines()[0][:160]})"
                  ": killed, out of memory, or its machine stopped. Rerun the same command on every "
                  "host to resume from the last checkpoint.")  # fmt: skip
