@@ -7,22 +7,16 @@ position, and the checkpoint carries the weights, optimizer state, metric sums a
 
 from __future__ import annotations
 
-import csv
 import json
 import shutil
 from pathlib import Path
 
 import keras
 import pytest
-from conftest import FACTORIES, toy_config
+from helpers import FACTORIES, logged_epochs, read_latest, read_log, toy_config
 
 import tpurun
 from tpurun.errors import Interrupted, ModelError, TpurunError
-
-
-def read_csv(path: Path) -> list[dict]:
-    with open(path) as f:
-        return list(csv.DictReader(f))
 
 
 def stopping_at(marker: Path, epoch: int, step: int) -> dict:
@@ -58,17 +52,42 @@ def test_a_mid_epoch_stop_resumes_at_that_step_and_matches_an_unbroken_run(
     state = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
     assert (state["epoch"], state["step"], state["reason"]) == (1, 4, "SIGTERM")
     assert len(state["metrics"]) > 0  # the epoch's running metric sums
-    assert [r["epoch"] for r in read_csv(run_dir / "log.csv")] == ["0"]
+    assert logged_epochs(run_dir) == ["0"]
 
     resumed = tpurun.train(config, verbose=False)
     assert resumed["status"] == "completed" and resumed["epochs_completed"] == 3
     assert resumed["resumes"][-1]["epoch"] == 1 and resumed["resumes"][-1]["step"] == 4
     # Nothing repeated, nothing skipped: every number in every row is the unbroken run's,
     # including the resumed epoch's training metrics.
-    assert read_csv(run_dir / "log.csv") == read_csv(tmp_path / "runs" / "a" / "log.csv")
+    assert read_log(run_dir) == read_log(tmp_path / "runs" / "a")
     assert resumed["final_metrics"] == unbroken["final_metrics"]
     model = keras.saving.load_model(run_dir / "model.keras")
     assert int(model.optimizer.iterations.numpy()) == 3 * 16
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: a stop inside the rest of an epoch a session resumed "
+    "in skips that rest: fit.py's _fit_from goes on to the next epoch after StopNow "
+    "(model.stop_training is not set), which stops at its first step, so the stop "
+    "is saved as (next epoch, step 1) and the skipped steps are never trained nor "
+    "the epoch logged",
+)
+def test_a_stop_inside_the_resumed_rest_of_an_epoch_stops_there(toy_data, tmp_path):
+    """Stopped at epoch 2, step 4; resumed, and stopped again at step 8 of that same epoch."""
+    config = config_for(toy_data, tmp_path, "twice", steps_per_execution=1)
+    config["callbacks"] = {"extra": [stopping_at(tmp_path / "first", epoch=2, step=4)]}
+    with pytest.raises(Interrupted, match=r"stopped at epoch 2, step 4"):
+        tpurun.train(config, verbose=False)
+    # In the resumed session Keras counts the rest of epoch 2 from its own batch 1 (step 5).
+    config["callbacks"] = {"extra": [stopping_at(tmp_path / "second", epoch=2, step=4)]}
+    with pytest.raises(Interrupted) as info:
+        tpurun.train(config, verbose=False)
+    run_dir = tmp_path / "runs" / "twice"
+    state = read_latest(run_dir)
+    assert logged_epochs(run_dir) == ["0"]  # epoch 2 has not ended
+    assert (state["epoch"], state["step"]) == (1, 8), state
+    assert "stopped at epoch 2, step 8" in str(info.value)
 
 
 def test_a_changed_model_or_batch_is_refused_and_harmless_changes_are_allowed(
@@ -157,9 +176,7 @@ def test_resume_from_another_run_directory_or_a_named_checkpoint(toy_data, tmp_p
     second = config_for(toy_data, tmp_path, "session2", epochs=3)
     summary = tpurun.train(second, resume=str(session1))
     assert summary["epochs_completed"] == 3 and summary["resumes"][0]["epoch"] == 2
-    assert [r["epoch"] for r in read_csv(tmp_path / "runs" / "session2" / "log.csv")] == [
-        "0", "1", "2"
-    ]  # fmt: skip
+    assert logged_epochs(tmp_path / "runs" / "session2") == ["0", "1", "2"]
     assert "resuming at epoch 3 from" in capsys.readouterr().out
 
     # A pattern-named checkpoint has its state beside it: continue from epoch 1's.
