@@ -8,8 +8,18 @@ import subprocess
 import sys
 
 import pytest
-import yaml
-from conftest import ROOT, run_cli, toy_config
+from helpers import (
+    ROOT,
+    TPURUN,
+    cli_env,
+    logged_epochs,
+    read_latest,
+    read_summary,
+    run_cli,
+    start_cli,
+    toy_config,
+    write_config,
+)
 from typer.testing import CliRunner
 
 from tpurun.cli.app import app
@@ -18,12 +28,6 @@ from tpurun.errors import ConfigError
 
 runner = CliRunner()
 ANSI = re.compile(r"\x1b\[")
-
-
-def write_config(tmp_path, config: dict):
-    path = tmp_path / "exp.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
 
 
 def test_help_and_version():
@@ -214,23 +218,6 @@ def test_config_prints_derived_values(tmp_path, toy_data):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("replicas", [1, 2])
-def test_tensorflow_backend_real_runs(tmp_path, toy_data, replicas):
-    config = toy_config(toy_data, tmp_path / "runs", runtime={"backend": "tensorflow", "cpu_devices": replicas},
-                        train={"per_core_batch_size": 32 // replicas, "epochs": 2})  # fmt: skip
-    path = write_config(tmp_path, config)
-    result = run_cli("train", str(path))
-    assert result.returncode == 0, result.stdout + result.stderr
-    summary = json.loads((tmp_path / "runs" / "toy" / "summary.json").read_text())
-    assert summary["backend"] == "tensorflow" and summary["replicas"] == replicas
-    assert summary["distribution"] == ("mirrored" if replicas > 1 else "default")
-    assert summary["final_metrics"]["val_accuracy"] > 0.75
-    # plain output: epoch lines, no ANSI escapes, no carriage-return redraws
-    assert "[tpurun] epoch 2/2" in result.stdout
-    assert not ANSI.search(result.stdout) and "\r" not in result.stdout
-
-
-@pytest.mark.slow
 def test_tensorflow_multi_replica_with_steps_per_execution_is_refused(tmp_path, toy_data):
     config = toy_config(toy_data, tmp_path / "runs", runtime={"backend": "tensorflow", "cpu_devices": 2},
                         train={"steps_per_execution": 4})  # fmt: skip
@@ -252,9 +239,7 @@ def test_unexpected_failures_exit_1_with_the_traceback_in_the_run_directory(tmp_
     log = tmp_path / "runs" / "toy" / "error.log"
     assert f"the traceback is in {log}" in result.stderr
     assert "RuntimeError: boom" in log.read_text()
-    assert (
-        json.loads((tmp_path / "runs" / "toy" / "summary.json").read_text())["status"] == "failed"
-    )
+    assert read_summary(tmp_path / "runs" / "toy")["status"] == "failed"
 
 
 @pytest.mark.slow
@@ -265,17 +250,10 @@ def test_notebook_cell_gets_plain_lines_even_on_a_pty(tmp_path, toy_data):
 
     config = toy_config(toy_data, tmp_path / "runs", train={"epochs": 1})
     path = write_config(tmp_path, config)
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("KERAS_BACKEND", "XLA_FLAGS", "JAX_PLATFORMS", "TPURUN_PLAIN", "CI")
-    }
-    env.update(JPY_PARENT_PID="1", TERM="xterm-color")
+    env = cli_env(plain=False, JPY_PARENT_PID="1", TERM="xterm-color")
     controller, worker = pty.openpty()
-    exe = str(ROOT / ".venv" / "bin" / "tpurun") if (ROOT / ".venv").exists() else "tpurun"
-    proc = subprocess.Popen(
-        [exe, "train", str(path)], stdout=worker, stderr=worker, env=env, cwd=ROOT
-    )
+    proc = subprocess.Popen([TPURUN, "train", str(path)], stdout=worker, stderr=worker, env=env,
+                            cwd=ROOT)  # fmt: skip
     os.close(worker)
     chunks = []
     while True:
@@ -325,33 +303,46 @@ def test_naic_like_example_runs_several_epochs_on_8_devices(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_saves_a_checkpoint_exits_3_and_a_rerun_continues(tmp_path, toy_data):
+def test_the_time_limit_then_sigterm_each_exit_3_and_each_rerun_continues(tmp_path, toy_data):
+    """One run directory, three sessions of the console script: --time-limit runs out (exit 3),
+    the same command resumes where it stopped and is stopped by SIGTERM (exit 3), and the same
+    command again finishes: each epoch logged once."""
     import signal
 
-    from conftest import start_cli
-
-    config = toy_config(
-        toy_data, tmp_path / "runs", train={"epochs": 400, "per_core_batch_size": 8}
-    )
+    config = toy_config(toy_data, tmp_path / "runs", train={"epochs": 400})
     path = write_config(tmp_path, config)
-    proc = start_cli("train", str(path))
-    for line in proc.stdout:  # wait until training is under way
-        if line.split()[:3] == ["[tpurun]", "epoch", "3/400"]:  # "epoch   3/400": fixed width
+    run_dir = tmp_path / "runs" / "toy"
+
+    limited = run_cli("train", str(path), "--time-limit", "4s")
+    assert limited.returncode == 3, limited.stdout + limited.stderr
+    assert "stopped: train.time_limit: stopped at" in limited.stderr
+    assert "Run the same command again to continue" in limited.stderr
+    state = read_latest(run_dir)
+    assert (state["epoch"], state["step"]) > (0, 0)  # past the start, saved where it stopped
+    assert read_summary(run_dir)["status"] == "interrupted"
+    at = f"epoch {state['epoch'] + 1}" + (f", step {state['step']}" if state["step"] else "")
+
+    proc = start_cli("train", str(path))  # the same command: no time limit this time
+    resumed, seen = False, []
+    for line in proc.stdout:  # until it trains an epoch past the one it resumed in
+        seen.append(line)
+        resumed = resumed or f"resuming at {at} from" in line
+        words = line.split()
+        if words[:2] == ["[tpurun]", "epoch"] and int(words[2].split("/")[0]) >= state["epoch"] + 3:
             break
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
+    assert resumed, "".join(seen)
     assert proc.returncode == 3, err
     assert "stopped: SIGTERM: stopped at" in err and "Run the same command again to continue" in err
-    run_dir = tmp_path / "runs" / "toy"
-    summary = json.loads((run_dir / "summary.json").read_text())
-    state = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
-    assert summary["status"] == "interrupted" and summary["epochs_completed"] == state["epoch"] >= 3
+    summary, stopped = read_summary(run_dir), read_latest(run_dir)
+    assert summary["status"] == "interrupted"
+    assert summary["epochs_completed"] == stopped["epoch"] >= state["epoch"] + 2
 
-    config["train"]["epochs"] = state["epoch"] + 2
-    path = write_config(tmp_path, config)
-    result = run_cli("train", str(path))
+    config["train"]["epochs"] = stopped["epoch"] + 2
+    result = run_cli("train", str(write_config(tmp_path, config)))
     assert result.returncode == 0, result.stderr
-    assert f"resuming at epoch {state['epoch'] + 1}" in result.stdout
-    with open(run_dir / "log.csv") as f:
-        epochs = [line.split(",")[0] for line in f.read().splitlines()[1:]]
-    assert epochs == [str(i) for i in range(state["epoch"] + 2)]  # each epoch once, no gap
+    assert f"resuming at epoch {stopped['epoch'] + 1}" in result.stdout
+    assert logged_epochs(run_dir) == [str(i) for i in range(stopped["epoch"] + 2)]  # once each
+    assert [(r["epoch"], r["step"]) for r in read_summary(run_dir)["resumes"]] == [
+        (state["epoch"], state["step"]), (stopped["epoch"], stopped["step"])]  # fmt: skip

@@ -8,8 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
-from conftest import run_cli, toy_config
+from helpers import run_cli, toy_config, write_config
 from test_tensorboard import read_events
 
 import tpurun
@@ -39,13 +38,16 @@ def test_tensorflow_backend_profile_tensorboard_and_input_wait(toy_data, tmp_pat
     config = toy_config(toy_data, tmp_path / "runs", name="tf",
                         runtime={"backend": "tensorflow"},
                         train={"epochs": 2, "steps_per_execution": 1})  # fmt: skip
-    path = tmp_path / "tf.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path = write_config(tmp_path, config, "tf")
     done = run_cli("train", str(path), "--profile", "2:3")
     assert done.returncode == 0, done.stderr
     run_dir = tmp_path / "runs" / "tf"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["backend"] == "tensorflow" and summary["status"] == "completed"
+    assert (summary["replicas"], summary["distribution"]) == (1, "default")
+    # plain output: epoch lines, no ANSI escapes, no carriage-return redraws
+    assert "[tpurun] epoch 2/2" in done.stdout
+    assert "\x1b[" not in done.stdout and "\r" not in done.stdout
     assert len(traces(run_dir)) == 1
     assert "profile: steps 2-4 of this session traced into" in done.stdout
     assert 0 <= summary["input_wait"] <= 1 and len(summary["epoch_input_wait"]) == 2
