@@ -147,10 +147,18 @@ def read_latest(run_dir: Path) -> dict:
 
 def wait_until(done: Callable[[], bool], proc: subprocess.Popen, what: str,
                timeout: float = 300) -> None:  # fmt: skip
-    """Poll ``done`` until it holds. Fails with the process's output if it ends first, or after
-    ``timeout`` seconds (a hang guard, not a measure of speed)."""
+    """Poll ``done`` until it holds (a file it reads may be missing or being replaced: not yet).
+    Fails with the process's output if it ends first, or after ``timeout`` seconds (a hang
+    guard, not a measure of speed)."""
+
+    def holds() -> bool:
+        try:
+            return bool(done())
+        except (OSError, ValueError, KeyError):
+            return False
+
     deadline = time.monotonic() + timeout
-    while not done():
+    while not holds():
         if proc.poll() is not None:
             out, err = proc.communicate()
             raise AssertionError(f"exited {proc.returncode} before {what}:\n{out or ''}{err or ''}")
@@ -163,13 +171,8 @@ def wait_for_epoch(run_dir: Path, proc: subprocess.Popen, epochs: int = 1,
                    timeout: float = 300) -> None:  # fmt: skip
     """Until the run has logged ``epochs`` epochs (it is training)."""
 
-    def logged() -> bool:
-        try:
-            return len(logged_epochs(run_dir)) >= epochs
-        except (OSError, KeyError):  # the log is being written
-            return False
-
-    wait_until(logged, proc, f"epoch {epochs} in {run_dir}/log.csv", timeout)
+    wait_until(lambda: len(logged_epochs(run_dir)) >= epochs, proc,
+               f"epoch {epochs} in {run_dir}/log.csv", timeout)  # fmt: skip
 
 
 def wait_for_checkpoint(run_dir: Path, proc: subprocess.Popen, mid_epoch: bool = False,
@@ -178,10 +181,7 @@ def wait_for_checkpoint(run_dir: Path, proc: subprocess.Popen, mid_epoch: bool =
     seen: dict = {}
 
     def saved() -> bool:
-        try:
-            seen.update(read_latest(run_dir))
-        except (OSError, ValueError):
-            return False
+        seen.update(read_latest(run_dir))
         return not mid_epoch or seen.get("step", 0) > 0
 
     wait_until(saved, proc, f"{'a mid-epoch' if mid_epoch else 'a'} checkpoint in {run_dir}",

@@ -9,14 +9,21 @@ import struct
 import zlib
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
-from conftest import make_records, run_cli, toy_config, write_toy_data
+from helpers import (
+    make_records,
+    run_cli,
+    schema_config,
+    toy_config,
+    write_config,
+    write_toy_data,
+    write_with_schema,
+)
 
 from tpurun.config import load_config
 from tpurun.data import records, resolve
-from tpurun.data.write import write_dataset, write_shards
+from tpurun.data.write import write_shards
 from tpurun.errors import DataError
 
 TO_DO = "Re-copy or re-write the file, or set data.skip_corrupt: true to skip it."
@@ -190,8 +197,7 @@ def test_train_exits_2_with_one_paragraph_and_no_traceback(tmp_path):
     data = toy(tmp_path)
     shard = data / "val-00001-of-00002.tfrecord"
     start = cut_inside_record(shard, 3)
-    config = tmp_path / "exp.yaml"
-    config.write_text(yaml.safe_dump(toy_config(data, tmp_path / "runs", train={"epochs": 1})))
+    config = write_config(tmp_path, toy_config(data, tmp_path / "runs", train={"epochs": 1}))
     result = run_cli("train", str(config))
     output = result.stdout + result.stderr
     assert result.returncode == 2, output
@@ -258,20 +264,11 @@ def test_skip_corrupt_with_clean_data_changes_nothing(tmp_path):
 
 
 # --------------------------------------------------------------------- schema-counted data
-def write_with_schema(tmp_path: Path) -> tuple[Path, dict]:
-    """128 records by ``write_dataset``: 96 train in 4 shards, 32 validation in 4."""
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(128, 8)).astype(np.float32)
-    np.savez(tmp_path / "toy.npz", x=x, y=(x.sum(axis=1) > 0).astype(np.int64))
-    folder = tmp_path / "data"
-    report = write_dataset(
-        str(tmp_path / "toy.npz"), str(folder / "toy"), validation_fraction=0.25, shard_multiple=4
-    )
-    assert [len(report.splits[s]) for s in ("train", "validation")] == [4, 4]
-    config = toy_config(folder, tmp_path / "runs")
-    config["data"] = {"train": str(folder / "toy-train-*.tfrecord"), "validation": str(folder / "toy-validation-*.tfrecord"),
-                      "inputs": "x", "targets": "y"}  # fmt: skip
-    return folder, config
+def with_schema(tmp_path: Path) -> tuple[Path, dict]:
+    """128 toy records as ``tpurun data write`` leaves them: 96 train in 4 shards (24 each), 32
+    validation in 4 (8 each), and the schema file with each shard's records and size."""
+    folder = write_with_schema(tmp_path / "data", n_train=96, n_val=32, val_shards=4)
+    return folder, schema_config(folder, tmp_path / "runs")
 
 
 def spy_reads(monkeypatch) -> list[str]:
@@ -286,7 +283,7 @@ def spy_reads(monkeypatch) -> list[str]:
 
 
 def test_schema_sizes_catch_a_truncated_shard_without_reading_the_others(tmp_path, monkeypatch):
-    folder, config = write_with_schema(tmp_path)
+    folder, config = with_schema(tmp_path)
     schema = json.loads((folder / "toy.schema.json").read_text())
     shard = folder / "toy-train-00002-of-00004.tfrecord"
     assert schema["splits"]["train"]["shard_bytes"][shard.name] == shard.stat().st_size
@@ -301,7 +298,7 @@ def test_schema_sizes_catch_a_truncated_shard_without_reading_the_others(tmp_pat
 
 
 def test_schema_catches_a_cut_at_a_record_boundary(tmp_path):
-    folder, config = write_with_schema(tmp_path)
+    folder, config = with_schema(tmp_path)
     shard = folder / "toy-train-00000-of-00004.tfrecord"
     raw = shard.read_bytes()
     shard.write_bytes(raw[: record_starts(raw)[20]])  # every record left is whole
@@ -313,7 +310,7 @@ def test_schema_catches_a_cut_at_a_record_boundary(tmp_path):
 
 
 def test_skip_corrupt_with_schema_counts(tmp_path):
-    folder, config = write_with_schema(tmp_path)
+    folder, config = with_schema(tmp_path)
     shard = folder / "toy-validation-00003-of-00004.tfrecord"
     flip_byte_in_record(shard, 3)  # same size: only a full read finds it
     config["data"]["skip_corrupt"] = True
@@ -327,7 +324,7 @@ def test_skip_corrupt_with_schema_counts(tmp_path):
 
 
 def test_an_old_schema_without_sizes_is_trusted_until_find_corrupt(tmp_path, monkeypatch):
-    folder, config = write_with_schema(tmp_path)
+    folder, config = with_schema(tmp_path)
     path = folder / "toy.schema.json"
     schema = json.loads(path.read_text())
     for split in schema["splits"].values():
@@ -351,9 +348,7 @@ def test_train_with_skip_corrupt_runs_on_the_good_shards(tmp_path):
     shard = data / "train-00003-of-00004.tfrecord"
     start = cut_inside_record(shard, 10)
     config = toy_config(data, tmp_path / "runs", data={"skip_corrupt": True}, train={"epochs": 1})
-    path = tmp_path / "exp.yaml"
-    path.write_text(yaml.safe_dump(config))
-    result = run_cli("train", str(path))
+    result = run_cli("train", str(write_config(tmp_path, config)))
     assert result.returncode == 0, result.stdout + result.stderr
     derived = yaml.safe_load((tmp_path / "runs" / "toy" / "config.yaml").read_text())["derived"]
     assert (derived["train_files"], derived["train_records"], derived["steps_per_epoch"]) == (
@@ -377,7 +372,7 @@ def test_damage_found_only_while_training_is_named_and_nothing_is_lost(tmp_path)
     TF fails mid-fit without naming it: the run finds the file and says what to do."""
     import tpurun
 
-    folder, config = write_with_schema(tmp_path)
+    folder, config = with_schema(tmp_path)
     config["train"] = {"epochs": 2, "per_core_batch_size": 8, "steps_per_execution": 1}
     shard = folder / "toy-train-00001-of-00004.tfrecord"
     start = flip_byte_in_record(shard, 5)

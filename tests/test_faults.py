@@ -4,9 +4,6 @@ killed must end where the unbroken one does."""
 
 from __future__ import annotations
 
-import csv
-import json
-import os
 import random
 import signal
 import subprocess
@@ -15,48 +12,37 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
-from conftest import ROOT, toy_config, write_toy_data
+from helpers import (
+    FACTORIES,
+    ROOT,
+    cli_env,
+    logged_epochs,
+    read_latest,
+    read_summary,
+    run_cli,
+    start_cli,
+    toy_config,
+    wait_for_checkpoint,
+    write_config,
+    write_toy_data,
+)
 
 from tpurun.storage.rundir import RunDir
 from tpurun.training.checkpoints import resume as resume_lib
 
 pytestmark = pytest.mark.slow
 
-EXE = str(Path(sys.executable).parent / "tpurun")
 
-
-def clean_env(**extra) -> dict:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("KERAS_BACKEND", "XLA_FLAGS", "JAX_PLATFORMS")
-    }
-    return {**env, "TPURUN_PLAIN": "1", **extra}
-
-
-def write_config(tmp_path: Path, config: dict, name: str) -> Path:
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({**config, "name": name}))
-    return path
-
-
-def epochs_in_log(run_dir: Path) -> list[str]:
-    with open(run_dir / "log.csv") as f:
-        return [row["epoch"] for row in csv.DictReader(f)]
-
-
-def finish(path: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    done = subprocess.run([EXE, "train", str(path)], capture_output=True, text=True, cwd=ROOT,
-                          env=env or clean_env(), timeout=600)  # fmt: skip
+def finish(path: Path) -> subprocess.CompletedProcess:
+    done = run_cli("train", str(path))
     assert done.returncode == 0, done.stderr
     return done
 
 
 def check_finished(run_dir: Path, epochs: int, reference: dict) -> dict:
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = read_summary(run_dir)
     assert summary["status"] == "completed" and summary["epochs_completed"] == epochs
-    assert epochs_in_log(run_dir) == [str(i) for i in range(epochs)]  # each epoch once, no gap
+    assert logged_epochs(run_dir) == [str(i) for i in range(epochs)]  # each epoch once, no gap
     assert (run_dir / "model.keras").exists()
     # Same backend, same seed: the killed run ends where the unbroken one does.
     assert summary["final_metrics"]["val_loss"] == pytest.approx(
@@ -73,7 +59,7 @@ def longer(tmp_path_factory):
     config = toy_config(data, tmp / "runs", train={"epochs": 3, "steps_per_execution": 1})
     config["callbacks"] = {"checkpoint": {"every_steps": 4}}
     finish(write_config(tmp, config, "unbroken"))
-    reference = json.loads((tmp / "runs" / "unbroken" / "summary.json").read_text())
+    reference = read_summary(tmp / "runs" / "unbroken")
     return tmp, config, reference
 
 
@@ -84,8 +70,7 @@ def test_sigkill_at_random_points_then_finish(longer):
     rng = random.Random(20261122)
     positions: list = []
     for kill in range(6):
-        proc = subprocess.Popen([EXE, "train", str(path)], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, cwd=ROOT, env=clean_env())  # fmt: skip
+        proc = start_cli("train", str(path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         if kill == 0:
             time.sleep(rng.uniform(0.5, 2.5))  # during start-up, before any checkpoint
         else:  # at a random instant after this session's first new save
@@ -141,7 +126,7 @@ from tpurun.cli.app import main
 main()
 """
     killed = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True,
-                            cwd=ROOT, env=clean_env(), timeout=600)  # fmt: skip
+                            cwd=ROOT, env=cli_env(), timeout=600)  # fmt: skip
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     point = resume_lib.latest(RunDir(str(run_dir)))
     assert point is not None  # the previous (4th) resume point is whole
@@ -161,20 +146,23 @@ def test_sigterm_mid_epoch_on_tensorflow_resumes_at_the_step(tmp_path):
                                                         "per_core_batch_size": 16},
                         runtime={"backend": "tensorflow", "cpu_devices": 2})  # fmt: skip
     config["callbacks"] = {"checkpoint": {"every_steps": 8}}
-    finish(write_config(tmp_path, config, "tf-unbroken"))
-    reference = json.loads((tmp_path / "runs" / "tf-unbroken" / "summary.json").read_text())
+    unbroken = finish(write_config(tmp_path, config, "tf-unbroken"))
+    reference = read_summary(tmp_path / "runs" / "tf-unbroken")
+    assert (reference["backend"], reference["replicas"]) == ("tensorflow", 2)
+    assert reference["final_metrics"]["val_accuracy"] > 0.75  # it learns
+    # plain output: epoch lines, no ANSI escapes, no carriage-return redraws
+    assert "[tpurun] epoch 2/2" in unbroken.stdout
+    assert "\x1b[" not in unbroken.stdout and "\r" not in unbroken.stdout
 
     path = write_config(tmp_path, config, "tf-stopped")
     run_dir = tmp_path / "runs" / "tf-stopped"
-    proc = subprocess.Popen([EXE, "train", str(path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=ROOT, env=clean_env())  # fmt: skip
-    while resume_lib.latest(RunDir(str(run_dir))) is None and proc.poll() is None:
-        time.sleep(0.02)  # training is under way once the first mid-epoch save is there
+    proc = start_cli("train", str(path))
+    wait_for_checkpoint(run_dir, proc, mid_epoch=True)  # training is under way
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 3, err
-    state = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
-    assert json.loads((run_dir / "summary.json").read_text())["distribution"] == "mirrored"
+    state = read_latest(run_dir)
+    assert read_summary(run_dir)["distribution"] == "mirrored"
     # The signal came after the first mid-epoch save, and a step is a few milliseconds: it lands
     # well inside the epoch's 64 steps, and the run stops at the next one.
     assert state["reason"] == "SIGTERM" and state["step"] > 0, state
@@ -184,21 +172,18 @@ def test_sigterm_mid_epoch_on_tensorflow_resumes_at_the_step(tmp_path):
 
 
 def test_a_second_sigint_exits_at_once_and_keeps_the_last_checkpoint(tmp_path):
-    from conftest import FACTORIES
-
     data = write_toy_data(tmp_path / "data")
     config = toy_config(data, tmp_path / "runs", train={"epochs": 3, "steps_per_execution": 2})
     config["callbacks"] = {"extra": [{"name": f"{FACTORIES}:SignalAt", "epoch": 2, "step": 4,
                                       "marker": str(tmp_path / "fired"), "signal": "SIGINT",
                                       "times": 2}]}  # fmt: skip
     path = write_config(tmp_path, config, "twice")
-    done = subprocess.run([EXE, "train", str(path)], capture_output=True, text=True, cwd=ROOT,
-                          env=clean_env(), timeout=600)  # fmt: skip
+    done = run_cli("train", str(path))
     assert done.returncode == 130, done.stderr  # no waiting for the next step's save
     assert "Traceback" not in done.stderr
     run_dir = tmp_path / "runs" / "twice"
-    assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
+    assert read_summary(run_dir)["status"] == "interrupted"
     point = resume_lib.latest(RunDir(str(run_dir)))
     assert point is not None and point.position == (1, 0)  # epoch 1's end: nothing lost
     finish(path)
-    assert epochs_in_log(run_dir) == ["0", "1", "2"]
+    assert logged_epochs(run_dir) == ["0", "1", "2"]

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import yaml
+from helpers import encode_image
 
 from tpurun.config import DataConfig
 from tpurun.data import pipeline
@@ -22,8 +23,8 @@ N = 12
 
 def every_kind(n: int = N) -> list[dict]:
     rng = np.random.default_rng(0)
-    png = tf.io.encode_png(rng.integers(0, 256, (20, 30, 3), dtype=np.uint8)).numpy()
-    jpeg = tf.io.encode_jpeg(rng.integers(0, 256, (12, 10, 1), dtype=np.uint8)).numpy()
+    png = encode_image(rng.integers(0, 256, (20, 30, 3), dtype=np.uint8), "png")
+    jpeg = encode_image(rng.integers(0, 256, (12, 10, 1), dtype=np.uint8), "jpeg")
     return [
         {
             "f32": rng.normal(size=16).astype(np.float32).tobytes(),

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import encode_image
 
 from tpurun.config import DataConfig
 from tpurun.data import files as datafiles
@@ -77,7 +78,7 @@ def test_list_of_inputs_and_record_key_renaming(tmp_path):
 def test_images_are_decoded_resized_and_scaled(tmp_path, encoder):
     image = np.full((20, 30, 3), 255, np.uint8)
     image[:, :15] = 0
-    encoded = (tf.io.encode_png if encoder == "png" else tf.io.encode_jpeg)(image).numpy()
+    encoded = encode_image(image, encoder)
     files = write_shards(str(tmp_path / "d"), [{"image": encoded, "class": 1}] * 2, 1)
     data = data_config(
         {"image": {"type": "image", "shape": [10, 10, 3]}, "class": {"type": "int64"}},

@@ -9,41 +9,13 @@ import types
 import pytest
 import tensorflow as tf
 import yaml
-from conftest import make_records, toy_config
+from helpers import make_records, schema_config, toy_config, write_with_schema
 
 import tpurun
 from tpurun.config import load_config
 from tpurun.data import pipeline, records, resolve
-from tpurun.data import schema_file as schema_lib
 from tpurun.data.write import write_shards
 from tpurun.errors import ConfigError, DataError
-
-FEATURES = {
-    "x": {"type": "raw", "dtype": "float32", "shape": [8]},
-    "y": {"type": "int64", "shape": []},
-}
-
-
-def write_with_schema(folder, n_train=256, n_val=64, compression="none"):
-    folder.mkdir(parents=True, exist_ok=True)
-    prefix = str(folder / "toy")
-    train = write_shards(f"{prefix}-train", make_records(n_train, 0), 4, compression)
-    val = write_shards(f"{prefix}-validation", make_records(n_val, 1), 2, compression)
-    splits = {
-        "train": {p.rsplit("/", 1)[1]: n_train // 4 for p in train},
-        "validation": {p.rsplit("/", 1)[1]: n_val // 2 for p in val},
-    }
-    schema_lib.write(
-        schema_lib.schema_path(prefix), schema_lib.make(FEATURES, splits, compression=compression)
-    )
-    return folder
-
-
-def schema_config(folder, out, **data):
-    config = toy_config(folder, out)
-    config["data"] = {"train": str(folder / "toy-train-*.tfrecord"), "validation": str(folder / "toy-validation-*.tfrecord"),
-                      "inputs": "x", "targets": "y", **data}  # fmt: skip
-    return config
 
 
 def test_schema_fills_features_and_counts_without_reading(tmp_path, monkeypatch):
@@ -223,16 +195,11 @@ def test_inputs_and_targets_must_name_features_declared_or_in_the_schema(tmp_pat
 
 
 def test_class_names_from_the_schema_reach_the_run_directory(tmp_path):
-    folder = tmp_path / "d"
-    folder.mkdir()
-    prefix = str(folder / "toy")
-    train = write_shards(f"{prefix}-train", make_records(128, 0), 2)
-    splits = {"train": {p.rsplit("/", 1)[1]: 64 for p in train}}
-    schema_lib.write(schema_lib.schema_path(prefix),
-                     schema_lib.make(FEATURES, splits, class_names=["neg", "pos"]))  # fmt: skip
-    config = toy_config(folder, tmp_path / "runs", train={"epochs": 1})
-    config["data"] = {"train": f"{prefix}-train-*.tfrecord", "inputs": "x", "targets": "y",
-                      "features": {"y": {"type": "int64", "cast": "float32"}}}  # fmt: skip
+    folder = write_with_schema(tmp_path / "d", n_train=128, n_val=0, train_shards=2,
+                               class_names=["neg", "pos"])  # fmt: skip
+    config = schema_config(folder, tmp_path / "runs",
+                           features={"y": {"type": "int64", "cast": "float32"}})  # fmt: skip
+    config["train"]["epochs"] = 1
     tpurun.train(config, verbose=False)
     written = yaml.safe_load((tmp_path / "runs" / "toy" / "config.yaml").read_text())
     assert written["derived"]["class_names"] == ["neg", "pos"]

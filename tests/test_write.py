@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import make_image_folder
 
 from tpurun.config import DataConfig
 from tpurun.data import pipeline, records, write
@@ -127,18 +128,6 @@ def test_csv_glob_infers_int_float_and_string_columns(tmp_path):
     assert got["score"].tolist() == [1.5, -2.0, 300.0, 0.25, 7.0]
     assert got["city"].tolist() == [b"Oslo", b"Lima", b"Rome", b"Kyiv, UA", b"10"]
     assert got["ratio"].tolist() == [3, -1, 4, 5, 6]
-
-
-def make_image_folder(root) -> None:
-    """cat/: three dark 8x6 PNGs; dog/: three bright 10x12 JPEGs; and a file that is skipped."""
-    for name in ("cat", "dog"):
-        (root / name).mkdir(parents=True)
-    for i in range(3):
-        png = tf.io.encode_png(np.full((8, 6, 3), 20, np.uint8)).numpy()
-        (root / "cat" / f"{i}.png").write_bytes(png)
-        jpeg = tf.io.encode_jpeg(np.full((10, 12, 3), 230, np.uint8)).numpy()
-        (root / "dog" / f"{i}.jpg").write_bytes(jpeg)
-    (root / "cat" / "notes.txt").write_text("not an image: skipped")
 
 
 def test_image_folder_kept_as_is(tmp_path):
