@@ -141,7 +141,7 @@ def data_write(
     if compression not in ("none", "gzip"):
         raise fail(TpurunError(f"--compression: expected none or gzip, got {compression!r}."))
     plain = want_plain(plain)
-    progress = TaskProgress("writing", "records", plain=plain or as_json)
+    progress = TaskProgress("writing", "records", plain=plain or as_json, closing=False)
     with exit_codes(interrupted="interrupted: nothing was left half-written"):
         from tpurun.display import reports
 

@@ -104,7 +104,9 @@ def inspect(
     for f in files:
         # TensorFlow reads a file shorter than one record header as empty, without an error.
         if f.bytes and not f.records and compression == "none":
-            raise DataError(f"{f.path}: not a TFRecord file: {f.bytes} bytes but no record")
+            raise DataError(
+                f"{f.path}: not a TFRecord file: {f.bytes} bytes but no record.{_write_hint(f.path)}"
+            )
 
     features = _infer([example for example, _ in samples])
     schema_path, schema = schemas.get(paths[0]) or next(iter(schemas.values()), (None, None))
@@ -127,6 +129,26 @@ def inspect(
     )
 
 
+_SOURCE_KINDS = {".csv": "a CSV file", ".npz": "NumPy arrays", ".npy": "a NumPy array",
+                 ".jpg": "an image", ".jpeg": "an image", ".png": "an image"}  # fmt: skip
+
+
+def _write_hint(path: str) -> str:
+    """For a file `tpurun data write` reads: the command that makes TFRecords of it."""
+    suffix = "." + path.rsplit(".", 1)[-1].lower() if "." in path.rsplit("/", 1)[-1] else ""
+    kind = _SOURCE_KINDS.get(suffix)
+    if kind is None:
+        return ""
+    if kind == "an image":
+        what, source = "its folder (one subfolder per class)", "IMAGE_FOLDER"
+    else:
+        what, source = "it", path
+    return (
+        f" It looks like {kind}: make TFRecords of {what} with "
+        f"`tpurun data write {source} OUT_PREFIX`, then inspect OUT_PREFIX-*.tfrecord."
+    )
+
+
 # ------------------------------------------------------------------------------------ reading
 def _read_samples(paths: Sequence[str], compression: str, sample: int) -> list[tuple[Any, int]]:
     """The first ``sample`` records, as (parsed tf.train.Example, serialized bytes) pairs."""
@@ -146,7 +168,8 @@ def _read_samples(paths: Sequence[str], compression: str, sample: int) -> list[t
                 raise unreadable from None
             reason = exc.message.split("}} ")[-1].split(" [Op:")[0]  # without TF's op names
             raise DataError(
-                f"{path}: not a TFRecord file (compression: {compression}): {reason}"
+                f"{path}: not a TFRecord file (compression: {compression}): {reason}."
+                + _write_hint(path)
             ) from None
         for record in records:
             try:
@@ -367,6 +390,19 @@ def _image_like(shape: list[int]) -> list[int] | None:
     return None
 
 
+_SHARD_NAME = re.compile(r"^(.*)-\d{5}-of-(\d{5})(\.[\w.]+)?$")
+
+
+def _splits(files: Sequence[FileInfo]) -> list[list[FileInfo]]:
+    """The files grouped by the set they were written as (``PREFIX-00003-of-00008...``); files
+    not named that way are one set."""
+    groups: dict[tuple, list[FileInfo]] = {}
+    for f in files:
+        match = _SHARD_NAME.match(f.path.rsplit("/", 1)[-1])
+        groups.setdefault(match.group(1, 2) if match else (), []).append(f)
+    return list(groups.values())
+
+
 def advise(
     files: Sequence[FileInfo],
     compression: str,
@@ -376,8 +412,13 @@ def advise(
     """Actionable lines about sharding, storage dtypes, record sizes and config settings."""
     n, total = len(files), sum(f.bytes for f in files)
     records_total = sum(f.records for f in files)
-    # The count `tpurun data write` would write with its defaults.
-    shards = shard_count(records_total, total, SHARD_MB, SHARD_MULTIPLE)
+    # The count `tpurun data write` would write with its defaults, split by split (a glob may
+    # match a train and a validation split; each gets its own multiple of 8).
+    shards = sum(
+        shard_count(sum(f.records for f in split), sum(f.bytes for f in split), SHARD_MB,
+                    SHARD_MULTIPLE)
+        for split in _splits(files)
+    )  # fmt: skip
     rewrite = (
         f"rewrite them into {shards} shard{'s' if shards > 1 else ''} of "
         f"~{format_bytes(total / shards)}"

@@ -102,6 +102,7 @@ class WriteReport:
         records: the records written, in all splits.
         seconds: how long the whole write took.
         layout: for CSV sources, the label, packed columns and fills (as in the schema file).
+        warnings: what the user should know of how the source was read.
     """
 
     schema_path: str
@@ -113,6 +114,7 @@ class WriteReport:
     records: int
     seconds: float
     layout: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict, for ``--json``."""
@@ -200,6 +202,7 @@ def write_dataset(
         records=source.records,
         seconds=time.monotonic() - started,
         layout=dict(source.layout),
+        warnings=list(source.warnings),
     )
 
 

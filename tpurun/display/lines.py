@@ -158,8 +158,12 @@ class TaskProgress:
     every ``PLAIN_PROGRESS_SECONDS`` and one at the end.
     """
 
-    def __init__(self, label: str, unit: str, plain: bool, stream: TextIO | None = None):
-        self.label, self.unit, self.plain = label, unit, plain
+    def __init__(
+        self, label: str, unit: str, plain: bool, stream: TextIO | None = None, closing: bool = True
+    ):
+        # closing: a plain last line with the count and the time (leave it to a report that
+        # says them, so that one piece of work is not given two times).
+        self.label, self.unit, self.plain, self.closing = label, unit, plain, closing
         self.stream = stream or sys.stderr
         self._bar = None
         self._task = None
@@ -204,7 +208,7 @@ class TaskProgress:
     def __exit__(self, *exc) -> None:
         if self._bar is not None:
             self._bar.stop()
-        elif self._done and exc[0] is None:
+        elif self._done and exc[0] is None and self.closing:
             elapsed = time.monotonic() - self._start
             self.stream.write(
                 f"[tpurun] {self.label}: {self._done:,} {self.unit} in {format_duration(elapsed)}\n"

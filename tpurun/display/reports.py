@@ -128,7 +128,10 @@ def show_bench(result: dict[str, Any], config: str, as_json: bool = False) -> No
 
 
 def show_written(report: Any, source: str, as_json: bool = False, plain: bool = False) -> None:
-    """``tpurun data write``: the shards of each split, the features, the schema file."""
+    """``tpurun data write``: the shards of each split, the features, the schema file; its
+    warnings on stderr (with ``--json`` too, which keeps stdout clean)."""
+    for warning in report.warnings:
+        note(f"warning: {warning}")
     if as_json:
         show_json(report.to_dict())
         return

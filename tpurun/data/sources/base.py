@@ -26,6 +26,8 @@ class Source:
         class_names: the class of each label value (image folders, a CSV's text label).
         layout: what the schema file should also say of how records were made from the source
             (a CSV's label, packed columns and fills); ``{}`` for most sources.
+        warnings: what the user should know of how it was read (a packed column that looks like
+            a row id); written out by ``tpurun data write``.
     """
 
     path: str
@@ -34,6 +36,7 @@ class Source:
     nbytes: int
     class_names: list[str] | None = None
     layout: dict[str, Any] = {}  # read only here; a source that fills it sets its own
+    warnings: list[str] = []  # what the user should know of how it was read (the same rule)
 
     def chunks(self, size: int) -> Iterator[dict[str, Any]]:
         """Yield ``{feature: column}`` dicts of at most ``size`` records each, in order."""

@@ -138,6 +138,9 @@ def _missing(text: str) -> bool:
 _MAX_CLASSES = 65536  # more distinct label texts than this are not classes
 
 
+_ID_NAME = re.compile(r"^(id|idx|index|row|row_?id|unnamed: ?0|.*[_ ]id)$", re.I)
+
+
 @dataclass
 class _Column:
     """What the first pass learned of one column."""
@@ -149,6 +152,8 @@ class _Column:
     total: float = 0.0  # sum of the numeric values, for a mean
     text: str | None = None  # the first value that is not a number
     values: set[str] | None = None  # the label's distinct values, while they may be classes
+    increasing: bool = True  # every integer so far above the one before: a row id, likely
+    last: int | None = None
 
     def see(self, text: str) -> None:
         if _missing(text):
@@ -167,6 +172,20 @@ class _Column:
             self.text = text
         else:
             self.total += float(text)
+        if self.kind == "int" and self.increasing:
+            value = int(text)
+            self.increasing = self.last is None or value > self.last
+            self.last = value
+        else:
+            self.increasing = False
+
+    def looks_like_an_id(self) -> str | None:
+        """Why this column may be a row id rather than a feature; None if nothing says so."""
+        if _ID_NAME.match(self.name.strip()):
+            return "its name"
+        if self.kind == "int" and self.increasing and self.present > 2 and not self.missing:
+            return "its values are distinct integers, each above the last"
+        return None
 
 
 class CsvSource(Source):
@@ -179,6 +198,7 @@ class CsvSource(Source):
         self._header: list[str] = []
         self._label: int | None = None
         self._packs: dict[str, list[int]] = {}
+        self.warnings = []
         self._columns = self._scan()
         self._layout()
 
@@ -287,6 +307,8 @@ class CsvSource(Source):
                         f"{self.path}: --pack {name}: no numeric column is left to pack (the "
                         "label and the other packs take them all)."
                     )
+            if self._options.pack[name] is None:
+                self._warn_of_ids(name, indices)
             for j in indices:
                 if columns[j].kind == "bytes":
                     found = f"text such as '{columns[j].text}'" if columns[j].text else "no value"
@@ -326,6 +348,22 @@ class CsvSource(Source):
             "fill_missing": {self._header[j]: value for j, value in self._fills.items()},
         }
         self.layout = {key: value for key, value in self.layout.items() if value}
+
+    def _warn_of_ids(self, name: str, indices: list[int]) -> None:
+        """``--pack NAME`` took every numeric column: say so of those that look like row ids."""
+        ids = [(j, why) for j in indices if (why := self._columns[j].looks_like_an_id())]
+        if not ids:
+            return
+        rest = [j for j in indices if j not in {j for j, _ in ids}]
+        names = [self._header[j] for j in rest]
+        contiguous = rest == list(range(rest[0], rest[-1] + 1)) if rest else False
+        cols = f"{names[0]}:{names[-1]}" if contiguous and len(names) > 2 else ",".join(names)
+        for j, why in ids:
+            self.warnings.append(
+                f"--pack {name}: column '{self._header[j]}' looks like a row id ({why}), and it is "
+                f"packed into {name}, where the model learns from it. To leave it out: "
+                f"--pack {name}={cols}"
+            )
 
     def _fill_values(self) -> dict[int, float | int]:
         """The value of each numeric column's missing cells, by column index.
