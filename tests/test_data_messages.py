@@ -65,3 +65,19 @@ def test_a_write_says_its_time_once(tmp_path):
                                       str(tmp_path / "out" / "t"), "--plain"])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert result.output.count("records/s") == 1 and " in " not in result.output.split("wrote")[0]
+
+
+@pytest.mark.parametrize(
+    ("asked", "meant"),
+    [("bc.yml", "bc.yaml"), ("bcc.yaml", "bc.yaml"), ("other.yaml", None)],
+)
+def test_a_missing_config_suggests_the_file_meant(tmp_path, monkeypatch, asked, meant):
+    from tpurun.config import load_config
+    from tpurun.errors import ConfigError
+
+    (tmp_path / "bc.yaml").write_text("name: bc\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        load_config(asked)
+    hint = f"; did you mean {meant}?" if meant else ""
+    assert info.value.problems == [f"{asked}: no such file{hint}"]

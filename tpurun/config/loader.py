@@ -269,6 +269,23 @@ def validate(data: dict, located: _Located, base_dir: Path | None = None) -> Con
     return config
 
 
+def _missing_file(path: Path) -> str:
+    """What a config path that is not a file says, with the file meant when one is close: the
+    other YAML suffix, or a near name in the same folder."""
+    if path.exists():
+        return f"{path}: not a file"
+    folder = path.parent if str(path.parent) else Path(".")
+    twin = path.with_suffix({".yml": ".yaml", ".yaml": ".yml"}.get(path.suffix, ".yaml"))
+    if twin.is_file():
+        return f"{path}: no such file; did you mean {twin}?"
+    if folder.is_dir():
+        configs = {p.stem: p.name for p in folder.iterdir() if p.suffix in (".yaml", ".yml")}
+        close = difflib.get_close_matches(path.stem, list(configs), n=1)
+        if close:
+            return f"{path}: no such file; did you mean {folder / configs[close[0]]}?"
+    return f"{path}: no such file"
+
+
 def load_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Load and validate a config file (or a dict), applying ``--set`` style overrides.
 
@@ -288,9 +305,7 @@ def load_config(source: str | Path | dict, overrides: list[str] | tuple[str, ...
     else:
         path = Path(source)
         if not path.is_file():
-            raise ConfigError(
-                [f"{path}: no such file"] if not path.exists() else [f"{path}: not a file"]
-            )
+            raise ConfigError([_missing_file(path)])
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
