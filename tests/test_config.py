@@ -366,7 +366,7 @@ def test_time_limit_durations(tmp_path):
 
 
 def test_output_dir_takes_a_bucket_and_refuses_other_schemes(tmp_path):
-    from conftest import toy_config
+    from helpers import toy_config
 
     config = toy_config(tmp_path, tmp_path, output={"dir": "gs://bucket/runs"})
     assert load_config(config).output.dir == "gs://bucket/runs"

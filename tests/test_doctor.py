@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import toy_config
+from helpers import toy_config
 
 from tpurun.config import RuntimeConfig, load_config
 from tpurun.doctor import Check, config_uses_gcs, exit_code, probes, report, run_checks
@@ -338,7 +338,7 @@ def test_exit_code_and_report():
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["jax", "tensorflow"])
 def test_doctor_command_on_the_quickstart(backend):
-    from conftest import run_cli
+    from helpers import run_cli
 
     result = run_cli(
         "doctor", "configs/quickstart.yaml", "--json", "--set", f"runtime.backend={backend}"
@@ -355,7 +355,7 @@ def test_doctor_command_on_the_quickstart(backend):
 
 @pytest.mark.slow
 def test_doctor_command_exit_codes_and_plain_text(tmp_path):
-    from conftest import run_cli
+    from helpers import run_cli
 
     result = run_cli("doctor")
     assert result.returncode == 0, result.stderr
@@ -371,7 +371,7 @@ def test_doctor_command_exit_codes_and_plain_text(tmp_path):
 @pytest.mark.slow
 def test_model_check_for_an_accelerator_runs_in_a_cpu_child(tmp_path):
     """Where train would use a TPU or GPU, doctor checks the model in a CPU-only child process."""
-    from conftest import toy_config, write_toy_data
+    from helpers import toy_config, write_toy_data
 
     from tpurun.config import load_config
     from tpurun.doctor.model import check_model_on_cpu

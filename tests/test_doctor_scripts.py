@@ -15,7 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import toy_config
+from helpers import toy_config
 
 from tpurun.doctor import child
 from tpurun.doctor.child import MARK, Child, answer_line, last_error_line, parse_answer

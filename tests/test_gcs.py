@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import toy_config, write_toy_data
+from helpers import toy_config, write_config, write_toy_data
 
 pytestmark = [pytest.mark.gcs, pytest.mark.slow]
 
@@ -32,9 +32,7 @@ def setup_run(gcs, tmp_path: Path, *, epochs: int = 3, slow: bool = False, **sec
     config.update(sections)
     if slow:
         config.setdefault("callbacks", {})["extra"] = [SLOW]
-    path = tmp_path / "toy.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    return write_config(tmp_path / "toy.yaml", config)
 
 
 def fresh_machine(tmp_path: Path, name: str) -> dict:

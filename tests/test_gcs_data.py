@@ -9,8 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
-from conftest import make_records, toy_config
+from helpers import make_records, toy_config, write_config
 
 from tpurun.data.write import write_shards
 
@@ -20,9 +19,7 @@ pytestmark = [pytest.mark.gcs, pytest.mark.slow]
 def bench_config(tmp_path: Path, train: str, **data) -> Path:
     config = toy_config(tmp_path, tmp_path / "runs")
     config["data"].update({"train": train, "validation": None, **data})
-    path = tmp_path / "bench.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    return write_config(tmp_path / "bench.yaml", config)
 
 
 def test_data_write_inspect_and_bench_on_gcs(gcs, tmp_path):

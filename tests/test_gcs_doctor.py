@@ -6,7 +6,7 @@ its environment points at the server (the test process never uses gs:// itself).
 from __future__ import annotations
 
 import pytest
-from conftest import toy_config, write_toy_data
+from helpers import toy_config, write_toy_data
 
 from tpurun.config import load_config
 from tpurun.doctor.gcs import GcsProbe, gcs_targets, start_gcs_probe

@@ -10,7 +10,7 @@ import time
 from types import SimpleNamespace
 
 import numpy as np
-from conftest import toy_config
+from helpers import toy_config
 
 import tpurun
 from tpurun.observe.callbacks import InputWait

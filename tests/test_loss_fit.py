@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import FACTORIES, toy_config
+from helpers import FACTORIES, toy_config
 
 import tpurun
 from tpurun.data.write import write_shards

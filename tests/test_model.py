@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import keras
 import pytest
-from conftest import toy_config
+from helpers import toy_config
 
 import tpurun
 from tpurun.config import NamedObject

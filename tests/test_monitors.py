@@ -3,13 +3,11 @@ direction taken from the metric objects (as Keras' MonitorCallback does), not fr
 
 from __future__ import annotations
 
-import csv
 import json
 
 import keras
 import pytest
-import yaml
-from conftest import FACTORIES, run_cli, toy_config
+from helpers import FACTORIES, read_log, run_cli, toy_config, write_config
 
 import tpurun
 from tpurun.errors import ConfigError
@@ -69,8 +67,7 @@ def _regression(toy_data, tmp_path, **callbacks):
 def test_best_checkpoint_maximises_r2_score(toy_data, tmp_path):
     config = _regression(toy_data, tmp_path, checkpoint={"monitor": "val_r2_score"})
     summary = tpurun.train(config, verbose=False)
-    with open(tmp_path / "runs" / "toy" / "log.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_log(tmp_path / "runs" / "toy")
     scores = [float(r["val_r2_score"]) for r in rows]
     assert len(set(scores)) > 1  # the choice is not trivial
     best = max(range(len(scores)), key=scores.__getitem__)
@@ -99,9 +96,8 @@ def test_a_monitor_the_model_never_logs_fails_before_the_first_step(
     config = toy_config(toy_data, tmp_path / "runs", callbacks=callbacks)
     with pytest.raises(ConfigError, match=message):
         tpurun.train(config, verbose=False)
-    run_dir = tmp_path / "runs" / "toy"
-    assert not (run_dir / "log.csv").exists() and not (run_dir / "config.yaml").exists()
-    assert list((run_dir / "checkpoints").iterdir()) == []
+    # Before its first write: the folder it made is removed (a mistake is not a run).
+    assert not (tmp_path / "runs" / "toy").exists()
 
 
 def test_a_val_monitor_without_a_validation_set_names_it(toy_data, tmp_path):
@@ -128,8 +124,7 @@ def test_doctor_reports_a_monitor_typo_before_any_training(toy_data, tmp_path):
     config = toy_config(
         toy_data, tmp_path / "runs", callbacks={"checkpoint": {"monitor": "val_acuracy"}}
     )
-    path = tmp_path / "toy.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path = write_config(tmp_path / "toy.yaml", config)
     done = run_cli("doctor", str(path), "--json", timeout=300)
     checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
     assert checks["model"]["status"] == "fail", checks["model"]

@@ -10,6 +10,7 @@ import shutil
 import numpy as np
 import pytest
 import yaml
+from helpers import write_config
 from trained import TEST_RECORDS, in_file_order
 from typer.testing import CliRunner
 
@@ -52,7 +53,7 @@ def test_rows_are_the_same_on_one_replica(run, tmp_path):
     shutil.copytree(run_dir, one)
     config = yaml.safe_load((one / "config.yaml").read_text())
     config["runtime"]["cpu_devices"] = 1  # a global batch of 8: 125 full batches and 3 records
-    (one / "config.yaml").write_text(yaml.safe_dump(config))
+    write_config(one / "config.yaml", config)
     eight = tpurun.predict(str(run_dir), test_glob, str(tmp_path / "8.csv"), id_feature="id")
     single = tpurun.predict(str(one), test_glob, str(tmp_path / "1.csv"), id_feature="id")
     assert (eight["replicas"], single["replicas"]) == (8, 1)
@@ -65,7 +66,7 @@ def test_arrays_and_class_names(run, tmp_path):
     shutil.copytree(run_dir, named)
     config = yaml.safe_load((named / "config.yaml").read_text())
     config["derived"]["class_names"] = ["negative", "positive"]  # as a schema file gives them
-    (named / "config.yaml").write_text(yaml.safe_dump(config))
+    write_config(named / "config.yaml", config)
     tpurun.predict(str(named), test_glob, str(tmp_path / "p.csv"), id_feature="id")
     tpurun.predict(str(run_dir), test_glob, str(tmp_path / "p.npz"), id_feature="id")
     tpurun.predict(str(run_dir), test_glob, str(tmp_path / "p.npy"))
@@ -107,6 +108,32 @@ def test_cli_predicts_with_the_latest_resume_point_or_a_weights_file(trained_toy
     assert shown["checkpoint"] == str(other)
     np.testing.assert_allclose(rows, altered, rtol=0, atol=1e-6)
     assert np.abs(rows - best).max() > 1e-2  # other weights: other predictions
+
+
+def test_load_gives_the_model_with_the_checkpoint_asked_for(trained_toy_run, tmp_path):
+    """tpurun.load(run_dir, checkpoint=...): best (the default), latest, a name in the run's
+    checkpoints folder, or a weights file anywhere; the model's weights are that checkpoint's."""
+    from tpurun.errors import TpurunError
+
+    run_dir = str(trained_toy_run.run_dir)
+    other = trained_toy_run.altered_weights(tmp_path / "other.weights.h5")
+    best, spec = tpurun.load(run_dir)
+    assert spec["inputs"] == "x" and spec["targets"] == "y" and "x" in spec["features"]
+
+    def kernels(model) -> list[np.ndarray]:
+        return [np.asarray(layer.kernel) for layer in model.layers if hasattr(layer, "kernel")]
+
+    for checkpoint in ("latest", "best.keras"):  # one epoch: the same weights as best
+        model, _ = tpurun.load(run_dir, checkpoint=checkpoint)
+        for got, want in zip(kernels(model), kernels(best), strict=True):
+            np.testing.assert_array_equal(got, want)
+    altered, _ = tpurun.load(run_dir, checkpoint=str(other))
+    *same, last = kernels(altered)
+    for got, want in zip(same, kernels(best)[:-1], strict=True):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_allclose(last, kernels(best)[-1] + 0.5, rtol=0, atol=1e-6)
+    with pytest.raises(TpurunError, match="--checkpoint nowhere.keras: no such checkpoint"):
+        tpurun.load(run_dir, checkpoint="nowhere.keras")
 
 
 def test_user_errors_exit_2_with_a_clear_message(run, tmp_path):

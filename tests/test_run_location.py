@@ -7,8 +7,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-import yaml
-from conftest import FACTORIES, run_cli, toy_config, write_toy_data
+from helpers import FACTORIES, run_cli, toy_config, write_config, write_toy_data
 
 import tpurun
 from tpurun.errors import Interrupted
@@ -24,8 +23,7 @@ def _work_folder(tmp_path):
     config = toy_config(work / "data", "runs", model={"factory": "models/factories.py:mlp"})
     config["data"]["train"] = "data/train-*.tfrecord"
     config["data"]["validation"] = "data/val-*.tfrecord"
-    path = work / "tab.yaml"
-    path.write_text(yaml.safe_dump({**config, "name": "tab"}))
+    path = write_config(work, config, "tab")
     return work, path
 
 

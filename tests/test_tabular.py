@@ -267,7 +267,7 @@ def test_the_python_api_refuses_too(tmp_path):
 # ------------------------------------------------------------------------------------ training
 @pytest.mark.slow
 def test_a_packed_csv_trains_a_one_input_model_from_the_schema_alone(tmp_path):
-    from conftest import run_cli
+    from helpers import run_cli, write_config
 
     _, csv = numeric_csv(tmp_path / "train.csv", rows=64)
     assert (
@@ -287,7 +287,7 @@ def test_a_packed_csv_trains_a_one_input_model_from_the_schema_alone(tmp_path):
         "runtime": {"cpu_devices": 1},
         "output": {"dir": str(tmp_path / "runs")},
     }
-    (tmp_path / "tab.yaml").write_text(yaml.safe_dump(config))
+    write_config(tmp_path / "tab.yaml", config)
     result = run_cli("train", str(tmp_path / "tab.yaml"))
     assert result.returncode == 0, result.stderr
     assert "1 epoch(s) x 8 steps" in result.stderr + result.stdout

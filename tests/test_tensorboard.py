@@ -4,13 +4,11 @@ The TensorFlow backend's events are checked in test_profile (one subprocess for 
 
 from __future__ import annotations
 
-import csv
 import math
 from pathlib import Path
 
 import pytest
-import yaml
-from conftest import FACTORIES, toy_config, write_toy_data
+from helpers import FACTORIES, read_log, toy_config, write_config, write_toy_data
 
 import tpurun
 from tpurun.errors import Interrupted
@@ -62,7 +60,7 @@ def test_curves_continue_across_a_sigterm_and_resume_without_repeats(toy_data, t
     )  # fmt: skip
     with pytest.raises(Interrupted, match="stopped at epoch 2, step 6"):
         tpurun.train(config, verbose=False)
-    folder = tmp_path / "runs" / "toy" / "tensorboard"
+    folder = tmp_path / "runs" / "toy"
     first = read_events(folder)
     assert max(step for points in first.values() for step, _ in points) <= 16 + 6
     assert [s for s, _ in first["train/batch_loss"]] == [4, 8, 12, 16, 20]
@@ -83,8 +81,7 @@ def test_curves_continue_across_a_sigterm_and_resume_without_repeats(toy_data, t
     assert [s for s, _ in events["train/batch_loss"]] == [4, 8, 12, 16, 20, 24, 28, 32, 36, 40,
                                                           44, 48]  # fmt: skip
     assert 999.0 not in [v for points in events.values() for _, v in points]
-    with open(tmp_path / "runs" / "toy" / "log.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_log(tmp_path / "runs" / "toy")
     for split, prefix in (("train", ""), ("validation", "val_")):
         for metric in ("loss", "accuracy"):
             points = events[f"{split}/epoch_{metric}"]
@@ -107,7 +104,7 @@ def test_a_nan_restore_leaves_no_backwards_steps(toy_data, tmp_path):
                            "tensorboard": {"loss_every_steps": 2}}  # fmt: skip
     summary = tpurun.train(config, verbose=False)
     assert summary["status"] == "completed" and len(summary["nan_restores"]) == 1
-    events = read_events(tmp_path / "runs" / "nan" / "tensorboard")
+    events = read_events(tmp_path / "runs" / "nan")
     assert_steps_only_go_forward(events)
     assert [s for s, _ in events["train/batch_loss"]] == list(range(2, 33, 2))
     assert all(math.isfinite(v) for points in events.values() for _, v in points)
@@ -118,9 +115,8 @@ def test_tensorboard_null_writes_no_logs(toy_data, tmp_path):
                         callbacks={"tensorboard": None})  # fmt: skip
     tpurun.train(config, verbose=False)
     run_dir = tmp_path / "runs" / "toy"
-    assert not (run_dir / "tensorboard").exists()
-    with open(run_dir / "log.csv", newline="") as f:
-        assert "learning_rate" in next(csv.DictReader(f))  # the curves' LR comes from the log
+    assert not any((run_dir / name).exists() for name in ("train", "validation", "tensorboard"))
+    assert "learning_rate" in read_log(run_dir)[0]  # the curves' LR comes from the log
 
 
 @pytest.mark.gcs
@@ -129,8 +125,7 @@ def test_tensorboard_logs_and_curves_in_a_bucket(gcs, tmp_path):
     data = write_toy_data(tmp_path / "data")
     config = toy_config(data, tmp_path, train={"epochs": 2})
     config["output"]["dir"] = f"{gcs.bucket}/runs"
-    path = tmp_path / "toy.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path = write_config(tmp_path / "toy.yaml", config)
     work, temp = tmp_path / "work", tmp_path / "tmp"
     work.mkdir(), temp.mkdir()
     done = gcs.tpurun("train", str(path), cwd=work, TMPDIR=str(temp))
@@ -139,7 +134,7 @@ def test_tensorboard_logs_and_curves_in_a_bucket(gcs, tmp_path):
     names = [p.removeprefix(run + "/") for p in gcs.list(run + "/")]
     assert "curves.png" in names and gcs.get(f"{run}/curves.png").startswith(b"\x89PNG")
     for split in ("train", "validation"):
-        (events_file,) = [n for n in names if n.startswith(f"tensorboard/{split}/events.out")]
+        (events_file,) = [n for n in names if n.startswith(f"{split}/events.out")]
         raw = gcs.get(f"{run}/{events_file}")
         local = tmp_path / f"{split}.events"
         local.write_bytes(raw)

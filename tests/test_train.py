@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import csv
 import json
 
 import keras
 import numpy as np
 import pytest
-from conftest import FACTORIES, toy_config
+from helpers import FACTORIES, logged_epochs, read_latest, read_log, toy_config
 
 import tpurun
 from tpurun.errors import DataError, ModelError, TpurunError
-
-
-def read_csv(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def test_fit_on_8_simulated_devices_writes_the_run_directory(toy_data, tmp_path):
@@ -30,7 +24,7 @@ def test_fit_on_8_simulated_devices_writes_the_run_directory(toy_data, tmp_path)
     assert (summary["backend"], summary["replicas"], summary["global_batch_size"]) == ("jax", 8, 64)
     assert summary["learning_rate"] == pytest.approx(0.04)  # 0.02 x 64 / 32
     assert summary["steps_per_epoch"] == 8 and summary["steps_per_execution"] == 2
-    rows = read_csv(run_dir / "log.csv")
+    rows = read_log(run_dir)
     losses = [float(r["val_loss"]) for r in rows]
     best = min(range(3), key=losses.__getitem__)
     assert summary["best"] == {"monitor": "val_loss", "value": pytest.approx(losses[best]),
@@ -55,36 +49,28 @@ def test_fit_on_8_simulated_devices_writes_the_run_directory(toy_data, tmp_path)
     assert model.predict(np.zeros((2, 8), np.float32), verbose=0).shape == (2, 1)
 
 
-def test_rerun_resumes_and_keeps_one_csv_row_per_epoch(toy_data, tmp_path):
-    config = toy_config(
-        toy_data, tmp_path / "runs", train={"epochs": 2, "learning_rate": {"base": 0.01}}
-    )
-    first = tpurun.train(config, verbose=False)
-    assert first["epochs_completed"] == 2
-    again = tpurun.train(config, verbose=False)  # finished: nothing to do
-    assert again["epochs_completed"] == 2 and again["status"] == "completed"
+def test_rerun_resumes_restores_the_optimizer_and_keeps_one_csv_row_per_epoch(
+    trained_toy_run, tmp_path
+):
+    """The session's toy run (1 epoch of 8 steps, on 8 replicas), rerun from its own config.yaml:
+    finished, nothing to do; one epoch more resumes (the optimizer's step count carries on);
+    --restart starts over and moves the old run aside."""
+    run_dir = trained_toy_run.copy(tmp_path)
+    config = str(run_dir / "config.yaml")  # loads back: the derived section is ignored
+    again = tpurun.train(config, output=str(tmp_path), verbose=False)
+    assert again["epochs_completed"] == 1 and again["status"] == "completed"
 
-    config["train"]["epochs"] = 4
-    resumed = tpurun.train(config, verbose=False)
-    assert resumed["epochs_completed"] == 4 and resumed["resumes"][0]["epoch"] == 2
-    rows = read_csv(tmp_path / "runs" / "toy" / "log.csv")
-    assert [r["epoch"] for r in rows] == ["0", "1", "2", "3"]
-    state = json.loads((tmp_path / "runs" / "toy" / "checkpoints" / "latest.json").read_text())
-    assert state["epoch"] == 4
+    resumed = tpurun.train(config, ["train.epochs=2"], output=str(tmp_path), verbose=False)
+    assert resumed["epochs_completed"] == 2 and resumed["resumes"][-1]["epoch"] == 1
+    assert logged_epochs(run_dir) == ["0", "1"]
+    assert read_latest(run_dir)["epoch"] == 2
+    model = keras.saving.load_model(run_dir / "model.keras")
+    assert int(model.optimizer.iterations.numpy()) == 2 * 8  # both epochs' Adam updates
 
-    restarted = tpurun.train(config, restart=True, verbose=False)
-    assert restarted["resumes"] == [] and restarted["epochs_completed"] == 4
-    assert len(list((tmp_path / "runs").glob("toy-*"))) == 1  # the old run, moved aside
-
-
-def test_resume_restores_optimizer_state(toy_data, tmp_path):
-    config = toy_config(toy_data, tmp_path / "runs", train={"epochs": 1})
-    tpurun.train(config, verbose=False)
-    config["train"]["epochs"] = 2
-    tpurun.train(config, verbose=False)
-    model = keras.saving.load_model(tmp_path / "runs" / "toy" / "model.keras")
-    # 512 records / 32 per batch = 16 steps an epoch; two epochs of Adam updates in total
-    assert int(model.optimizer.iterations.numpy()) == 32
+    restarted = tpurun.train(config, ["train.epochs=2"], output=str(tmp_path), restart=True,
+                             verbose=False)  # fmt: skip
+    assert restarted["resumes"] == [] and restarted["epochs_completed"] == 2
+    assert len(list(tmp_path.glob("toy-*"))) == 1  # the old run, moved aside
 
 
 def test_warmup_and_cosine_schedule_end_to_end(toy_data, tmp_path):
@@ -123,7 +109,7 @@ def test_plateau_early_stopping_and_user_callbacks(toy_data, tmp_path):
     summary = tpurun.train(config, verbose=False)
     # no epoch improves the loss by 10: early stopping after 1 + 2 epochs, the LR halved after epoch 2
     assert summary["status"] == "stopped_early" and summary["epochs_completed"] == 3
-    rows = read_csv(tmp_path / "runs" / "toy" / "log.csv")
+    rows = read_log(tmp_path / "runs" / "toy")
     assert [float(r["learning_rate"]) for r in rows] == pytest.approx([0.01, 0.01, 0.005])
 
 
@@ -260,7 +246,7 @@ def test_time_limit_stops_cleanly_and_a_rerun_continues(toy_data, tmp_path):
     config = toy_config(
         toy_data,
         tmp_path / "runs",
-        train={"epochs": 500, "per_core_batch_size": 8, "time_limit": "4s"},
+        train={"epochs": 500, "per_core_batch_size": 8, "time_limit": "2s"},
     )
     with pytest.raises(
         Interrupted, match=r"train.time_limit: stopped at .*Run the same command again"
@@ -269,7 +255,7 @@ def test_time_limit_stops_cleanly_and_a_rerun_continues(toy_data, tmp_path):
     run_dir = tmp_path / "runs" / "toy"
     summary = json.loads((run_dir / "summary.json").read_text())
     state = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
-    # It stopped at an execution's end (however many fit in 4 s on this machine; mid-epoch or at
+    # It stopped at an execution's end (however many fit in 2 s on this machine; mid-epoch or at
     # an epoch's end), saved there, and the summary agrees with the checkpoint.
     assert summary["status"] == "interrupted"
     position = (state["epoch"], state["step"])
@@ -278,24 +264,26 @@ def test_time_limit_stops_cleanly_and_a_rerun_continues(toy_data, tmp_path):
     resumed = tpurun.train(config, verbose=False)
     assert resumed["epochs_completed"] == state["epoch"] + 1
     assert (resumed["resumes"][-1]["epoch"], resumed["resumes"][-1]["step"]) == position
-    assert [r["epoch"] for r in read_csv(run_dir / "log.csv")] == [
-        str(i) for i in range(state["epoch"] + 1)
-    ]
+    assert [r["epoch"] for r in read_log(run_dir)] == [str(i) for i in range(state["epoch"] + 1)]
 
 
 def test_checkpoint_keep_prunes_the_oldest_pattern_files(toy_data, tmp_path):
-    config = toy_config(toy_data, tmp_path / "runs", train={"epochs": 4}, callbacks={
+    config = toy_config(toy_data, tmp_path / "runs", train={"epochs": 3}, callbacks={
         "checkpoint": {"monitor": "loss", "save_best_only": False, "keep": 2,
                        "filename": "ep{epoch:03d}.weights.h5"}})  # fmt: skip
     tpurun.train(config, verbose=False)
     folder = tmp_path / "runs" / "toy" / "checkpoints"
     assert sorted(p.name for p in folder.glob("ep*")) == [
-        "ep003.json", "ep003.weights.h5", "ep004.json", "ep004.weights.h5"
+        "ep002.json", "ep002.weights.h5", "ep003.json", "ep003.weights.h5"
     ]  # fmt: skip
     assert (folder / "best.keras").exists() and (folder / "latest.json").exists()
 
 
-def test_seed_zero_trains(toy_data, tmp_path):
-    """TF compares (global seed, op seed) with (0, 0): seed 0 once failed inside tf.data."""
-    config = toy_config(toy_data, tmp_path / "runs", seed=0, train={"epochs": 1})
-    assert tpurun.train(config, verbose=False)["status"] == "completed"
+def test_seed_zero_trains_given_as_an_override(toy_data, tmp_path):
+    """TF compares (global seed, op seed) with (0, 0): seed 0 once failed inside tf.data. Given
+    through the Python API's overrides, which apply over a dict config as --set does."""
+    config = toy_config(toy_data, tmp_path / "runs")  # seed 7, 2 epochs
+    summary = tpurun.train(config, overrides=["seed=0", "train.epochs=1"], verbose=False)
+    assert summary["status"] == "completed" and summary["epochs_completed"] == 1
+    written = tpurun.load_config(tmp_path / "runs" / "toy" / "config.yaml")
+    assert (written.seed, written.train.epochs) == (0, 1)

@@ -10,7 +10,7 @@ import sys
 import keras
 import numpy as np
 import pytest
-from conftest import FACTORIES, toy_config
+from helpers import FACTORIES, toy_config
 
 import tpurun
 from tpurun.errors import TpurunError

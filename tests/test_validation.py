@@ -3,13 +3,18 @@ replica count and backend: its val_ metrics equal Keras' own evaluate over all t
 
 from __future__ import annotations
 
-import csv
-
 import keras
 import numpy as np
 import pytest
-import yaml
-from conftest import FACTORIES, make_records, run_cli, toy_config, write_toy_data
+from helpers import (
+    FACTORIES,
+    make_records,
+    read_log,
+    run_cli,
+    toy_config,
+    write_config,
+    write_toy_data,
+)
 
 import tpurun
 
@@ -23,8 +28,7 @@ def _keras_evaluate(model_path, n_val: int) -> dict:
 
 
 def _last_row(run_dir) -> dict:
-    with open(run_dir / "log.csv", newline="") as f:
-        return list(csv.DictReader(f))[-1]
+    return read_log(run_dir)[-1]
 
 
 @pytest.mark.parametrize(
@@ -60,8 +64,7 @@ def test_val_metrics_are_exact_on_tensorflow_mirrored_strategy(tmp_path):
         runtime={"backend": "tensorflow", "cpu_devices": 2},
         train={"epochs": 1, "per_core_batch_size": 8, "steps_per_execution": 1},
     )  # fmt: skip
-    path = tmp_path / "toy.yaml"
-    path.write_text(yaml.safe_dump(config))
+    path = write_config(tmp_path / "toy.yaml", config)
     done = run_cli("train", str(path))
     assert done.returncode == 0, done.stderr
     row = _last_row(tmp_path / "runs" / "toy")
