@@ -334,6 +334,17 @@ def test_exit_code_and_report():
         Check("d", "bad", "x")
 
 
+def test_doctor_command_on_an_invalid_config_exits_2_before_any_check():
+    from helpers import ROOT
+    from typer.testing import CliRunner
+
+    from tpurun.cli.app import app
+
+    quickstart = str(ROOT / "configs" / "quickstart.yaml")
+    result = CliRunner().invoke(app, ["doctor", quickstart, "--set", "train.epoch=3"])
+    assert result.exit_code == 2 and "did you mean 'epochs'" in result.output
+
+
 # ------------------------------------------------------------------- the command, in real processes
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["jax", "tensorflow"])
@@ -360,8 +371,6 @@ def test_doctor_command_exit_codes_and_plain_text(tmp_path):
     result = run_cli("doctor")
     assert result.returncode == 0, result.stderr
     assert "platform" in result.stdout and "\x1b[" not in result.stdout
-    result = run_cli("doctor", "configs/quickstart.yaml", "--set", "train.epoch=3")
-    assert result.returncode == 2 and "did you mean 'epochs'" in result.stderr
     result = run_cli(
         "doctor", "configs/quickstart.yaml", "--set", f"data.train={tmp_path}/none-*.tfrecord"
     )
