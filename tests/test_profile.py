@@ -15,7 +15,7 @@ import tpurun
 
 
 def traces(run_dir: Path) -> list[Path]:
-    return sorted((run_dir / "tensorboard" / "plugins" / "profile").glob("*/*.xplane.pb"))
+    return sorted((run_dir / "plugins" / "profile").glob("*/*.xplane.pb"))
 
 
 def test_a_profile_of_some_steps_on_jax_and_training_goes_on(toy_data, tmp_path, capsys):
@@ -52,7 +52,7 @@ def test_tensorflow_backend_profile_tensorboard_and_input_wait(toy_data, tmp_pat
     assert "profile: steps 2-4 of this session traced into" in done.stdout
     assert 0 <= summary["input_wait"] <= 1 and len(summary["epoch_input_wait"]) == 2
     assert summary["final_metrics"]["val_accuracy"] > 0.8  # Keras' eager path trains as well
-    events = read_events(run_dir / "tensorboard")
+    events = read_events(run_dir)
     assert [s for s, _ in events["validation/epoch_loss"]] == [16, 32]
     assert {"train/epoch_loss", "train/learning_rate", "train/input_wait"} <= set(events)
     assert (run_dir / "curves.png").exists()

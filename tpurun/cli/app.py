@@ -88,7 +88,7 @@ def train(
             "--profile",
             metavar="START:STEPS",
             help="Trace STEPS steps from this session's step START with the profiler, into "
-            "<run>/tensorboard (train.profile).",
+            "<run>/plugins/profile (train.profile).",
         ),
     ] = None,
 ) -> None:

@@ -136,7 +136,7 @@ class CallbacksConfig(Section):
     )
     tensorboard: TensorBoardConfig | None = Field(
         default_factory=TensorBoardConfig,
-        description="TensorBoard logs in `<run>/tensorboard/` (see Seeing the training); `null` turns "
+        description="TensorBoard logs in the run directory, `<run>/train/` and `<run>/validation/` (see Seeing the training); `null` turns "
         "them off.",
     )
     reduce_lr_on_plateau: ReduceLROnPlateauConfig | None = Field(

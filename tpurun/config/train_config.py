@@ -120,7 +120,7 @@ class TrainConfig(Section):
     profile: ProfileConfig | None = Field(
         None,
         description="`{start_step: N, steps: M}` (also `--profile N:M`): trace steps N to N+M-1 of "
-        "this session with the backend's profiler into `<run>/tensorboard/plugins/profile/`.",
+        "this session with the backend's profiler into `<run>/plugins/profile/`.",
     )
 
     @field_validator("time_limit", mode="before")

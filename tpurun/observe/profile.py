@@ -3,7 +3,7 @@
 ``jax.profiler`` on the JAX backend, ``tf.profiler`` on the TensorFlow backend. Both write
 TensorBoard's profile layout, ``plugins/profile/<time>/<host>.xplane.pb``: the trace is written to a
 local temporary folder (neither profiler is sure to write ``gs://``), then copied into
-``<run>/tensorboard/``, where ``tensorboard --logdir`` finds it (the Profile tab needs the
+the run directory (``<run>/plugins/profile/``), where ``tensorboard --logdir`` finds it (the Profile tab needs the
 ``tensorboard-plugin-profile`` package).
 
 Steps count from this session's first (a resumed session profiles too, and ``start_step`` can skip
@@ -20,11 +20,11 @@ import tempfile
 from tpurun import frameworks
 from tpurun.display.reporter import Reporter
 from tpurun.storage import fileio
-from tpurun.storage.rundir import TENSORBOARD, RunDir
+from tpurun.storage.rundir import RunDir
 
 keras = frameworks.keras()  # the process is set up: see tpurun.frameworks
 
-PROFILE_FOLDER = "plugins/profile"  # under <run>/tensorboard, where TensorBoard looks
+PROFILE_FOLDER = "plugins/profile"  # under the run's TensorBoard folder, where TensorBoard looks
 
 
 def _start(backend: str, folder: str) -> None:
@@ -90,20 +90,20 @@ class Profile(keras.callbacks.Callback):
         if self.path:
             self.reporter.message(
                 f"profile: steps {self._from}-{self.done} of this session traced into {self.path}; "
-                f"view it with `tensorboard --logdir {self.run.file(TENSORBOARD)}` (Profile tab; "
+                f"view it with `tensorboard --logdir {self.run.path}` (Profile tab; "
                 "pip install tensorboard-plugin-profile)",
                 "note",
             )
 
 
 def copy_trace(local: str, run: RunDir) -> str | None:
-    """Copy a profiler's output folder into ``<run>/tensorboard/``; returns the trace's folder
+    """Copy a profiler's output folder into the run's TensorBoard folder; returns the trace's folder
     (``.../plugins/profile/<time>``), or None when nothing was copied."""
     folders = set()
     for root, _, files in os.walk(local):
         for name in files:
             relative = os.path.relpath(os.path.join(root, name), local).split(os.sep)
-            target = run.add_file(os.path.join(root, name), TENSORBOARD, *relative)
+            target = run.add_file(os.path.join(root, name), *run.tensorboard_parts(), *relative)
             if target:
                 folders.add(fileio.dirname(target))
     return min(folders) if folders else None

@@ -1,6 +1,6 @@
 """TensorBoard logs in the run directory, written with TensorFlow's own summary writer.
 
-``<run>/tensorboard/train`` and ``<run>/tensorboard/validation`` hold the same tags (``epoch_loss``,
+``<run>/train`` and ``<run>/validation`` hold the same tags (``epoch_loss``,
 ``epoch_accuracy``...), so TensorBoard draws training and validation on one chart, as Keras'
 TensorBoard callback lays them out. ``train`` also holds ``learning_rate``, ``examples_per_sec``,
 ``input_wait`` and ``batch_loss`` (the epoch's running loss every ``loss_every_steps`` steps).
@@ -19,12 +19,12 @@ from typing import Any
 
 from tpurun import frameworks
 from tpurun.storage import fileio
-from tpurun.storage.rundir import TENSORBOARD, RunDir
+from tpurun.storage.rundir import TENSORBOARD_SPLITS, RunDir
 from tpurun.training.checkpoints.checkpointer import step_offset
 
 keras = frameworks.keras()  # the process is set up: see tpurun.frameworks
 
-SPLITS = ("train", "validation")
+SPLITS = TENSORBOARD_SPLITS
 EVENTS_GLOB = "events.out.tfevents.*"
 
 
@@ -38,7 +38,7 @@ def _scalar_metadata() -> Any:
 
 
 def event_files(folder: str) -> list[str]:
-    """The event files of ``<run>/tensorboard``, split by split, oldest name first."""
+    """The event files of a run's TensorBoard folder, split by split, oldest name first."""
     found = []
     for split in SPLITS:
         found += fileio.glob(fileio.join(fileio.escape(fileio.join(folder, split)), EVENTS_GLOB))
@@ -91,7 +91,7 @@ class TensorBoardLog(keras.callbacks.Callback):
     def __init__(self, run: RunDir, steps_per_epoch: int, loss_every_steps: int | None, *,
                  checkpointer: Any, progress: Any = None, input_wait: Any = None):  # fmt: skip
         super().__init__()
-        self.folder = run.file(TENSORBOARD)
+        self.folder = run.file(*run.tensorboard_parts())
         self.steps_per_epoch = steps_per_epoch
         self.every = loss_every_steps
         self.checkpointer = checkpointer  # its resume_at: where this fit sequence starts

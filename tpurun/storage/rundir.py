@@ -33,7 +33,11 @@ LATEST_STATE = "latest.json"  # in CHECKPOINTS: the resume point's commit record
 BEST_MODEL = "best.keras"  # in CHECKPOINTS
 LATEST_WEIGHTS_PREFIX = "latest-"  # in CHECKPOINTS: latest-e<E>-s<S>.weights.h5
 EARLY_STOPPING_WEIGHTS = "early_stopping_best.npz"  # in CHECKPOINTS
-TENSORBOARD = "tensorboard"  # event files (train/, validation/) and profiles (plugins/profile/)
+# TensorBoard's event folders (train/, validation/) and profiles (plugins/profile/) sit in the run
+# directory itself, so that `tensorboard --logdir runs` names a run's curves <run>/train and
+# <run>/validation. Runs made before kept them in a tensorboard/ folder, and go on doing so.
+TENSORBOARD_SPLITS = ("train", "validation")
+LEGACY_TENSORBOARD = "tensorboard"
 CURVES = "curves.png"
 _WEIGHT_SUFFIXES = (".weights.h5", ".keras", ".h5")
 
@@ -303,6 +307,12 @@ class RunDir:
             return None
         fileio.save_atomically(self.file(name), save)
         return self.file(name)
+
+    def tensorboard_parts(self) -> tuple[str, ...]:
+        """Where the TensorBoard logs go, as names under the run directory: none (the run
+        directory itself), or ``tensorboard/`` for a run that began with it."""
+        legacy = self.file(LEGACY_TENSORBOARD)
+        return (LEGACY_TENSORBOARD,) if self.exists() and fileio.isdir(legacy) else ()
 
     def add_file(self, local: str, *names: str) -> str | None:
         """Copy a local file to ``names`` in the run directory, folders made (a profile trace);
