@@ -181,8 +181,13 @@ def _learning_rate(ax: Any, logs: Sequence[RunLog], several: bool) -> list[Any]:
                             label=f"{log.name} learning rate" if several else "learning rate")  # fmt: skip
         lines.append(line)
     twin.set_ylabel("learning rate")
+    finite = [v for v in values if v == v and v > 0]
     if _span(values) >= LOG_SCALE_SPAN:
         twin.set_yscale("log")
+    elif finite and max(finite) <= min(finite) * 1.01:
+        # A constant rate: from 0 to twice it, so the axis does not blow float noise up into
+        # ticks (0.00096 ... 0.00104) that mean nothing.
+        twin.set_ylim(0, 2 * max(finite))
     return lines
 
 
