@@ -69,7 +69,8 @@ class CheckpointConfig(Section):
 
 class CsvLogConfig(Section):
     filename: str = Field(
-        "log.csv", description="The file name in the run directory: one row per finished epoch."
+        "log.csv",
+        description="The file name in the run directory: one row per finished epoch, its `epoch` column counted from 0 as Keras' CSVLogger does (everything else counts epochs from 1).",
     )
     append: bool = Field(
         True,
