@@ -2,19 +2,32 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+# A second environment, without tpurun or TensorFlow, for the IPython kernel the notebook test
+# (tests/test_notebook.py) runs: a user's notebook kernel is rarely tpurun's own Python.
+KERNEL_VENV := .venv-kernel
 # The combination checked in ../shared/FIELD-NOTES.md (late 2026). Pinned here, not in
 # pyproject.toml, so that `pip install tpurun` on Kaggle or Colab keeps the image's own builds.
 PINS   := tensorflow-cpu==2.21.0 keras==3.15.1 jax==0.10.2
 
 .PHONY: install test test-fast lint format docs bench quickstart clean
 
-install: $(BIN)/tpurun
+install: $(BIN)/tpurun $(KERNEL_VENV)/.installed
 
 $(BIN)/tpurun: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(PINS) -e '.[dev,export,viz,docs]'
 	@$(BIN)/tpurun --version
+
+# ipykernel exports MPLBACKEND=module://matplotlib_inline.backend_inline, which only this
+# environment can import: the case tpurun meets in a real notebook. ipykernel (which requires
+# matplotlib-inline) stays out of .venv so that case stays real; the test's second kernel runs
+# .venv's Python with ipykernel taken from here.
+$(KERNEL_VENV)/.installed:
+	$(PYTHON) -m venv $(KERNEL_VENV)
+	$(KERNEL_VENV)/bin/pip install --quiet --upgrade pip
+	$(KERNEL_VENV)/bin/pip install --quiet ipykernel matplotlib-inline
+	@touch $@
 
 test: install
 	$(BIN)/python -m pytest -q -ra
@@ -42,4 +55,4 @@ bench: install
 	$(BIN)/python benchmarks/runner_overhead.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(KERNEL_VENV) runs .pytest_cache .ruff_cache *.egg-info
