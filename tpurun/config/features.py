@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
 from tpurun.config.base import Positive, Section
 
@@ -31,7 +31,28 @@ class _FeatureBase(Section):
     )
 
 
-class RawFeature(_FeatureBase):
+class _Normalizable(_FeatureBase):
+    normalize: bool = Field(
+        False,
+        description="Standardize this model input: a `keras.layers.Normalization` in front of the "
+        "factory's model subtracts each value's training mean and divides by its standard "
+        "deviation, from the statistics `tpurun data write` recorded in the schema file (the train "
+        "split only). The numbers are copied into the run's `config.yaml` (`derived.normalization`) "
+        "and travel inside the model to evaluate, predict and every export. A constant value "
+        "(variance 0) is centred, not scaled.",
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_default_normalize(self, handler: SerializerFunctionWrapHandler) -> dict:
+        # Written only when on, and last: configs, run directories and export sidecars of features
+        # that do not normalize stay as they were.
+        data = handler(self)
+        if isinstance(data, dict) and data.pop("normalize", False):
+            data["normalize"] = True
+        return data
+
+
+class RawFeature(_Normalizable):
     type: Literal["raw"] = Field(
         description="One bytes value (an array's `tobytes()`), decoded with `tf.io.decode_raw` and "
         "reshaped to `shape`."
@@ -43,7 +64,7 @@ class RawFeature(_FeatureBase):
     cast: CastDType | None = Field(None, description="A dtype to cast to after decoding.")
 
 
-class Int64Feature(_FeatureBase):
+class Int64Feature(_Normalizable):
     type: Literal["int64"] = Field(
         description="An int64 list, decoded to a fixed-length tensor (class indices, ids)."
     )
@@ -53,7 +74,7 @@ class Int64Feature(_FeatureBase):
     cast: CastDType | None = Field(None, description="A dtype to cast to after decoding.")
 
 
-class FloatFeature(_FeatureBase):
+class FloatFeature(_Normalizable):
     type: Literal["float"] = Field(
         description="A float list, decoded to a fixed-length tensor (a CSV column, or columns packed "
         "into one vector)."

@@ -20,14 +20,19 @@ Layout (``version`` 1)::
       "source": "flowers/", "created": "2026-11-22T05:50:00Z",
       "label": "species",                        # CSV only, each key when it applies:
       "packed": {"x": ["f0", "f1", "f2"]},       #   the columns of each packed vector, in order
-      "fill_missing": {"f1": 0.25}               #   the value written for a column's empty cells
+      "fill_missing": {"f1": 0.25},              #   the value written for a column's empty cells
+      "statistics": {"split": "train",           # numeric features, over the train split only
+                     "features": {"x": {"count": 9000, "mean": [...], "variance": [...],
+                                        "min": [...], "max": [...]}}}
     }
 
 Shard names are relative to the schema file's folder. Feature entries use the config's own keys,
 so they can be pasted into ``data.features`` as they are, in the source's column order.
 ``class_names`` come from an image folder's class folders or a CSV's text label. ``shard_bytes``
 (each shard's size, a cheap check for truncated copies) is absent from schema files written before
-it existed.
+it existed. ``statistics`` (see :mod:`tpurun.data.statistics`: per element of each numeric feature,
+over the "train" split, or "all" when the records were not split) is what ``normalize: true``
+standardizes with; older files lack it.
 """
 
 from __future__ import annotations
@@ -69,6 +74,7 @@ def make(
     source: str | None = None,
     shard_bytes: Mapping[str, Mapping[str, int]] | None = None,
     layout: Mapping[str, Any] | None = None,
+    statistics: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Build a schema dict.
 
@@ -76,6 +82,7 @@ def make(
         splits: maps a split name to ``{shard basename: record count}``.
         shard_bytes: the same, with each shard's size in bytes, when known.
         layout: how a CSV's columns became features (``label``, ``packed``, ``fill_missing``).
+        statistics: the numeric features' statistics (``statistics.Statistics.to_schema``).
     """
     made = {
         split: {"records": sum(shards.values()), "shards": dict(shards)}
@@ -93,6 +100,7 @@ def make(
         "source": source,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **(layout or {}),
+        **({"statistics": dict(statistics)} if statistics else {}),
     }
 
 

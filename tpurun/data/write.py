@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tpurun import frameworks
 from tpurun.data import schema_file as schema
 from tpurun.data import shards
+from tpurun.data.statistics import Statistics
 from tpurun.errors import DataError, TpurunError
 
 if TYPE_CHECKING:
@@ -177,6 +178,8 @@ def write_dataset(
             shards.refuse_existing(out_prefix, folder, base)
     source = _opened(source, image_size, seed, label, pack, fill_missing)
     is_validation = split_mask(source.records, validation_fraction, seed)
+    # Of the train split only: statistics of the validation records would leak them.
+    stats = Statistics(source.features)
     shard_sets = _shard_sets(source, out_prefix, is_validation, shard_mb, shard_multiple,
                              compression)  # fmt: skip
     chunk_size = max(1, min(chunk_records, CHUNK_BYTES * source.records // max(1, source.nbytes)))
@@ -184,7 +187,7 @@ def write_dataset(
     try:
         with _writing_to(out_prefix, "writing the shards"):
             shards.prepare_folder(folder, base)
-            _write_records(source, shard_sets, is_validation, chunk_size, progress)
+            _write_records(source, shard_sets, is_validation, chunk_size, progress, stats)
             splits = {split: shard_set.finish() for split, shard_set in shard_sets.items()}
             shards.commit(out_prefix, folder, base, list(shard_sets.values()))
         committed = True
@@ -193,7 +196,8 @@ def write_dataset(
             for shard_set in shard_sets.values():
                 shard_set.abandon()
     return WriteReport(
-        schema_path=_write_schema(source, out_prefix, splits, compression),
+        schema_path=_write_schema(source, out_prefix, splits, compression,
+                                  stats.to_schema("all" if is_validation is None else "train")),
         source=source.path,
         features=source.features,
         class_names=source.class_names,
@@ -241,7 +245,8 @@ def _shard_sets(
     return shard_sets
 
 
-def _write_schema(source: Source, out_prefix: str, splits: dict, compression: str) -> str:
+def _write_schema(source: Source, out_prefix: str, splits: dict, compression: str,
+                  statistics: dict | None) -> str:  # fmt: skip
     """``<out_prefix>.schema.json``, written last: the dataset is complete once it is there."""
     schema_file = schema.schema_path(out_prefix)
     schema.write(
@@ -258,6 +263,7 @@ def _write_schema(source: Source, out_prefix: str, splits: dict, compression: st
                 for split, written in splits.items()
             },
             layout=source.layout,
+            statistics=statistics,
         ),
     )  # fmt: skip
     return schema_file
@@ -278,8 +284,9 @@ def _writing_to(out_prefix: str, doing: str):
         raise DataError(f"{out_prefix}: cannot write the shards there: {exc.message}") from None
 
 
-def _write_records(source, shard_sets, is_validation, chunk_size, progress) -> None:
-    """Serialize every record of ``source`` into the shard set of its split."""
+def _write_records(source, shard_sets, is_validation, chunk_size, progress, stats) -> None:
+    """Serialize every record of ``source`` into the shard set of its split; ``stats`` counts the
+    train split's (every record's when there is no split)."""
     done = 0
     changed = "did the source change during the write? Write it again."
     for chunk in source.chunks(chunk_size):
@@ -289,6 +296,7 @@ def _write_records(source, shard_sets, is_validation, chunk_size, progress) -> N
             raise DataError(
                 f"{source.path}: more than the {source.records} records counted; {changed}"
             )
+        stats.update(chunk, None if is_validation is None else ~is_validation[done : done + rows])
         for i in range(rows):
             record = example_bytes({name: column[i] for name, column in columns})
             if is_validation is None:

@@ -11,6 +11,8 @@ from typing import Any, TextIO
 
 from tpurun.display.reporter import PLAIN_PROGRESS_SECONDS, Reporter
 
+INPUT_WAIT = "input_wait"  # the key tpurun.observe puts into an epoch's logs for this line
+
 
 def metric_parts(logs: Mapping[str, Any] | None) -> list[str]:
     """``name value`` for each metric: the loss first, then the training metrics, then the
@@ -19,7 +21,7 @@ def metric_parts(logs: Mapping[str, Any] | None) -> list[str]:
         return []
 
     keys = sorted(  # stable: otherwise in the logs' order
-        (k for k in logs if k != "learning_rate"),
+        (k for k in logs if k not in ("learning_rate", INPUT_WAIT)),
         key=lambda k: (k.startswith("val_"), k.removeprefix("val_") != "loss"),
     )
     parts = [f"{key} {_num(logs[key])}" for key in keys]
@@ -132,7 +134,11 @@ class PlainReporter(Reporter):
         self._line(f"{epoch_label(epoch, self.epochs)}  validating {step}/{steps}")
 
     def _epoch_parts(self, logs, seconds, rate) -> list[str]:
-        return [*metric_parts(logs), f"{took(seconds)}  {rate:,.0f} ex/s"]
+        parts = [*metric_parts(logs), f"{took(seconds)}  {rate:,.0f} ex/s"]
+        wait = (logs or {}).get(INPUT_WAIT)
+        if wait is not None:  # a share of the epoch's time, not a metric: said as one
+            parts.append(f"input wait {float(wait):.0%}")
+        return parts
 
     def epoch_end(self, epoch, logs, seconds, rate) -> None:
         self._line(

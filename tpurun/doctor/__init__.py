@@ -66,6 +66,8 @@ def run_checks(
     machine = probe(env, dev_root)
     uses_gcs = None if cfg is None else config_uses_gcs(cfg)
     # Slow children first, so they overlap with the quick checks.
+    if cfg is None and not machine.tpu_present:
+        uses_gcs = False  # nothing asks for a bucket: without a config, only a TPU's data does
     gcs_probe = gcs.start_gcs_probe(gcs_timeout, cfg) if uses_gcs is not False else None
     devices = probes.device_counts(machine, probe_timeout)
 
@@ -82,7 +84,14 @@ def run_checks(
     checks += timed("hosts", lambda: mc.check_hosts(cfg, env))
     checks += timed("gcs.credentials", lambda: mc.check_gcs_credentials(machine, env, uses_gcs))
     if gcs_probe is None:
-        checks.append(Check("gcs.reachable", "skip", "not needed: no gs:// path in this config"))
+        why = (
+            "no gs:// path in this config"
+            if cfg is not None
+            else (
+                "no config given and no TPU; `tpurun doctor CONFIG` checks a config's gs:// paths"
+            )
+        )
+        checks.append(Check("gcs.reachable", "skip", f"not needed: {why}"))
     else:
         checks += timed("gcs.reachable", lambda: gcs_probe.check(uses_gcs))
     if cfg is not None:

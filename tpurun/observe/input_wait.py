@@ -51,13 +51,16 @@ def overall(waits: Sequence[tuple[float, float]]) -> float | None:
 
 def verdict(waits: Sequence[tuple[float, float]], config_file: str) -> tuple[str, str] | None:
     """What the input wait says about the run, and the message level; None when it was not
-    measured, or over too short a time to judge (a few seconds of a toy run).
+    measured, measured only on the first epoch (which compiles), or over too short a time to
+    judge (a few seconds of a toy run).
 
     Args:
         waits: ``(seconds waiting, seconds training)`` per epoch.
         config_file: the config to name in ``tpurun data bench`` (the run's ``config.yaml``).
     """
     fraction = overall(waits)
+    if len(waits) < 2:
+        return None  # only the epoch that compiled: its wait is diluted by the compile time
     if fraction is None or sum(seconds for _, seconds in _steady(waits)) < JUDGED_SECONDS:
         return None
     share = f"{fraction:.0%} of the training loop's time waiting for the next batch"

@@ -1,0 +1,211 @@
+"""Feature statistics: what ``tpurun data write`` records of the values it wrote, and the numbers a
+``normalize: true`` feature is standardized with.
+
+While the shards are written, every numeric feature's values are accumulated per element (a
+packed vector per column), over the **train split only** when the records are split: statistics
+that had seen the validation records would leak them into the model. The schema file keeps, for
+each such feature, ``count``, ``mean``, ``variance`` (the population variance, as scikit-learn's
+``StandardScaler`` and Keras' ``Normalization.adapt`` compute it), ``min`` and ``max``.
+
+Which features: ``float`` and ``int64`` features (a CSV's numeric columns and packed vectors,
+scalar arrays) and ``raw`` features of a float dtype (arrays), of up to :data:`MAX_ELEMENTS`
+values per record; others (text, images, wider arrays) get none. The sums run in float64 over the
+values as written (float32 for floats), merged chunk by chunk (Chan et al.'s pairwise update), so
+the result is exact to float64 rounding whatever the chunk size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from tpurun.errors import ConfigError, DataError
+
+#: The most values per record a feature may have and still get statistics: each is five numbers
+#: in the schema file (a 64 x 64 image has 4,096).
+MAX_ELEMENTS = 4096
+_RAW_FLOATS = ("float16", "float32", "float64")
+_REWRITE = "Write the data again with `tpurun data write` (it records them)"
+
+
+class Moments:
+    """One feature's running count, mean, sum of squared deviations, minimum and maximum."""
+
+    def __init__(self, shape: Sequence[int]):
+        self.shape = tuple(shape)
+        self.count = 0
+        self.mean = np.zeros(self.shape)
+        self.m2 = np.zeros(self.shape)
+        self.min = np.full(self.shape, np.inf)
+        self.max = np.full(self.shape, -np.inf)
+
+    def update(self, values: np.ndarray) -> None:
+        """Add a batch of records, ``values`` of shape ``(records, *shape)``."""
+        n = len(values)
+        if not n:
+            return
+        values = values.astype(np.float64, copy=False)
+        batch_mean = values.mean(axis=0)
+        batch_m2 = np.square(values - batch_mean).sum(axis=0)
+        total = self.count + n
+        delta = batch_mean - self.mean
+        self.mean = self.mean + delta * (n / total)
+        self.m2 = self.m2 + batch_m2 + np.square(delta) * (self.count * n / total)
+        self.count = total
+        self.min = np.minimum(self.min, values.min(axis=0))
+        self.max = np.maximum(self.max, values.max(axis=0))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: numbers for a scalar feature, nested lists of the feature's shape else."""
+        return {
+            "count": self.count,
+            "mean": self.mean.tolist(),
+            "variance": (self.m2 / max(1, self.count)).tolist(),
+            "min": self.min.tolist(),
+            "max": self.max.tolist(),
+        }
+
+
+def _reader(spec: Mapping[str, Any]) -> str | None:
+    """The dtype a feature's written values are read back as, or None: no statistics for it."""
+    shape = spec.get("shape") or []
+    if math.prod(shape) > MAX_ELEMENTS:
+        return None
+    kind = spec.get("type")
+    if kind == "raw" and spec.get("dtype") in _RAW_FLOATS:
+        return spec["dtype"]
+    return {"float": "float32", "int64": "int64"}.get(kind)
+
+
+class Statistics:
+    """The statistics of every numeric feature of a source, accumulated a chunk at a time."""
+
+    def __init__(self, features: Mapping[str, Mapping[str, Any]]):
+        self._features: dict[str, tuple[str, Moments]] = {}
+        for name, spec in features.items():
+            dtype = _reader(spec)
+            if dtype is not None:
+                self._features[name] = (dtype, Moments(spec.get("shape") or []))
+
+    def update(self, chunk: Mapping[str, Any], keep: np.ndarray | None = None) -> None:
+        """Add a chunk of records (``{feature: column}``, as a source yields them); ``keep``, a
+        bool per record, picks the ones to count (the train split's)."""
+        for name, (dtype, moments) in self._features.items():
+            column = chunk[name]
+            if dtype in _RAW_FLOATS and not isinstance(column, np.ndarray):
+                values = np.frombuffer(b"".join(column), np.dtype(dtype).newbyteorder("<"))
+            else:  # floats are written as float32: count what the records hold
+                values = np.asarray(column).astype(dtype, copy=False)
+            values = values.reshape(-1, *moments.shape)
+            moments.update(values if keep is None else values[keep])
+
+    def to_schema(self, split: str) -> dict[str, Any] | None:
+        """The schema file's ``statistics``: the split they describe, and each feature's; None
+        when no feature has any."""
+        if not self._features:
+            return None
+        features = {name: moments.to_dict() for name, (_, moments) in self._features.items()}
+        return {"split": split, "features": features}
+
+
+# ------------------------------------------------------------------------------ normalization
+def is_constant(mean: np.ndarray, variance: np.ndarray, count: int) -> np.ndarray:
+    """Which values are constant: a variance within float64 rounding of 0 (scikit-learn's bound
+    in ``StandardScaler``), so that a column of one value is found whatever its magnitude."""
+    eps = np.finfo(np.float64).eps
+    return variance <= count * eps * variance + np.square(count * mean * eps)
+
+
+def normalization(data: Any, train_files: Sequence[str]) -> tuple[dict[str, dict], list[str]]:
+    """The numbers each ``normalize: true`` feature is standardized with, from the statistics
+    in the schema file beside the training records, and warnings of constant values.
+
+    A constant value (variance 0) gets variance 1: it is centred, not scaled. Keras would divide
+    by its epsilon instead, turning any difference from the training value into a huge input.
+
+    Args:
+        data: the effective ``data`` section (features filled in from the schema file).
+        train_files: the training files (the first one's schema file is read).
+
+    Returns:
+        ``({feature: {mean, variance, count, schema, split}}, warnings)``; ``({}, [])`` when no
+        feature normalizes.
+
+    Raises:
+        ConfigError: ``normalize`` on a feature that is not a model input.
+        DataError: no schema file, or one without statistics for the feature (written before
+            they existed, or a feature that gets none), or statistics that are not finite.
+    """
+    from tpurun.config import DataConfig
+    from tpurun.data import schema_file
+
+    wanted = {n: f for n, f in data.features.items() if getattr(f, "normalize", False)}
+    if not wanted:
+        return {}, []
+    inputs = DataConfig.names(data.inputs)
+    stray = [n for n in wanted if n not in inputs]
+    if stray:
+        raise ConfigError([
+            f"data.features.{name}.normalize: '{name}' is not a model input (data.inputs: "
+            f"{data.inputs}); normalize standardizes inputs only. Remove it, or feed the feature "
+            "to the model." for name in stray
+        ])  # fmt: skip
+    path, schema = schema_file.find_for(train_files[:1]).get(train_files[0], (None, None))
+    numbers, warnings = {}, []
+    for name, feature in wanted.items():
+        key = feature.key or name
+        if schema is None:
+            raise DataError(
+                f"data.features.{name}.normalize: no schema file beside {train_files[0]}, so "
+                f"there are no statistics of '{key}' to normalize it with. {_REWRITE} beside the "
+                "shards."
+            )
+        stats = ((schema.get("statistics") or {}).get("features") or {}).get(key)
+        if stats is None:
+            raise DataError(
+                f"data.features.{name}.normalize: {path} has no statistics of '{key}' (the file "
+                f"was written before tpurun recorded them, or '{key}' is not numeric or has more "
+                f"than {MAX_ELEMENTS:,} values per record). {_REWRITE}: "
+                "`tpurun data write SOURCE OUT_PREFIX --overwrite` with the options it was written "
+                "with."
+            )
+        numbers[name], constant = _standardization(name, feature, stats, path)
+        numbers[name]["split"] = schema["statistics"].get("split", "all")
+        if constant:
+            columns = (schema.get("packed") or {}).get(key)
+            shown = [
+                columns[i] if columns and i < len(columns) else f"{key}[{i}]" for i in constant
+            ]
+            warnings.append(
+                f"data.features.{name}.normalize: {len(constant)} value(s) are constant in the "
+                f"training records ({', '.join(shown[:6])}{', ...' if len(shown) > 6 else ''}): "
+                "they are centred (variance taken as 1), so they carry no information; consider "
+                "leaving them out."
+            )
+    return numbers, warnings
+
+
+def _standardization(name: str, feature: Any, stats: Mapping, path: str) -> tuple[dict, list]:
+    """The mean and variance the layer uses for one feature, and its constant elements' indices."""
+    mean = np.asarray(stats["mean"], dtype=np.float64)
+    variance = np.asarray(stats["variance"], dtype=np.float64)
+    count = int(stats["count"])
+    if mean.shape != tuple(feature.shape) or variance.shape != mean.shape:
+        raise DataError(
+            f"data.features.{name}.normalize: {path} has statistics of shape {list(mean.shape)}, "
+            f"and the feature's shape is {feature.shape}. Declare the shape the data was written "
+            "with, or write the data again with `tpurun data write`."
+        )
+    if not (np.isfinite(mean).all() and np.isfinite(variance).all()):
+        raise DataError(
+            f"data.features.{name}.normalize: the statistics in {path} are not finite: the "
+            "training records hold NaN or infinite values. Clean them (or use --fill-missing for a "
+            "CSV) and write the data again."
+        )
+    constant = is_constant(mean, variance, count)
+    used = np.where(constant, 1.0, variance)
+    numbers = {"mean": mean.tolist(), "variance": used.tolist(), "count": count, "schema": path}
+    return numbers, np.flatnonzero(constant).tolist()
