@@ -196,8 +196,13 @@ def write_dataset(
             for shard_set in shard_sets.values():
                 shard_set.abandon()
     return WriteReport(
-        schema_path=_write_schema(source, out_prefix, splits, compression,
-                                  stats.to_schema("all" if is_validation is None else "train")),
+        schema_path=_write_schema(
+            source,
+            out_prefix,
+            splits,
+            compression,
+            stats.to_schema("all" if is_validation is None else "train"),
+        ),
         source=source.path,
         features=source.features,
         class_names=source.class_names,

@@ -175,7 +175,9 @@ def build(trained: TrainedRun, checkpoint: Checkpoint, runtime: Any = None) -> A
     config = trained.config
     scope = runtime.scope() if runtime is not None else contextlib.nullcontext()
     with scope:
-        model = build_model(config, keras.backend.backend())
+        # With the numbers it trained with, as config.yaml recorded them (normalize: true).
+        model = build_model(config, keras.backend.backend(),
+                            trained.derived.get("normalization") or {})  # fmt: skip
         if not model.built:  # a subclassed model: one call creates its variables
             model(sample_inputs(config.data, 1))
         try:

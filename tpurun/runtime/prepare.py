@@ -36,6 +36,8 @@ class Prepared:
     data: ResolvedData  # the files, their record counts, the shards data.skip_corrupt left out
     train_share: Share  # what this process reads (all of it on one process)
     validation_share: Share | None
+    # normalize: true's numbers, {feature: {mean, variance, ...}}, from the schema's statistics
+    normalization: dict | None = None
 
     def derived(self) -> dict[str, Any]:
         """The values derived on this machine, as ``config.yaml`` and ``tpurun config`` show them."""
@@ -50,6 +52,7 @@ class Prepared:
             "compression": self.config.data.compression,
             # Where predict and export find them: the label's class names, from the schema file.
             "class_names": data.class_names,
+            **({"normalization": self.normalization} if self.normalization else {}),
         }
 
     def effective(self) -> dict[str, Any]:
@@ -113,9 +116,11 @@ def prepare(config: Config, choice: Choice, replicas: int) -> Prepared:
         TpurunError: missing, damaged or mismatched data; a batch that does not fit.
     """
     from tpurun.data.resolve import resolve
+    from tpurun.data.statistics import normalization
 
     resolved = resolve(config)
     effective = config.model_copy(update={"data": resolved.data})
+    numbers, constant = normalization(effective.data, resolved.train_files)
     n = choice.cluster.num_processes
     train = shares(resolved.train_files, resolved.train_counts, n)
     validation = shares(resolved.validation_files, resolved.validation_counts, n)
@@ -123,7 +128,7 @@ def prepare(config: Config, choice: Choice, replicas: int) -> Prepared:
         effective, choice, replicas, [s.records for s in train],
         [s.records for s in validation] if resolved.validation_files else None,
     )  # fmt: skip
-    plan.warnings.extend(s.describe() for s in resolved.skipped)
+    plan.warnings.extend([*(s.describe() for s in resolved.skipped), *constant])
     for split, files in (
         ("train", resolved.train_files),
         ("validation", resolved.validation_files),
@@ -133,7 +138,7 @@ def prepare(config: Config, choice: Choice, replicas: int) -> Prepared:
             plan.warnings.append(warning)
     i = choice.cluster.process_id
     return Prepared(effective, choice, plan, resolved, train[i],
-                    validation[i] if resolved.validation_files else None)  # fmt: skip
+                    validation[i] if resolved.validation_files else None, numbers)  # fmt: skip
 
 
 def prepare_here(config: Config, machine: Machine | None = None) -> Prepared:

@@ -182,10 +182,12 @@ def _datasets(job: TrainJob) -> tuple[Callable[[int, int], Any], Any]:
 def _compiled_model(job: TrainJob) -> Any:
     """The config's model, built and compiled in the runtime's scope."""
     from tpurun.training.model import build_model, compile_model
+    from tpurun.training.normalize import for_session
 
     config, plan = job.prepared.config, job.prepared.plan
+    numbers = for_session(job.prepared, job.point, job.effective, job.reporter)
     with job.runtime.scope():
-        model = build_model(config, plan.backend)
+        model = build_model(config, plan.backend, numbers)
         note = compile_model(model, config, plan)
     if note:
         job.reporter.message(note, "note")
@@ -194,7 +196,7 @@ def _compiled_model(job: TrainJob) -> Any:
 
 def _first_inputs(job: TrainJob, model, train_data: Callable[[int, int], Any]) -> Any:
     """The first batch's inputs, once its targets are checked against the model's loss."""
-    from tpurun.training.model import check_loss_fits
+    from tpurun.training.loss_check import check_loss_fits
 
     tf = frameworks.tensorflow()
     try:
