@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer
 
@@ -31,24 +31,28 @@ class _FeatureBase(Section):
     )
 
 
-class _Normalizable(_FeatureBase):
-    normalize: bool = Field(
+def _normalize() -> Any:
+    return Field(
         False,
         description="Standardize this model input: a `keras.layers.Normalization` in front of the "
-        "factory's model subtracts each value's training mean and divides by its standard "
-        "deviation, from the statistics `tpurun data write` recorded in the schema file (the train "
-        "split only). The numbers are copied into the run's `config.yaml` (`derived.normalization`) "
-        "and travel inside the model to evaluate, predict and every export. A constant value "
-        "(variance 0) is centred, not scaled.",
+        "factory's model, with each value's mean and variance over the training records, as "
+        "`tpurun data write` recorded them in the schema file. The numbers go into the run's "
+        "`config.yaml` (`derived.normalization`) and inside the model, so evaluate, predict and "
+        "every export use them. A constant value (variance 0) is centred, not scaled. See "
+        "[Your own CSV](csv.md#normalize).",
     )
+
+
+class _Normalizable(_FeatureBase):
+    """A numeric feature, which a model input may take standardized (``normalize``)."""
 
     @model_serializer(mode="wrap")
     def _without_default_normalize(self, handler: SerializerFunctionWrapHandler) -> dict:
-        # Written only when on, and last: configs, run directories and export sidecars of features
-        # that do not normalize stay as they were.
+        # Written only when on: configs, run directories and export sidecars of features that do
+        # not normalize stay as they were.
         data = handler(self)
-        if isinstance(data, dict) and data.pop("normalize", False):
-            data["normalize"] = True
+        if isinstance(data, dict) and not data.get("normalize"):
+            data.pop("normalize", None)
         return data
 
 
@@ -62,6 +66,7 @@ class RawFeature(_Normalizable):
         description="The shape of one record's tensor after decoding; its byte length must fit."
     )
     cast: CastDType | None = Field(None, description="A dtype to cast to after decoding.")
+    normalize: bool = _normalize()
 
 
 class Int64Feature(_Normalizable):
@@ -72,6 +77,7 @@ class Int64Feature(_Normalizable):
         default_factory=list, description="`[]` for a scalar, which arrives batched as `(batch,)`."
     )
     cast: CastDType | None = Field(None, description="A dtype to cast to after decoding.")
+    normalize: bool = _normalize()
 
 
 class FloatFeature(_Normalizable):
@@ -83,6 +89,7 @@ class FloatFeature(_Normalizable):
         default_factory=list, description="`[]` for a scalar, `[n]` for a vector of n values."
     )
     cast: CastDType | None = Field(None, description="A dtype to cast to after decoding.")
+    normalize: bool = _normalize()
 
 
 class BytesFeature(_FeatureBase):
