@@ -65,14 +65,6 @@ def test_a_mid_epoch_stop_resumes_at_that_step_and_matches_an_unbroken_run(
     assert int(model.optimizer.iterations.numpy()) == 3 * 16
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a stop inside the rest of an epoch a session resumed "
-    "in skips that rest: fit.py's _fit_from goes on to the next epoch after StopNow "
-    "(model.stop_training is not set), which stops at its first step, so the stop "
-    "is saved as (next epoch, step 1) and the skipped steps are never trained nor "
-    "the epoch logged",
-)
 def test_a_stop_inside_the_resumed_rest_of_an_epoch_stops_there(toy_data, tmp_path):
     """Stopped at epoch 2, step 4; resumed, and stopped again at step 8 of that same epoch."""
     config = config_for(toy_data, tmp_path, "twice", steps_per_execution=1)

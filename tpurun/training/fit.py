@@ -350,6 +350,7 @@ def _fit(model, train_ds, val_ds, val_steps, steps: int, epochs: int, initial_ep
         # A stop mid-epoch, saved: Keras (JAX) left its last step's state unsynced; write it to
         # the variables now, or a later sync would overwrite what a NaN restore loads into them.
         getattr(model, "jax_state_sync", lambda: None)()
+        model.stop_training = True  # so that a resumed epoch's rest does not go on to the next
         return None
     except tf.errors.InvalidArgumentError as exc:
         first = (exc.message or str(exc)).strip().splitlines()[0]
