@@ -178,8 +178,6 @@ def write_dataset(
             shards.refuse_existing(out_prefix, folder, base)
     source = _opened(source, image_size, seed, label, pack, fill_missing)
     is_validation = split_mask(source.records, validation_fraction, seed)
-    # Of the train split only: statistics of the validation records would leak them.
-    stats = Statistics(source.features)
     shard_sets = _shard_sets(source, out_prefix, is_validation, shard_mb, shard_multiple,
                              compression)  # fmt: skip
     chunk_size = max(1, min(chunk_records, CHUNK_BYTES * source.records // max(1, source.nbytes)))
@@ -187,7 +185,7 @@ def write_dataset(
     try:
         with _writing_to(out_prefix, "writing the shards"):
             shards.prepare_folder(folder, base)
-            _write_records(source, shard_sets, is_validation, chunk_size, progress, stats)
+            stats = _write_records(source, shard_sets, is_validation, chunk_size, progress)
             splits = {split: shard_set.finish() for split, shard_set in shard_sets.items()}
             shards.commit(out_prefix, folder, base, list(shard_sets.values()))
         committed = True
@@ -195,14 +193,9 @@ def write_dataset(
         if not committed:
             for shard_set in shard_sets.values():
                 shard_set.abandon()
+    statistics = stats.to_schema("all" if is_validation is None else "train")
     return WriteReport(
-        schema_path=_write_schema(
-            source,
-            out_prefix,
-            splits,
-            compression,
-            stats.to_schema("all" if is_validation is None else "train"),
-        ),
+        schema_path=_write_schema(source, out_prefix, splits, compression, statistics),
         source=source.path,
         features=source.features,
         class_names=source.class_names,
@@ -289,9 +282,14 @@ def _writing_to(out_prefix: str, doing: str):
         raise DataError(f"{out_prefix}: cannot write the shards there: {exc.message}") from None
 
 
-def _write_records(source, shard_sets, is_validation, chunk_size, progress, stats) -> None:
-    """Serialize every record of ``source`` into the shard set of its split; ``stats`` counts the
-    train split's (every record's when there is no split)."""
+def _write_records(source, shard_sets, is_validation, chunk_size, progress) -> Statistics:
+    """Serialize every record of ``source`` into the shard set of its split.
+
+    Returns:
+        The numeric features' statistics, of the train split only (of every record when there is
+        no split): statistics of the validation records would leak them into a model.
+    """
+    stats = Statistics(source.features)
     done = 0
     changed = "did the source change during the write? Write it again."
     for chunk in source.chunks(chunk_size):
@@ -317,6 +315,7 @@ def _write_records(source, shard_sets, is_validation, chunk_size, progress, stat
         raise DataError(
             f"{source.path}: {done} records, not the {source.records} counted; {changed}"
         )
+    return stats
 
 
 def _check_options(
