@@ -86,8 +86,8 @@ def test_launch_trains_with_one_writer_and_the_plan_of_one_process(tmp_path, pro
     assert holder["pid"] == summary["pid"]  # the one writer held the lock and wrote the summary
     assert [r["epoch"] for r in read_log(run_dir)] == ["0", "1"]
     assert sorted(os.listdir(run_dir)) == ["checkpoints", "config.yaml", "curves.png", "log.csv",
-                                           "model.keras", "run.lock", "summary.json",
-                                           "tensorboard"]  # fmt: skip
+                                           "model.keras", "run.lock", "summary.json", "train",
+                                           "validation"]  # fmt: skip
     assert f"process 0 of {processes}" in done.stdout  # the chief's lines only
     assert done.stdout.count("completed:") == 1
     if processes == 2:
