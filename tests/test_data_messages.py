@@ -8,7 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tpurun.cli.app import app
-from tpurun.data.inspect import FileInfo, advise, inspect
+from tpurun.data.advice import advise
+from tpurun.data.inspect import FileInfo, inspect
 from tpurun.data.write import write_dataset
 from tpurun.errors import DataError
 

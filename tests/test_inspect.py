@@ -14,7 +14,8 @@ from helpers import encode_image
 from tpurun.config import DataConfig
 from tpurun.data import pipeline
 from tpurun.data import schema_file as schema
-from tpurun.data.inspect import FeatureInfo, FileInfo, advise, inspect
+from tpurun.data.advice import advise
+from tpurun.data.inspect import FeatureInfo, FileInfo, inspect
 from tpurun.data.write import example_bytes, write_shards
 from tpurun.errors import DataError
 

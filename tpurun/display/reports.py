@@ -156,7 +156,7 @@ def show_inspected(
     if as_json:
         show_json(report.to_dict())
         return
-    from tpurun.data.inspect import format_bytes
+    from tpurun.data.advice import format_bytes
 
     source = f"from {report.schema_path}" if report.counts_from == "schema" else "counted"
     rows = [
