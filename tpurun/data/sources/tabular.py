@@ -14,7 +14,8 @@ float, anything else bytes. :class:`TableOptions` changes that the way a tabular
 
 Two passes over the files, neither holding more than one chunk of rows: the first counts rows and
 infers each column's type, missing cells, sums (for means) and label values; the second yields the
-records.
+records. The statistics the schema file records are not the first pass's sums: they are taken from
+the records as they are written, of the train split only (``tpurun.data.statistics``).
 """
 
 from __future__ import annotations
