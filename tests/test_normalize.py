@@ -219,6 +219,23 @@ def test_an_integer_input_or_missing_numbers_are_refused():
         _wrap(model, features, "x", {"x": {"mean": [0.0, 0.0], "variance": [1.0, 1.0]}})
     with pytest.raises(ModelError, match="no numbers for 'x' under derived.normalization"):
         _wrap(model, features, "x", {})
+    wide = keras.Input(shape=(3,), name="x")
+    floats = {**features, "x": {"type": "float", "shape": [3], "normalize": True}}
+    with pytest.raises(ModelError, match=r"takes \[3\] values per record.*have shape \[2\]"):
+        _wrap(keras.Model(wide, keras.layers.Dense(1)(wide)), floats, "x",
+              {"x": {"mean": [0.0, 0.0], "variance": [1.0, 1.0]}})  # fmt: skip
+
+
+def test_a_model_without_declared_inputs_gets_them_from_the_feature():
+    """A Sequential with no Input (or a subclassed model): the input is the feature's shape."""
+    import keras
+
+    model = keras.Sequential([keras.layers.Dense(1, kernel_initializer="ones")])
+    features = {"x": {"type": "float", "shape": [2], "normalize": True}, "y": {"type": "float"}}
+    wrapped = _wrap(model, features, "x", {"x": {"mean": [1.0, 2.0], "variance": [4.0, 9.0]}})
+    assert [t.name for t in wrapped.inputs] == ["x"] and tuple(wrapped.inputs[0].shape) == (None, 2)
+    got = wrapped.predict(np.array([[3.0, 8.0]], np.float32), verbose=0)
+    np.testing.assert_allclose(got, [[(3 - 1) / 2 + (8 - 2) / 3]], rtol=1e-6)
 
 
 # ----------------------------------------------------------------------- a run, loaded and resumed

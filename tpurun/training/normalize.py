@@ -75,9 +75,11 @@ def _input(keras: Any, own: Any, data: DataConfig, slot: Any, feature: str) -> A
     return keras.Input(shape=tuple(spec.shape), dtype=_decoded_dtype(spec), name=name)
 
 
-def _layer(keras: Any, name: str, feature: str, rank: int, own: Any, numbers: Mapping) -> Any:
-    """The Normalization layer of one input (``rank`` dimensions per record); ``own``, the
-    factory model's input it feeds, if it declares one."""
+def _layer(keras: Any, name: str, feature: str, shape: tuple, own: Any, numbers: Mapping) -> Any:
+    """The Normalization layer of one input (``shape`` per record); ``own``, the factory model's
+    input it feeds, if it declares one."""
+    import numpy as np
+
     entry = numbers.get(feature)
     if entry is None:
         raise ModelError(
@@ -91,8 +93,14 @@ def _layer(keras: Any, name: str, feature: str, rank: int, own: Any, numbers: Ma
             "normalized input arrives as float32 values. Declare it "
             f"keras.Input(..., dtype='float32', name='{name}') in the factory."
         )
+    if np.shape(entry["mean"]) != shape:
+        raise ModelError(
+            f"data.features.{feature}.normalize: the model's input '{name}' takes "
+            f"{list(shape)} values per record, and the numbers for '{feature}' have shape "
+            f"{list(np.shape(entry['mean']))}. Make keras.Input's shape the feature's shape."
+        )
     return keras.layers.Normalization(
-        axis=tuple(range(1, rank + 1)) if rank else None,
+        axis=tuple(range(1, len(shape) + 1)) if shape else None,
         mean=entry["mean"],
         variance=entry["variance"],
         dtype="float32",
@@ -126,12 +134,19 @@ def wrap(model: Any, config: Config, numbers: Mapping[str, Mapping] | None) -> A
         own = _model_input(model, data.inputs, slot)
         tensor = inputs[slot] = _input(keras, own, data, slot, feature)
         if feature in wanted:
-            rank = len(tensor.shape) - 1
-            tensor = _layer(keras, tensor.name, feature, rank, own, numbers)(tensor)
+            shape = tuple(tensor.shape[1:])
+            tensor = _layer(keras, tensor.name, feature, shape, own, numbers)(tensor)
         fed[slot] = tensor
-    structure = _structured(data.inputs, inputs)
-    outputs = model(_structured(data.inputs, fed))
-    return keras.Model(structure, _named_outputs(keras, model, outputs), name=model.name)
+    try:
+        outputs = model(_structured(data.inputs, fed))
+        named = _named_outputs(keras, model, outputs)
+        return keras.Model(_structured(data.inputs, inputs), named, name=model.name)
+    except ValueError as exc:  # a model that cannot be called on its own inputs' shapes, a name
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ModelError(
+            f"normalize: the factory's model {model.name} could not be put behind its "
+            f"Normalization layer(s): {first}"
+        ) from None
 
 
 def _structured(ref: Any, values: dict) -> Any:
