@@ -114,7 +114,7 @@ def test_unknown_key_in_a_nested_feature(tmp_path):
         ("callbacks.early_stopping.zzz", "allowed here: min_delta, mode, monitor, patience,"),
         ("callbacks.reduce_lr_on_plateau.zzz", "allowed here: cooldown, factor, min_delta,"),
         ("train.learning_rate.zzz", "allowed here: base, base_batch_size, scaling,"),
-        ("data.features.x.zzz", "allowed here: cast, dtype, key, shape, type"),
+        ("data.features.x.zzz", "allowed here: cast, dtype, key, normalize, shape, type"),
     ],
 )
 def test_unknown_key_lists_what_is_allowed_in_every_section(tmp_path, key, allowed):

@@ -174,3 +174,12 @@ def _mismatch(f: Any, kind: str | None, values: Any) -> str | None:
     if len(values) != expected:
         return f"but the record holds {len(values)} values (the shape needs {expected})"
     return None
+
+
+def decoded_dtype(feature: Any) -> str:
+    """The dtype a feature has once decoded, as the model receives it."""
+    cast = getattr(feature, "cast", None)
+    if cast:
+        return cast
+    return {"raw": getattr(feature, "dtype", "float32"), "int64": "int64", "float": "float32",
+            "bytes": "string", "image": "float32"}[feature.type]  # fmt: skip

@@ -192,15 +192,6 @@ def build(trained: TrainedRun, checkpoint: Checkpoint, runtime: Any = None) -> A
     return model
 
 
-def decoded_dtype(feature: Any) -> str:
-    """The dtype a feature has once decoded, as the model receives it."""
-    cast = getattr(feature, "cast", None)
-    if cast:
-        return cast
-    return {"raw": getattr(feature, "dtype", "float32"), "int64": "int64", "float": "float32",
-            "bytes": "string", "image": "float32"}[feature.type]  # fmt: skip
-
-
 def sample_inputs(data: DataConfig, n: int, seed: int | None = None) -> Any:
     """``n`` records' worth of model inputs shaped as the features decode: zeros, or with a seed,
     normal draws for float features (what ``export`` checks an artifact on without records)."""
@@ -212,7 +203,7 @@ def sample_inputs(data: DataConfig, n: int, seed: int | None = None) -> Any:
     arrays = {}
     for name in DataConfig.names(data.inputs):
         feature = data.features[name]
-        shape, dtype = (n, *feature.shape), decoded_dtype(feature)
+        shape, dtype = (n, *feature.shape), feat.decoded_dtype(feature)
         if dtype == "string":
             raise DataError(
                 f"data.inputs '{name}' is a bytes feature: no sample of it can be made."

@@ -20,6 +20,7 @@ from typing import Any
 
 from tpurun import frameworks
 from tpurun.config import Config, DataConfig
+from tpurun.data.decode import decoded_dtype
 from tpurun.errors import ModelError
 
 
@@ -57,14 +58,6 @@ def _model_input(model: Any, ref: Any, slot: Any) -> Any:
     return None
 
 
-def _decoded_dtype(feature: Any) -> str:
-    if getattr(feature, "cast", None):
-        return feature.cast
-    return {"raw": getattr(feature, "dtype", "float32"), "int64": "int64"}.get(
-        feature.type, "float32"
-    )
-
-
 def _input(keras: Any, own: Any, data: DataConfig, slot: Any, feature: str) -> Any:
     """A new ``keras.Input`` standing for one of the factory model's inputs (``own``, if it
     declares it), fed by ``feature``."""
@@ -72,7 +65,7 @@ def _input(keras: Any, own: Any, data: DataConfig, slot: Any, feature: str) -> A
     if own is not None:
         return keras.Input(shape=own.shape[1:], dtype=own.dtype, name=name)
     spec = data.features[feature]
-    return keras.Input(shape=tuple(spec.shape), dtype=_decoded_dtype(spec), name=name)
+    return keras.Input(shape=tuple(spec.shape), dtype=decoded_dtype(spec), name=name)
 
 
 def _layer(keras: Any, name: str, feature: str, shape: tuple, own: Any, numbers: Mapping) -> Any:
