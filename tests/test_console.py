@@ -83,7 +83,9 @@ def test_live_view_renders_progress_on_a_terminal():
     drive(reporter)
     text = out.getvalue()
     assert "epoch 2/2" in text and "loss 0.2500" in text
-    assert "\x1b[" in text  # styled for a terminal
+    # Styled and redrawn for a terminal: Rich hides the cursor while it draws, and moves up over
+    # the lines it drew to draw them again.
+    assert "\x1b[?25l" in text and "\x1b[2K" in text
 
 
 def test_durations():
