@@ -29,3 +29,23 @@ def test_a_run_begun_with_a_tensorboard_folder_keeps_it(toy_data, tmp_path):
     tpurun.train(config, verbose=False)
     assert not (run_dir / "train").exists()
     assert len(list((legacy / "train").glob("events.out.tfevents.*"))) >= 1
+
+
+def test_a_new_event_file_sorts_after_the_ones_already_there(tmp_path):
+    """TensorBoard reads a folder's event files in name order; a session opened in the same
+    second as the last one (here: a file named as if written by a pid that sorts last) still
+    gets a file that sorts after it."""
+    import time
+
+    import tensorflow as tf
+
+    from tpurun.observe.tensorboard import _after_the_last_file
+
+    train = tmp_path / "train"
+    train.mkdir()
+    (train / f"events.out.tfevents.{int(time.time())}.host.99999.9.v2").write_bytes(b"")
+    _after_the_last_file(str(tmp_path))
+    writer = tf.summary.create_file_writer(str(train))
+    writer.close()
+    names = sorted(p.name for p in train.iterdir())
+    assert len(names) == 2 and ".99999.9.v2" in names[0], names

@@ -14,6 +14,7 @@ goes backwards. Scalars are written as the ``scalars`` plugin's summaries with t
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,6 +44,24 @@ def event_files(folder: str) -> list[str]:
     for split in SPLITS:
         found += fileio.glob(fileio.join(fileio.escape(fileio.join(folder, split)), EVENTS_GLOB))
     return found
+
+
+def _after_the_last_file(folder: str) -> None:
+    """Wait, if need be, until a new event file's name sorts after every one there.
+
+    TensorFlow names a file ``events.out.tfevents.<seconds>.<host>.<pid>.<counter>``, and
+    TensorBoard reads a folder's files in name order, dropping the points of a step that comes
+    after a later one. Two sessions in the same second (a quick rerun, a notebook, a test) compare
+    on their pids and counters as text, which can put the later session's file first: so a
+    session that would start a file in the same second as the newest one waits for the next.
+    """
+    newest = 0
+    for path in event_files(folder):
+        field = fileio.basename(path).split(".")[3:4]
+        if field and field[0].isdigit():
+            newest = max(newest, int(field[0]))
+    while time.time() < newest + 1:
+        time.sleep(min(1.0, newest + 1 - time.time()))
 
 
 def trim_events(folder: str, last_step: int) -> int:
@@ -109,6 +128,7 @@ class TensorBoardLog(keras.callbacks.Callback):
             return  # continuing where this session's events end
         self.close()
         trim_events(self.folder, start)
+        _after_the_last_file(self.folder)
         self._metadata = _scalar_metadata()
         self.writers = {
             split: tf.summary.create_file_writer(fileio.join(self.folder, split))
