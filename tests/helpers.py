@@ -12,6 +12,7 @@ import csv
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -33,6 +34,13 @@ PLAIN_SIGNALS = ("TPURUN_PLAIN", "CI", "JPY_PARENT_PID", "COLAB_RELEASE_TAG",
 
 
 # ---------------------------------------------------------------------------------- toy data
+#: TensorFlow's and XLA's C++ start-up logging, which no command may show: absl/glog lines
+#: (``I0000 00:00:...``, ``E0000 ... cuda_platform.cc] failed call to cuInit``), oneDNN notices.
+TF_START_UP = re.compile(
+    r"^[IWEF]\d{4} |oneDNN|absl::InitializeLog|cpu_feature_guard|cuInit|cuda_", re.M
+)
+
+
 def make_records(n: int, seed: int = 0) -> list[dict]:
     """Separable toy data: x is 8 float32 values stored raw; y = 1 when their sum is positive."""
     rng = np.random.default_rng(seed)

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import PLAIN_SIGNALS, ROOT, read_summary
+from helpers import PLAIN_SIGNALS, ROOT, TF_START_UP, read_summary
 
 pytestmark = pytest.mark.slow
 
@@ -39,8 +39,6 @@ TPURUN = shlex.quote(str(ROOT / ".venv" / "bin" / "tpurun"))
 QUICKSTART = shlex.quote(str(ROOT / "configs" / "quickstart.yaml"))
 
 ANSI = re.compile(r"\x1b[\[\]()]")
-#: TensorFlow's and XLA's C++ start-up logging (absl/glog lines such as ``I0000 00:00:...``).
-TF_START_UP = re.compile(r"^[IWEF]\d{4} |oneDNN|absl::InitializeLog|cpu_feature_guard|cuda_", re.M)
 #: What this process (conftest.py) or the caller's shell set that a notebook kernel would not have.
 _NOT_A_USERS = (*PLAIN_SIGNALS, "MPLBACKEND", "NO_COLOR", "FORCE_COLOR", "TPURUN_PROGRESS_SECONDS")
 _NOT_A_USERS_PREFIXES = ("KERAS_", "JAX_", "XLA_", "TF_")

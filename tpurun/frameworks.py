@@ -153,7 +153,13 @@ _NOTICE = re.compile(r"^([IW]\d{4} |WARNING: All log messages before absl::Initi
 
 
 def _quiet_import(name: str) -> ModuleType:
-    """Import ``name`` with file descriptor 2 captured; on failure, replay what it wrote."""
+    """Import ``name`` with file descriptor 2 captured; on failure, replay what it wrote.
+
+    TensorFlow's devices are listed inside the capture too: a full (CUDA) build looks for a GPU
+    when devices are first listed and logs ``failed call to cuInit`` on a machine without one
+    (Kaggle's CPU sessions; here, the full build keras-hub's tensorflow-text pulls in). Listing
+    physical devices initializes no GPU memory, so JAX can still be given the GPUs after it.
+    """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
         saved = os.dup(2)
@@ -162,7 +168,10 @@ def _quiet_import(name: str) -> ModuleType:
     with tempfile.TemporaryFile() as capture:
         os.dup2(capture.fileno(), 2)
         try:
-            return importlib.import_module(name)
+            module = importlib.import_module(name)
+            if name == "tensorflow":
+                module.config.list_physical_devices()
+            return module
         except BaseException:
             os.dup2(saved, 2)
             capture.seek(0)
