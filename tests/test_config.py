@@ -127,7 +127,7 @@ def test_a_feature_without_type_names_the_types(tmp_path):
     [problem] = problems(tmp_path, GOOD, ["data.features.z={shape: [2]}"])
     assert problem == (
         "--set data.features.z={shape: [2]}: data.features.z: 'type' is required, one of: raw, "
-        "int64, float, bytes, image"
+        "int64, float, bytes, text, image"
     )
 
 

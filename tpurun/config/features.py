@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, field_validator, model_serializer
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from tpurun.config.base import Positive, Section
 
@@ -99,6 +105,31 @@ class BytesFeature(_FeatureBase):
     shape: list[Positive] = Field(default_factory=list, description="`[]` for a scalar string.")
 
 
+class TextFeature(_FeatureBase):
+    type: Literal["text"] = Field(
+        description="One UTF-8 string per record (a bytes list of one value), decoded to a scalar "
+        "`tf.string` that arrives batched as `(batch,)`: a prompt, a response, a document, for the "
+        "model's preprocessor to tokenize. `tpurun data write` stores a JSONL file's strings and a "
+        "CSV's text columns this way."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_normalize(cls, value: Any) -> Any:
+        # A clearer answer than "unknown key": normalize is a key of the numeric types.
+        if isinstance(value, dict) and "normalize" in value:
+            raise ValueError(
+                "normalize standardizes numbers, and a text feature is a string: the model's "
+                "preprocessor (a tokenizer) turns it into numbers. Remove normalize here"
+            )
+        return value
+
+    @property
+    def shape(self) -> list[int]:
+        """``[]``: one string per record (code that handles every feature reads ``shape``)."""
+        return []
+
+
 class ImageFeature(_FeatureBase):
     type: Literal["image"] = Field(
         description="JPEG, PNG, GIF or BMP bytes, decoded and resized to `shape`: floats in [0, 1] "
@@ -119,7 +150,7 @@ class ImageFeature(_FeatureBase):
 
 
 Feature = Annotated[
-    RawFeature | Int64Feature | FloatFeature | BytesFeature | ImageFeature,
+    RawFeature | Int64Feature | FloatFeature | BytesFeature | TextFeature | ImageFeature,
     Field(discriminator="type"),
 ]
 FeatureRef = str | list[str] | dict[str, str]

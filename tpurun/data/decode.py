@@ -10,6 +10,7 @@ raw         one bytes value        ``decode_raw(dtype)`` reshaped to ``shape``, 
 int64       int64_list             ``shape`` (``[]`` for a scalar), then ``cast``
 float       float_list             ``shape``, then ``cast``
 bytes       bytes_list             strings of ``shape``
+text        one UTF-8 bytes value  a scalar string (``(batch,)`` batched), for a tokenizer
 image       one JPEG/PNG value     ``[H, W, C]`` resized, scaled to [0, 1] unless ``scale: false``
 ==========  =====================  ====================================================
 """
@@ -29,6 +30,7 @@ from tpurun.config import (
     Int64Feature,
     RawFeature,
 )
+from tpurun.config.features import TextFeature
 from tpurun.errors import DataError
 
 _ITEMSIZE = {
@@ -55,7 +57,7 @@ def parse_spec(features: Mapping[str, Any]) -> dict[str, Any]:
     tf = frameworks.tensorflow()
     spec = {}
     for name, f in features.items():
-        if isinstance(f, (RawFeature, ImageFeature)):
+        if isinstance(f, (RawFeature, ImageFeature, TextFeature)):
             spec[record_key(name, f)] = tf.io.FixedLenFeature([], tf.string)
         elif isinstance(f, Int64Feature):
             spec[record_key(name, f)] = tf.io.FixedLenFeature(f.shape, tf.int64)
@@ -147,6 +149,8 @@ def check_record(serialized: bytes, features: Mapping[str, Any], filename: str) 
 def _declared(f: Any) -> str:
     if isinstance(f, RawFeature):
         return f"raw {f.dtype} of shape {f.shape}"
+    if isinstance(f, TextFeature):
+        return "text (one UTF-8 string)"
     return f"{f.type} of shape {f.shape}"
 
 
@@ -155,6 +159,14 @@ _KIND_TO_TYPE = {"bytes_list": "bytes", "int64_list": "int64", "float_list": "fl
 
 def _mismatch(f: Any, kind: str | None, values: Any) -> str | None:
     found = _KIND_TO_TYPE.get(kind or "", "empty")
+    if isinstance(f, TextFeature):
+        if found != "bytes" or len(values) != 1:
+            return f"but the record holds {len(values)} {found} value(s); expected one string"
+        try:
+            values[0].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return f"but its bytes are not UTF-8 text (byte {exc.start}); declare it bytes"
+        return None
     if isinstance(f, (RawFeature, ImageFeature)):
         if found != "bytes" or len(values) != 1:
             return f"but the record holds {len(values)} {found} value(s); expected one bytes value"
@@ -182,4 +194,4 @@ def decoded_dtype(feature: Any) -> str:
     if cast:
         return cast
     return {"raw": getattr(feature, "dtype", "float32"), "int64": "int64", "float": "float32",
-            "bytes": "string", "image": "float32"}[feature.type]  # fmt: skip
+            "bytes": "string", "text": "string", "image": "float32"}[feature.type]  # fmt: skip
