@@ -3,11 +3,18 @@ read back by the real pipeline, ``data inspect`` and ``data bench`` on them."""
 
 from __future__ import annotations
 
+import csv
+import json
+from pathlib import Path
+
 import pytest
 import tensorflow as tf
+from helpers import toy_config
 
 from tpurun.config import DataConfig, load_config
 from tpurun.data import decode, pipeline
+from tpurun.data import schema_file as schema
+from tpurun.data.resolve import resolve
 from tpurun.data.write import write_shards
 from tpurun.errors import ConfigError, DataError
 
@@ -75,3 +82,233 @@ def test_the_first_record_is_checked_against_a_text_feature(tmp_path):
         decode.check_record(serialized, text_data(n={"type": "text"}).features, files[0])
     with pytest.raises(DataError, match=r"'blob' .* not UTF-8 text \(byte 0\); declare it bytes"):
         decode.check_record(serialized, text_data(blob={"type": "text"}).features, files[0])
+
+
+# ------------------------------------------------------------------------------- data write
+def cli(*args):
+    """``tpurun ARGS`` through the CLI's app, in this process."""
+    from typer.testing import CliRunner
+
+    from tpurun.cli.app import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def write_jsonl(path: Path, rows: list) -> Path:
+    """One JSON value per line (objects, or a raw line given as a str)."""
+    lines = [row if isinstance(row, str) else json.dumps(row, ensure_ascii=False) for row in rows]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def read_back(prefix: Path) -> tuple[dict, dict[str, dict[str, list]]]:
+    """The schema file, and each split's records through the real pipeline, as
+    ``{split: {feature: [values]}}`` (strings decoded from UTF-8)."""
+    written = schema.read(f"{prefix}.schema.json")
+    features = written["features"]
+    data = DataConfig.model_validate(
+        {
+            "train": "unused",
+            "features": features,
+            "inputs": {n: n for n in features},
+            "targets": next(iter(features)),
+        }  # fmt: skip
+    )
+    splits = {}
+    for split, info in written["splits"].items():
+        files = [str(prefix.parent / name) for name in info["shards"]]
+        inputs, _ = next(iter(pipeline.make_dataset(files, data, info["records"], training=False)))
+        splits[split] = {
+            name: [v.decode("utf-8") if isinstance(v, bytes) else v for v in t.numpy().tolist()]
+            for name, t in inputs.items()
+        }
+    return written, splits
+
+
+def rows_of(columns: dict[str, list], *names: str) -> list[tuple]:
+    return sorted(zip(*(columns[n] for n in names), strict=True))
+
+
+CHAT = [{"prompt": p, "response": r} for p, r in zip(AWKWARD, reversed(AWKWARD), strict=True)]
+
+
+def test_jsonl_prompt_response_round_trip_with_a_validation_split(tmp_path):
+    source = write_jsonl(tmp_path / "chat.jsonl", CHAT * 5)  # 40 lines
+    result = cli("data", "write", source, tmp_path / "out" / "chat", "--validation-fraction",
+                 "0.25", "--plain")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "prompt (text), response (text)" in result.output
+
+    written, splits = read_back(tmp_path / "out" / "chat")
+    assert written["features"] == {"prompt": {"type": "text"}, "response": {"type": "text"}}
+    assert written["source"] == str(source) and written["class_names"] is None
+    assert {s: written["splits"][s]["records"] for s in splits} == {"train": 30, "validation": 10}
+    read = [pair for columns in splits.values() for pair in rows_of(columns, "prompt", "response")]
+    assert sorted(read) == sorted((row["prompt"], row["response"]) for row in CHAT * 5)
+
+
+def test_jsonl_with_one_text_key_a_class_label_and_numbers(tmp_path):
+    rows = [{"text": t, "label": ["neg", "pos"][i % 2], "score": i / 2, "n": i, "ok": i % 3 == 0}
+            for i, t in enumerate(AWKWARD)]  # fmt: skip
+    source = write_jsonl(tmp_path / "reviews.jsonl", rows)
+    result = cli("data", "write", source, tmp_path / "r", "--label", "label", "--plain")
+    assert result.exit_code == 0, result.output
+    written, splits = read_back(tmp_path / "r")
+    assert written["features"] == {
+        "text": {"type": "text"},
+        "label": {"type": "int64", "shape": []},
+        "score": {"type": "float", "shape": []},  # 0 and 0.5: integers and fractions
+        "n": {"type": "int64", "shape": []},
+        "ok": {"type": "int64", "shape": []},  # true/false as 1/0
+    }
+    assert written["class_names"] == ["neg", "pos"] and written["label"] == "label"
+    got = splits["all"]
+    assert rows_of(got, "n", "text", "label", "score", "ok") == [
+        (i, t, i % 2, i / 2, int(i % 3 == 0)) for i, t in enumerate(AWKWARD)
+    ]
+
+
+def test_csv_text_columns_and_a_text_label(tmp_path):
+    source = tmp_path / "reviews.csv"
+    with open(source, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["id", "text", "zip", "label"])
+        for i, text in enumerate(AWKWARD):
+            writer.writerow([i, text, f"{i:03d}", ["neg", "pos", "mixed"][i % 3]])
+    result = cli("data", "write", source, tmp_path / "r", "--label", "label", "--text", "zip",
+                 "--plain")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    written, splits = read_back(tmp_path / "r")
+    assert written["features"] == {
+        "id": {"type": "int64", "shape": []},
+        "text": {"type": "text"},  # not all numbers: text
+        "zip": {"type": "text"},  # all numbers, but --text: "007" keeps its zeros
+        "label": {"type": "int64", "shape": []},
+    }
+    assert written["class_names"] == ["mixed", "neg", "pos"]
+    got = splits["all"]
+    assert rows_of(got, "id", "text", "zip", "label") == [
+        (i, t, f"{i:03d}", [1, 2, 0][i % 3]) for i, t in enumerate(AWKWARD)
+    ]
+
+
+def test_features_left_out_of_a_config_come_from_the_schema_as_text(tmp_path):
+    write_jsonl(tmp_path / "t.jsonl", [{"text": t, "label": i % 2} for i, t in enumerate(AWKWARD)])
+    assert cli("data", "write", tmp_path / "t.jsonl", tmp_path / "d" / "t").exit_code == 0
+    config = toy_config(tmp_path, tmp_path / "runs")
+    config["data"] = {"train": str(tmp_path / "d" / "t-*.tfrecord"), "inputs": "text",
+                      "targets": "label"}  # fmt: skip
+    resolved = resolve(load_config(config))
+    assert resolved.counts_from == "schema" and resolved.train_records == len(AWKWARD)
+    assert resolved.data.features["text"].type == "text"
+    assert resolved.data.features["label"].type == "int64"
+
+
+GOOD_LINE = {"prompt": "a", "response": "b"}
+
+
+@pytest.mark.parametrize(
+    ("lines", "args", "where", "message"),
+    [
+        (
+            [GOOD_LINE, GOOD_LINE, '{"prompt": "a", "response": }'],
+            [],
+            ":3:",
+            "not valid JSON (Expecting value at column 29); each line of a JSONL file is one JSON",
+        ),
+        (
+            [GOOD_LINE, {"prompt": "a"}],
+            [],
+            ":2:",
+            "no 'response' key, where every line has the keys of the first",
+        ),
+        ([GOOD_LINE, {**GOOD_LINE, "extra": 1}], [], ":2:", "a key 'extra', where every line"),
+        (
+            [GOOD_LINE, "", {"prompt": 5, "response": "b"}],
+            [],
+            ":3:",
+            "'prompt' is 5 (a number), but it holds text (strings) from the first line",
+        ),
+        (
+            [{"prompt": 5, "response": "b"}],
+            ["--text", "prompt"],
+            ":1:",
+            "'prompt' is 5 (a number), and --text prompt needs a string on every line",
+        ),
+        ([{"n": 1}, {"n": "one"}], [], ":2:", "'n' is \"one\" (a string), but it holds numbers"),
+        (
+            [GOOD_LINE, {"prompt": "a", "response": None}],
+            [],
+            ":2:",
+            "'response' is null; each value is a string (text) or a number (write \"\" for an empty",
+        ),
+        ([GOOD_LINE, {"prompt": ["a"], "response": "b"}], [], ":2:", "'prompt' is a list;"),
+        (['["a", "b"]'], [], ":1:", "a list, where a JSONL line is one JSON object"),
+        ([{}], [], ":1:", "an empty object, where a JSONL line is one JSON object"),
+        (
+            [GOOD_LINE],
+            ["--label", "respons"],
+            ":1:",
+            "--label names key 'respons', which the first line lacks; did you mean 'response'?",
+        ),
+    ],
+)
+def test_bad_jsonl_names_the_file_and_line(tmp_path, lines, args, where, message):
+    source = write_jsonl(tmp_path / "chat.jsonl", lines)
+    result = cli("data", "write", source, tmp_path / "out" / "d", *args, "--plain")
+    assert result.exit_code == 2, result.output
+    assert f"{source}{where} {message}" in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_an_empty_or_undecodable_jsonl_file(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+    result = cli("data", "write", empty, tmp_path / "o")
+    assert result.exit_code == 2
+    assert f"{empty}: no JSON object in it (the file is empty)" in result.output
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(b'{"t": "ok"}\n{"t": "caf\xe9"}\n')
+    result = cli("data", "write", latin, tmp_path / "o")
+    assert result.exit_code == 2
+    assert f"{latin}:2: not UTF-8 text (byte 11 of the line); save the file as UTF-8" in (
+        " ".join(result.output.split())
+    )
+    latin_csv = tmp_path / "latin.csv"
+    latin_csv.write_bytes(b"a,t\n1,caf\xe9\n")
+    result = cli("data", "write", latin_csv, tmp_path / "o")
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert f"{latin_csv}: not UTF-8 text: a byte at or after line 1 does not decode" in (
+        " ".join(result.output.split())
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--pack", "x=n"], "--pack and --fill-missing apply to CSV files"),
+        (["--label", "t", "--text", "t"], "Invalid options --label t and --text t"),
+    ],
+)
+def test_options_that_do_not_apply_to_a_jsonl_file(tmp_path, args, message):
+    source = write_jsonl(tmp_path / "t.jsonl", [{"t": "a", "n": 1}])
+    result = cli("data", "write", source, tmp_path / "o", *args)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+
+
+def test_csv_text_options_that_cannot_work(tmp_path):
+    source = tmp_path / "t.csv"
+    source.write_text("a,b,t\n1,2,x\n3,4,y\n")
+    result = cli("data", "write", source, tmp_path / "o", "--text", "a", "--pack", "v=a:b")
+    assert result.exit_code == 2
+    assert "column(s) ['a'] are both --text and packed" in " ".join(result.output.split())
+    result = cli("data", "write", source, tmp_path / "o", "--text", "tt")
+    assert result.exit_code == 2
+    assert "--text names column 'tt', which the header lacks; did you mean 't'?" in result.output
+    mixed = tmp_path / "m.jsonl"
+    mixed.write_text('{"a": 1}\n')
+    result = cli("data", "write", tmp_path / "*", tmp_path / "o")
+    assert result.exit_code == 2
+    assert "matches both .csv and .jsonl files" in result.output

@@ -120,7 +120,7 @@ def test_csv_glob_infers_int_float_and_string_columns(tmp_path):
     assert report.features == {
         "id": {"type": "int64", "shape": []},
         "score": {"type": "float", "shape": []},
-        "city": {"type": "bytes", "shape": []},
+        "city": {"type": "text"},
         "ratio": {"type": "int64", "shape": []},  # an integer fill keeps integers
     }
     got = by_id(read_back(report))

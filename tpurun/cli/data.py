@@ -51,8 +51,9 @@ def data_write(
     source: Annotated[
         str,
         typer.Argument(
-            help="A .npz or .npy file, a folder of .npy files, CSV files (a path or a quoted "
-            "glob; header row required), or an image folder with one subfolder per class.",
+            help="A .npz or .npy file, a folder of .npy files, CSV files (header row required) "
+            "or JSONL files (.jsonl: one JSON object per line), as a path or a quoted glob, or an "
+            "image folder with one subfolder per class.",
             show_default=False,
         ),
     ],
@@ -101,8 +102,8 @@ def data_write(
         str | None,
         typer.Option(
             "--label",
-            help="CSV: the label column. Text labels become class indices 0..K-1, their names "
-            "kept in the schema file (class_names).",
+            help="CSV or JSONL: the label column (key). Text labels become class indices "
+            "0..K-1, their names kept in the schema file (class_names).",
             metavar="COL",
         ),
     ] = None,
@@ -125,6 +126,17 @@ def data_write(
             metavar="NUMBER|mean",
         ),
     ] = None,
+    text: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--text",
+            help="CSV or JSONL: store this column as a text feature (one UTF-8 string a record) "
+            "even if its values are numbers (zip codes, ids with leading zeros); in JSONL, every "
+            "value of it must be a string. Without it, a column whose values are not all numbers "
+            "is text, unless it is the --label. Repeatable.",
+            metavar="COL",
+        ),
+    ] = None,
     overwrite: Annotated[
         bool,
         typer.Option("--overwrite", help="Replace a dataset already written under OUT_PREFIX."),
@@ -134,7 +146,8 @@ def data_write(
         bool, typer.Option("--plain", help="Plain lines instead of a live view.")
     ] = False,
 ) -> None:
-    """Write sharded TFRecords (and a schema file) from arrays, CSV files or an image folder."""
+    """Write sharded TFRecords (and a schema file) from arrays, CSV or JSONL files, or an image
+    folder."""
     from tpurun.display.lines import TaskProgress
     from tpurun.display.reporter import want_plain
 
@@ -153,7 +166,7 @@ def data_write(
                 source, out_prefix, shard_mb=shard_mb, shard_multiple=shard_multiple,
                 compression=compression, validation_fraction=validation_fraction, seed=seed,
                 image_size=image_size, chunk_records=chunk_records, progress=progress,
-                label=label, pack=pack, fill_missing=fill_missing, overwrite=overwrite,
+                label=label, pack=pack, fill_missing=fill_missing, overwrite=overwrite, text=text,
             )  # fmt: skip
         reports.show_written(report, source, as_json=as_json, plain=plain)
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tpurun import frameworks
 from tpurun.data import schema_file as schema
 from tpurun.data import shards
+from tpurun.data.sources.columns import TableOptions, table_options
 from tpurun.data.statistics import Statistics
 from tpurun.errors import DataError, TpurunError
 
@@ -134,6 +135,7 @@ def write_dataset(
     chunk_records: int = 4096, progress: Callable[[int, int], None] | None = None,
     label: str | None = None, pack: Mapping[str, Sequence[str] | None] | Sequence[str] | None = None,
     fill_missing: float | str | None = None, overwrite: bool = False,
+    text: Sequence[str] | None = None,
 ) -> WriteReport:  # fmt: skip
     """Write a source as TFRecord shards plus ``<out_prefix>.schema.json``.
 
@@ -156,7 +158,7 @@ def write_dataset(
         image_size: ``(height, width)`` to re-encode images at (JPEG quality 95, PNG stays PNG).
         chunk_records, progress: records held at a time (fewer past ``CHUNK_BYTES``), and
             ``progress(records_done, records_total)`` called after each chunk.
-        label, pack, fill_missing: CSV only (see ``sources.tabular.table_options``).
+        label, pack, fill_missing, text: CSV and JSONL options (``sources.columns``).
         overwrite: replace the shards and schema file of a dataset written under this prefix.
 
     Returns:
@@ -176,7 +178,7 @@ def write_dataset(
     if not overwrite:
         with _writing_to(out_prefix, "looking for a dataset written there"):
             shards.refuse_existing(out_prefix, folder, base)
-    source = _opened(source, image_size, seed, label, pack, fill_missing)
+    source = _opened(source, image_size, seed, table_options(label, pack, fill_missing, text))
     is_validation = split_mask(source.records, validation_fraction, seed)
     shard_sets = _shard_sets(source, out_prefix, is_validation, shard_mb, shard_multiple,
                              compression)  # fmt: skip
@@ -208,18 +210,16 @@ def write_dataset(
     )
 
 
-def _opened(source: Any, image_size: Any, seed: int, label: Any, pack: Any, fill: Any) -> Source:
-    """The source, opened from its path with the CSV options, or as it was given."""
+def _opened(source: Any, image_size: Any, seed: int, table: TableOptions) -> Source:
+    """The source, opened from its path with the table options, or as it was given."""
     from tpurun.data.sources import open_source
-    from tpurun.data.sources.tabular import table_options
 
-    table = table_options(label, pack, fill)
     if isinstance(source, (str, os.PathLike)):
         return open_source(os.fspath(source), image_size=image_size, seed=seed, table=table)
     if table:
         raise TpurunError(
-            "label, pack and fill_missing apply when the source is a CSV path; an opened "
-            "Source lays out its own features."
+            "label, pack, fill_missing and text apply when the source is a CSV or JSONL path; an "
+            "opened Source lays out its own features."
         )
     return source
 

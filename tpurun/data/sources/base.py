@@ -8,8 +8,9 @@ from typing import Any
 
 #: What `tpurun data write` takes, for messages about a source it cannot read.
 ACCEPTED = (
-    "a .npz file, a .npy file, a folder of .npy files, CSV files with a header row (a path or a "
-    "glob), or a folder of images with one subfolder per class"
+    "a .npz file, a .npy file, a folder of .npy files, CSV files with a header row or JSONL files "
+    "of one JSON object per line (a path or a glob), or a folder of images with one subfolder per "
+    "class"
 )
 # A tf.train.Example spends a few bytes per feature on the key and the list headers.
 OVERHEAD_PER_FEATURE = 12

@@ -1,7 +1,8 @@
 """CSV sources for ``tpurun data write``: typed columns, packed vectors, missing values, labels.
 
 By default every column becomes one scalar feature, in column order: integers int64, other numbers
-float, anything else bytes. :class:`TableOptions` changes that the way a tabular model wants it:
+float, anything else text (one UTF-8 string, as the CSV holds it). :class:`TableOptions`
+(:mod:`.columns`, shared with JSONL files) changes that the way a tabular model wants it:
 
 - ``pack``: numeric columns packed into one float vector feature (``x`` of shape ``[20]`` rather
   than 20 scalars, so the model needs one ``keras.Input``). The vector keeps the columns' order.
@@ -11,6 +12,8 @@ float, anything else bytes. :class:`TableOptions` changes that the way a tabular
 - ``fill_missing``: empty (or ``nan``) cells of numeric columns are an error unless a fill is
   chosen: a number, or ``"mean"`` (each column's mean over its present values). A silent NaN
   would only surface later, as a NaN loss.
+- ``text``: columns stored as text whatever their values (zip codes, ids with leading zeros).
+  A text column's empty cell is the empty string.
 
 Two passes over the files, neither holding more than one chunk of rows: the first counts rows and
 infers each column's type, missing cells, sums (for means) and label values; the second yields the
@@ -22,98 +25,24 @@ from __future__ import annotations
 
 import csv
 import difflib
-import math
 import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from tpurun.data.sources.base import Source
-from tpurun.errors import DataError, TpurunError
+from tpurun.data.sources.columns import ClassValues, TableOptions, table_options
+from tpurun.errors import DataError
+
+__all__ = ["CsvSource", "TableOptions", "table_options"]
 
 _INT = re.compile(r"[+-]?\d+")
 _INT64_MAX = 2**63 - 1
 _MISSING = ("", "nan")  # what a cell holds when it has no value (pandas writes NaN as "")
-_TYPES = {"int": "int64", "float": "float", "bytes": "bytes"}
-
-
-@dataclass(frozen=True)
-class TableOptions:
-    """How the columns of a CSV source become features.
-
-    Attributes:
-        label: the label column, or None.
-        pack: ``{feature: columns}``; each column is a name or an inclusive ``FIRST:LAST`` range
-            in the header's order. ``None`` as the columns: every numeric column that is not the
-            label nor in another pack.
-        fill_missing: None (missing values are an error), a number, or "mean".
-    """
-
-    label: str | None = None
-    pack: Mapping[str, Sequence[str] | None] = field(default_factory=dict)
-    fill_missing: float | str | None = None
-
-    def __bool__(self) -> bool:
-        return bool(self.label or self.pack or self.fill_missing is not None)
-
-
-def table_options(
-    label: str | None = None,
-    pack: Mapping[str, Sequence[str] | None] | Sequence[str] | None = None,
-    fill_missing: float | str | None = None,
-) -> TableOptions:
-    """Check and parse the CSV options as ``tpurun data write`` takes them.
-
-    Args:
-        label: the label column.
-        pack: ``{name: columns}``, or ``--pack`` texts: ``NAME=COL,COL,...``, ``NAME=FIRST:LAST``,
-            or ``NAME`` alone (every numeric column but the label).
-        fill_missing: a number (or its text), or "mean".
-
-    Raises:
-        TpurunError: an option that cannot be read, naming it and what it takes.
-    """
-    if isinstance(pack, str):
-        pack = [pack]
-    if pack is None or isinstance(pack, Mapping):
-        packs = {
-            name: columns.split(",") if isinstance(columns, str) else columns
-            for name, columns in (pack or {}).items()
-        }
-    else:
-        packs = {}
-        for text in pack:
-            name, has_columns, columns = text.partition("=")
-            name = name.strip()
-            if not name.isidentifier() or name in packs:
-                what = "repeated" if name in packs else "not a feature name"
-                raise TpurunError(
-                    f"Invalid option --pack {text!r}: {name!r} is {what}. Expected NAME=COL,COL,..."
-                    ", NAME=FIRST:LAST or NAME alone (every numeric column but --label)."
-                )
-            packs[name] = [c.strip() for c in columns.split(",")] if has_columns else None
-    if sum(columns is None for columns in packs.values()) > 1:
-        raise TpurunError(
-            "Invalid option --pack: only one pack can take 'every other numeric column' (a NAME "
-            "without =COLUMNS); list the columns of the others."
-        )
-    fill = fill_missing
-    if isinstance(fill, str) and fill.strip().lower() != "mean":
-        try:
-            fill = float(fill)
-        except ValueError:
-            fill = None
-        if fill is None or not math.isfinite(fill):
-            raise TpurunError(
-                f"Invalid option --fill-missing {fill_missing!r}. Expected a number (e.g. 0) or "
-                "'mean' (each column's mean)."
-            ) from None
-    elif isinstance(fill, str):
-        fill = "mean"
-    return TableOptions(label, packs, fill)
+_TYPES = {"int": "int64", "float": "float"}
 
 
 def _is_int64(text: str) -> bool:
@@ -136,9 +65,6 @@ def _missing(text: str) -> bool:
     return text.lower() in _MISSING
 
 
-_MAX_CLASSES = 65536  # more distinct label texts than this are not classes
-
-
 _ID_NAME = re.compile(r"^(id|idx|index|row|row_?id|unnamed: ?0|.*[_ ]id)$", re.I)
 
 
@@ -147,12 +73,12 @@ class _Column:
     """What the first pass learned of one column."""
 
     name: str
-    kind: str = "int"  # "int", then "float", then "bytes" as the values demand
+    kind: str = "int"  # "int", then "float", then "text" as the values demand
     present: int = 0  # cells with a value
     missing: int = 0  # empty or nan cells
     total: float = 0.0  # sum of the numeric values, for a mean
     text: str | None = None  # the first value that is not a number
-    values: set[str] | None = None  # the label's distinct values, while they may be classes
+    values: ClassValues | None = None  # the label's distinct values, while they may be classes
     increasing: bool = True  # every integer so far above the one before: a row id, likely
     last: int | None = None
 
@@ -163,13 +89,11 @@ class _Column:
         self.present += 1
         if self.values is not None:
             self.values.add(text)
-            if len(self.values) > _MAX_CLASSES:
-                self.values = None
-        if self.kind == "bytes":
+        if self.kind == "text":
             return
         if self.kind == "float" or not _is_int64(text):
-            self.kind = "float" if _is_float(text) else "bytes"
-        if self.kind == "bytes":
+            self.kind = "float" if _is_float(text) else "text"
+        if self.kind == "text":
             self.text = text
         else:
             self.total += float(text)
@@ -198,6 +122,7 @@ class CsvSource(Source):
         self.nbytes = sum(os.path.getsize(f) for f in files)
         self._header: list[str] = []
         self._label: int | None = None
+        self._text: set[int] = set()
         self._packs: dict[str, list[int]] = {}
         self.warnings = []
         self._columns = self._scan()
@@ -208,28 +133,39 @@ class CsvSource(Source):
         for file in self._files:
             with open(file, newline="", encoding="utf-8-sig") as f:
                 reader = csv.reader(f)
-                names = [name.strip() for name in next(reader, [])]
-                if not names or not all(names) or len(set(names)) != len(names):
+                try:
+                    yield from self._file_rows(file, reader)
+                except UnicodeDecodeError:
+                    # Text is decoded a block ahead of the reader: the line is a lower bound.
                     raise DataError(
-                        f"{file}: the first row must be a header of distinct, non-empty column "
-                        f"names; found {names or 'an empty file'}."
-                    )
-                if not self._header:
-                    self._header = names
-                    self._resolve_names()  # before a long first pass, not after it
-                if names != self._header:
-                    raise DataError(
-                        f"{file}: its header {names} differs from {self._files[0]}'s "
-                        f"{self._header}; every file of a CSV glob needs the same columns."
-                    )
-                for cells in reader:
-                    if cells and len(cells) != len(names):  # [] is a blank line: skipped
-                        raise DataError(
-                            f"{file}:{reader.line_num}: {len(cells)} values, but the header has "
-                            f"{len(names)} columns; quote values that contain commas."
-                        )
-                    if cells:
-                        yield cells
+                        f"{file}: not UTF-8 text: a byte at or after line {reader.line_num + 1} does not "
+                        "decode as UTF-8. Save the CSV as UTF-8 (from Latin-1, for instance: "
+                        "iconv -f latin1 -t utf-8 OLD.csv > NEW.csv)."
+                    ) from None
+
+    def _file_rows(self, file: str, reader: Any) -> Iterator[list[str]]:
+        names = [name.strip() for name in next(reader, [])]
+        if not names or not all(names) or len(set(names)) != len(names):
+            raise DataError(
+                f"{file}: the first row must be a header of distinct, non-empty column "
+                f"names; found {names or 'an empty file'}."
+            )
+        if not self._header:
+            self._header = names
+            self._resolve_names()  # before a long first pass, not after it
+        if names != self._header:
+            raise DataError(
+                f"{file}: its header {names} differs from {self._files[0]}'s "
+                f"{self._header}; every file of a CSV glob needs the same columns."
+            )
+        for cells in reader:
+            if cells and len(cells) != len(names):  # [] is a blank line: skipped
+                raise DataError(
+                    f"{file}:{reader.line_num}: {len(cells)} values, but the header has "
+                    f"{len(names)} columns; quote values that contain commas."
+                )
+            if cells:
+                yield cells
 
     def _scan(self) -> list[_Column]:
         columns: list[_Column] = []
@@ -238,15 +174,15 @@ class CsvSource(Source):
             if not columns:
                 columns = [_Column(name) for name in self._header]
                 if self._label is not None:
-                    columns[self._label].values = set()
+                    columns[self._label].values = ClassValues()
             self.records += 1
             for column, cell in zip(columns, cells, strict=True):
                 column.see(cell.strip())
         if not self.records:
             raise DataError(f"{self.path}: the CSV holds a header but no row.")
-        for column in columns:
-            if not column.present:
-                column.kind = "bytes"  # no value at all: nothing says it is a number
+        for j, column in enumerate(columns):
+            if not column.present or j in self._text:
+                column.kind = "text"  # --text, or no value at all: nothing says it is a number
         return columns
 
     # ------------------------------------------------------------------------------- layout
@@ -261,6 +197,7 @@ class CsvSource(Source):
         """The label's and the listed packs' column indices (ranges in the header's order)."""
         options = self._options
         self._label = self._find(options.label, "--label") if options.label else None
+        self._text = {self._find(name, "--text") for name in options.text}
         for name, specs in options.pack.items():
             indices = []
             for spec in specs or ():
@@ -281,6 +218,12 @@ class CsvSource(Source):
                 f"{self.path}: --pack names column(s) {repeated} more than once; each column goes "
                 "into one feature."
             )
+        if self._text.intersection(taken):
+            named = sorted(self._header[j] for j in self._text.intersection(taken))
+            raise DataError(
+                f"{self.path}: column(s) {named} are both --text and packed; only numeric "
+                "columns can be packed into a vector."
+            )
         if self._label in taken:
             raise DataError(
                 f"{self.path}: the label column '{options.label}' is also packed; leave it out "
@@ -300,7 +243,7 @@ class CsvSource(Source):
             if self._options.pack[name] is None:  # every other numeric column
                 taken = {j for other in self._packs.values() for j in other}
                 indices[:] = [
-                    j for j, c in enumerate(columns) if c.kind != "bytes" and j != label
+                    j for j, c in enumerate(columns) if c.kind != "text" and j != label
                     and j not in taken
                 ]  # fmt: skip
                 if not indices:
@@ -311,7 +254,7 @@ class CsvSource(Source):
             if self._options.pack[name] is None:
                 self._warn_of_ids(name, indices)
             for j in indices:
-                if columns[j].kind == "bytes":
+                if columns[j].kind == "text":
                     found = f"text such as '{columns[j].text}'" if columns[j].text else "no value"
                     raise DataError(
                         f"{self.path}: --pack {name}: column '{columns[j].name}' holds {found}; "
@@ -320,14 +263,9 @@ class CsvSource(Source):
         self._fills = self._fill_values()
         self.class_names = None
         self._classes: dict[str, int] | None = None
-        if label is not None and columns[label].kind == "bytes":
-            if columns[label].values is None:
-                raise DataError(
-                    f"{self.path}: the label column '{self._options.label}' holds more than "
-                    f"{_MAX_CLASSES} distinct texts; that is not a class label."
-                )
-            self.class_names = sorted(columns[label].values)
-            self._classes = {name: i for i, name in enumerate(self.class_names)}
+        if label is not None and columns[label].kind == "text":
+            self._classes = columns[label].values.classes(self.path, self._options.label)
+            self.class_names = list(self._classes)
             columns[label].kind = "int"
         # Each feature's source: a column index, or a pack's indices; a pack takes the place of
         # its first column, so the features keep the CSV's order.
@@ -342,7 +280,10 @@ class CsvSource(Source):
                 self.features[name] = {"type": "float", "shape": [len(self._packs[name])]}
             elif j not in packed:
                 self._sources[column.name] = j
-                self.features[column.name] = {"type": _TYPES[column.kind], "shape": []}
+                self.features[column.name] = (
+                    {"type": "text"} if column.kind == "text" else
+                    {"type": _TYPES[column.kind], "shape": []}
+                )  # fmt: skip
         self.layout = {
             "label": self._options.label,
             "packed": {name: [self._header[j] for j in ix] for name, ix in self._packs.items()},
@@ -379,7 +320,7 @@ class CsvSource(Source):
                 f"{_rows(columns[self._label].missing)} of {self.records}; remove those rows (a "
                 "fill would invent labels)."
             )
-        missing = [j for j, c in enumerate(columns) if c.kind != "bytes" and c.missing]
+        missing = [j for j, c in enumerate(columns) if c.kind != "text" and c.missing]
         if missing and fill is None:
             named = ", ".join(
                 f"'{columns[j].name}' ({_rows(columns[j].missing)})" for j in missing[:5]
@@ -416,8 +357,8 @@ class CsvSource(Source):
         values: list[Any] = []
         for j, (column, texts) in enumerate(zip(self._columns, cells, strict=True)):
             fill = self._fills.get(j)
-            if column.kind == "bytes":
-                values.append([t.encode() for t in texts])
+            if column.kind == "text":
+                values.append([t.encode() for t in texts])  # as the CSV holds it, spaces too
                 continue
             texts = [t.strip() for t in texts]
             if j == self._label and self._classes is not None:
