@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import tensorflow as tf
-from helpers import toy_config
+from helpers import toy_config, write_config
 
 from tpurun.config import DataConfig, load_config
 from tpurun.data import decode, pipeline
@@ -312,3 +312,66 @@ def test_csv_text_options_that_cannot_work(tmp_path):
     result = cli("data", "write", tmp_path / "*", tmp_path / "o")
     assert result.exit_code == 2
     assert "matches both .csv and .jsonl files" in result.output
+
+
+# ------------------------------------------------------------------------------ data inspect
+def test_inspect_shows_text_readably_with_lengths_over_the_train_split(tmp_path):
+    rows = [{"prompt": "Q: " + t, "response": t} for t in AWKWARD] * 2
+    source = write_jsonl(tmp_path / "chat.jsonl", rows)
+    out = tmp_path / "d" / "chat"
+    assert cli("data", "write", source, out, "--validation-fraction", "0.25").exit_code == 0
+
+    result = cli("data", "inspect", f"{out}-*.tfrecord", "--plain")
+    assert result.exit_code == 0, result.output
+    lines = result.output.split("features (from")[1].splitlines()
+    at = next(i for i, line in enumerate(lines) if line.split()[:2] == ["response", "text"])
+    sample, lengths = lines[at + 1].strip(), lines[at + 2].strip()
+    written, splits = read_back(out)
+    train = [len(t) for t in splits["train"]["response"]]  # the train split's only
+    assert written["statistics"]["split"] == "train"
+    assert written["statistics"]["text"]["response"] == {
+        "count": 12, "min_chars": min(train), "mean_chars": sum(train) / 12,
+        "max_chars": max(train),
+    }  # fmt: skip
+    assert lengths == (
+        f"length {min(train)} to {max(train)} characters, mean {sum(train) / 12:.1f} "
+        "(12 train records)"
+    )
+    assert sample.endswith(" chars)") and sample.startswith('"')
+    assert "  response: {type: text}\n" in result.output  # the block to paste
+
+    report = json.loads(cli("data", "inspect", f"{out}-*.tfrecord", "--json").stdout)
+    texts = {f["name"]: f["text"] for f in report["features"]}
+    shown = {json.loads(t["sample"].replace('..."', '"')) for t in texts.values()}
+    assert shown <= {r[k][:60] for r in rows for k in ("prompt", "response")}
+
+
+def test_inspect_escapes_cuts_and_counts_sampled_records_without_a_schema(tmp_path):
+    long = "first line\nsecond\t" + "é" * 100
+    files = write_shards(str(tmp_path / "t"), [{"body": long}, {"body": ""}, {"body": "ab"}], 1)
+    result = cli("data", "inspect", files[0], "--plain")
+    assert result.exit_code == 0, result.output
+    expected = json.dumps(long[:60], ensure_ascii=False)[:-1] + '..."'
+    assert expected.startswith('"first line\\nsecond\\t')
+    assert f"{expected}  (118 chars)" in result.output
+    assert "length 0 to 118 characters, mean 40.0 (3 sampled records)" in result.output
+    assert "  body: {type: text}\n" in result.output
+    # Bytes that are not UTF-8 text stay bytes, with no text line.
+    files = write_shards(str(tmp_path / "b"), [{"blob": b"\xff\x00"}, {"blob": b"\xfe"}], 1)
+    result = cli("data", "inspect", files[0], "--plain")
+    assert "  blob: {type: bytes, shape: []}\n" in result.output and "chars" not in result.output
+
+
+# -------------------------------------------------------------------------------- data bench
+def test_bench_reads_text_records(tmp_path):
+    rows = [{"text": t, "label": i % 2} for i, t in enumerate(AWKWARD * 8)]
+    write_jsonl(tmp_path / "t.jsonl", rows)
+    assert cli("data", "write", tmp_path / "t.jsonl", tmp_path / "d" / "t").exit_code == 0
+    config = toy_config(tmp_path, tmp_path / "runs", train={"per_core_batch_size": 8})
+    config["data"] = {"train": str(tmp_path / "d" / "t-*.tfrecord"), "inputs": "text",
+                      "targets": "label"}  # fmt: skip
+    result = cli("data", "bench", write_config(tmp_path, config), "--steps", "10", "--json")
+    assert result.exit_code == 0, result.output
+    measured = json.loads(result.stdout)
+    assert measured["train_records"] == 64 and measured["global_batch_size"] == 8
+    assert measured["examples_per_sec"] > 0 and measured["steps"] == 10

@@ -10,7 +10,9 @@ without a schema, numbered keys come in number order (f2 before f10).
 
 from __future__ import annotations
 
+import json
 import re
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -47,6 +49,9 @@ class FeatureInfo:
     spec: dict[str, Any] | None  # None: tpurun cannot read the key as stored (see notes)
     source: str = "inferred"  # or "schema"
     notes: list[str] = field(default_factory=list)  # what to check, one sentence each
+    # A text feature's first sampled value (escaped, cut at 60 characters) and its lengths in
+    # characters: {"sample", "sample_chars", "min_chars", "mean_chars", "max_chars", "over"}.
+    text: dict[str, Any] | None = None
 
 
 @dataclass
@@ -111,6 +116,7 @@ def inspect(
     schema_path, schema = schemas.get(paths[0]) or next(iter(schemas.values()), (None, None))
     if schema:
         features = _apply_schema(features, schema.get("features") or {})
+    _describe_texts(features, [example for example, _ in samples], schema)
     largest = max((size for _, size in samples), default=0)
     return InspectReport(
         files=files,
@@ -243,8 +249,10 @@ def _infer_key(kind: str, values: list[list[Any]]) -> tuple[dict | None, list[st
         shape, notes = _image_shape(blobs)
         if shape:
             return {"type": "image", "shape": shape}, notes
+    if _is_text(blobs):
+        return {"type": "text"}, notes
     lengths = sorted({len(b) for b in blobs})
-    if len(lengths) > 1 or _is_text(blobs):
+    if len(lengths) > 1:
         return {"type": "bytes", "shape": []}, notes
     dtype = _guess_dtype(blobs)
     count = lengths[0] // _ITEMSIZE[dtype]
@@ -282,11 +290,46 @@ def _image_shape(blobs: list[bytes]) -> tuple[list[int] | None, list[str]]:
 
 
 def _is_text(blobs: list[bytes]) -> bool:
+    """UTF-8 without control characters but whitespace (emoji joiners and marks are text)."""
     try:
         texts = [b.decode("utf-8") for b in blobs]
     except UnicodeDecodeError:
         return False
-    return all(ch.isprintable() or ch.isspace() for text in texts for ch in text)
+    return not any(
+        unicodedata.category(ch) == "Cc" and not ch.isspace() for text in texts for ch in text
+    )
+
+
+def preview(text: str, width: int = 60) -> str:
+    """``text`` quoted as JSON would (line breaks, tabs and quotes escaped; unicode as it is),
+    cut at ``width`` characters with an ellipsis."""
+    shown = json.dumps(text[:width], ensure_ascii=False)
+    return shown[:-1] + '..."' if len(text) > width else shown
+
+
+def _describe_texts(features: list[FeatureInfo], examples: Sequence[Any], schema: Any) -> None:
+    """Give each text feature its first sampled value and its lengths: over the split the schema
+    file counted (every record written), else over the sampled records."""
+    counted = ((schema or {}).get("statistics") or {}).get("text") or {}
+    split = ((schema or {}).get("statistics") or {}).get("split", "all")
+    for info in features:
+        if (info.spec or {}).get("type") != "text":
+            continue
+        texts = [
+            ex.features.feature[info.key].bytes_list.value[0].decode("utf-8", "replace")
+            for ex in examples
+            if info.key in ex.features.feature
+        ]
+        if info.source == "schema" and info.key in counted:
+            lengths = dict(counted[info.key])
+            over = f"{lengths.pop('count'):,} {'' if split == 'all' else split + ' '}records"
+        else:
+            chars = [len(t) for t in texts]
+            lengths = {"min_chars": min(chars), "mean_chars": sum(chars) / len(chars),
+                       "max_chars": max(chars)}  # fmt: skip
+            over = f"{len(texts)} sampled records"
+        info.text = {"sample": preview(texts[0]), "sample_chars": len(texts[0]), **lengths,
+                     "over": over}  # fmt: skip
 
 
 def _guess_dtype(blobs: list[bytes]) -> str:

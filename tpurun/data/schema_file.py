@@ -23,7 +23,9 @@ Layout (``version`` 1)::
       "fill_missing": {"f1": 0.25},              #   the value written for a column's empty cells
       "statistics": {"split": "train",           # numeric features, over the train split only
                      "features": {"x": {"count": 9000, "mean": [...], "variance": [...],
-                                        "min": [...], "max": [...]}}}
+                                        "min": [...], "max": [...]}},
+                     "text": {"prompt": {"count": 9000, "min_chars": 3,   # text features'
+                                         "mean_chars": 211.4, "max_chars": 4012}}}
     }
 
 Shard names are relative to the schema file's folder. Feature entries use the config's own keys,
@@ -32,7 +34,8 @@ so they can be pasted into ``data.features`` as they are, in the source's column
 (each shard's size, a cheap check for truncated copies) is absent from schema files written before
 it existed. ``statistics`` (see :mod:`tpurun.data.statistics`: per element of each numeric feature,
 over the "train" split, or "all" when the records were not split) is what ``normalize: true``
-standardizes with; older files lack it.
+standardizes with; older files lack it. ``text`` features (``{"type": "text"}``: a JSONL file's
+strings, a CSV's text columns) get their lengths in characters in ``statistics.text`` instead.
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@ scalar arrays) and ``raw`` features of a float dtype (arrays), of up to :data:`M
 values per record; others (text, images, wider arrays) get none. The sums run in float64 over the
 values as written (float32 for floats), merged chunk by chunk (Chan et al.'s pairwise update), so
 the result is exact to float64 rounding whatever the chunk size.
+
+``text`` features get their lengths in characters instead (``statistics.text`` in the schema
+file: ``count``, ``min_chars``, ``mean_chars``, ``max_chars``), which ``tpurun data inspect``
+shows, to choose a sequence length by.
 """
 
 from __future__ import annotations
@@ -80,11 +84,37 @@ def _reader(spec: Mapping[str, Any]) -> str | None:
     return {"float": "float32", "int64": "int64"}.get(kind)
 
 
+class TextLengths:
+    """One text feature's record count and lengths in characters (not bytes, not tokens)."""
+
+    def __init__(self) -> None:
+        self.count = self.total = 0
+        self.min: int | None = None
+        self.max: int | None = None
+
+    def update(self, values: Sequence[bytes]) -> None:
+        lengths = [len(value.decode("utf-8")) for value in values]
+        if lengths:
+            self.count += len(lengths)
+            self.total += sum(lengths)
+            self.min = min(lengths) if self.min is None else min(self.min, *lengths)
+            self.max = max(lengths) if self.max is None else max(self.max, *lengths)
+
+    def to_dict(self) -> dict[str, Any]:
+        mean = self.total / self.count if self.count else None
+        return {"count": self.count, "min_chars": self.min, "mean_chars": mean,
+                "max_chars": self.max}  # fmt: skip
+
+
 class Statistics:
-    """The statistics of every numeric feature of a source, accumulated a chunk at a time."""
+    """The statistics of every numeric feature of a source, and the lengths of its text features,
+    accumulated a chunk at a time."""
 
     def __init__(self, features: Mapping[str, Mapping[str, Any]]):
         self._features: dict[str, tuple[str, Moments]] = {}
+        self._texts = {
+            n: TextLengths() for n, spec in features.items() if spec.get("type") == "text"
+        }
         for name, spec in features.items():
             dtype = _reader(spec)
             if dtype is not None:
@@ -101,14 +131,19 @@ class Statistics:
                 values = np.asarray(column).astype(dtype, copy=False)
             values = values.reshape(-1, *moments.shape)
             moments.update(values if keep is None else values[keep])
+        for name, lengths in self._texts.items():
+            column = chunk[name]
+            kept = column if keep is None else [v for v, k in zip(column, keep, strict=True) if k]
+            lengths.update(kept)
 
     def to_schema(self, split: str) -> dict[str, Any] | None:
-        """The schema file's ``statistics``: the split they describe, and each feature's; None
-        when no feature has any."""
-        if not self._features:
+        """The schema file's ``statistics``: the split they describe, each numeric feature's, and
+        each text feature's lengths (``text``, when there is one); None when no feature has any."""
+        if not self._features and not self._texts:
             return None
         features = {name: moments.to_dict() for name, (_, moments) in self._features.items()}
-        return {"split": split, "features": features}
+        texts = {name: lengths.to_dict() for name, lengths in self._texts.items()}
+        return {"split": split, "features": features, **({"text": texts} if texts else {})}
 
 
 # ------------------------------------------------------------------------------ normalization

@@ -180,12 +180,23 @@ def show_inspected(
         described = " ".join(str(v) for k, v in spec.items() if k != "key") or feature.stored
         notes = "".join(f"  · {note}" for note in feature.notes)
         _out(f"  {feature.name:<16} {described}{notes}")
+        if feature.text:
+            _out(f"  {'':<16} {_text_lines(feature.text)}")
     _out("\npaste into data: in the config")
     _out(report.features_yaml.rstrip())
     if report.advice:
         _out("\nadvice:")
         for line in report.advice:
             _out(f"  - {line}")
+
+
+def _text_lines(text: dict[str, Any]) -> str:
+    """A text feature in ``data inspect``: its first value, then its lengths in characters."""
+    lengths = (
+        f"{text['min_chars']:,} to {text['max_chars']:,} characters, mean "
+        f"{text['mean_chars']:,.1f} ({text['over']})"
+    )
+    return f"{text['sample']}  ({text['sample_chars']:,} chars)\n  {'':<16} length {lengths}"
 
 
 # ------------------------------------------------------------------- evaluate, predict, export
