@@ -7,6 +7,7 @@ import csv
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import tensorflow as tf
 from helpers import toy_config, write_config
@@ -15,7 +16,10 @@ from tpurun.config import DataConfig, load_config
 from tpurun.data import decode, pipeline
 from tpurun.data import schema_file as schema
 from tpurun.data.resolve import resolve
-from tpurun.data.write import write_shards
+from tpurun.data.sources import open_source
+from tpurun.data.sources.base import MappedSource
+from tpurun.data.sources.columns import table_options
+from tpurun.data.write import write_dataset, write_shards
 from tpurun.errors import ConfigError, DataError
 
 # Strings a writer or a reader could get wrong: unicode, the CSV's own delimiters and quotes,
@@ -375,3 +379,30 @@ def test_bench_reads_text_records(tmp_path):
     measured = json.loads(result.stdout)
     assert measured["train_records"] == 64 and measured["global_batch_size"] == 8
     assert measured["examples_per_sec"] > 0 and measured["steps"] == 10
+
+
+# ------------------------------------------------------------------- a transform before writing
+def test_a_mapped_source_writes_what_its_function_makes(tmp_path):
+    """Where ``--tokenize`` would go: a chunk's text columns to fixed-length ids (here the first 8
+    UTF-8 bytes, 0-padded, a stand-in for a tokenizer), the label's classes kept."""
+    rows = [{"text": t, "label": ["neg", "pos"][i % 2]} for i, t in enumerate(AWKWARD)]
+    source = open_source(str(write_jsonl(tmp_path / "t.jsonl", rows)), table=table_options("label"))
+
+    def ids(chunk):
+        codes = [list(t[:8]) + [0] * (8 - len(t[:8])) for t in chunk["text"]]
+        return {"token_ids": np.array(codes, np.int64), "label": chunk["label"]}
+
+    features = {
+        "token_ids": {"type": "int64", "shape": [8]},
+        "label": {"type": "int64", "shape": []},
+    }
+    mapped = MappedSource(source, ids, features)
+    report = write_dataset(mapped, str(tmp_path / "d" / "ids"), chunk_records=3)
+    assert report.features == features and report.class_names == ["neg", "pos"]
+    written, splits = read_back(tmp_path / "d" / "ids")
+    assert written["label"] == "label"  # the source's layout, kept
+    got = sorted(zip(map(tuple, splits["all"]["token_ids"]), splits["all"]["label"], strict=True))
+    want = sorted(
+        (tuple((list(t.encode()[:8]) + [0] * 8)[:8]), i % 2) for i, t in enumerate(AWKWARD)
+    )
+    assert got == want

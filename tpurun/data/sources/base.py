@@ -3,7 +3,7 @@ records a chunk at a time."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 #: What `tpurun data write` takes, for messages about a source it cannot read.
@@ -42,3 +42,36 @@ class Source:
     def chunks(self, size: int) -> Iterator[dict[str, Any]]:
         """Yield ``{feature: column}`` dicts of at most ``size`` records each, in order."""
         raise NotImplementedError
+
+
+class MappedSource(Source):
+    """Another source's records, each chunk passed through ``fn`` before it is written.
+
+    Where a per-record transform goes: a ``--tokenize PRESET`` would map a chunk's text columns
+    (lists of UTF-8 bytes) to token ids (int64 arrays of ``[records, sequence_length]``), a chunk
+    at a time so the tokenizer works on batches, and declare the features it yields.
+
+    Args:
+        source: the opened source.
+        fn: ``{feature: column}`` -> ``{feature: column}``, the same number of records.
+        features: the features ``fn`` yields, in the config's form; the source's when None.
+        nbytes: the estimated size of the records ``fn`` yields; the source's when None.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        fn: Callable[[dict[str, Any]], dict[str, Any]],
+        features: dict[str, dict[str, Any]] | None = None,
+        nbytes: int | None = None,
+    ):
+        self._source, self._fn = source, fn
+        self.path, self.records = source.path, source.records
+        self.features = dict(source.features if features is None else features)
+        self.nbytes = source.nbytes if nbytes is None else nbytes
+        self.class_names, self.layout = source.class_names, dict(source.layout)
+        self.warnings = list(source.warnings)
+
+    def chunks(self, size: int) -> Iterator[dict[str, Any]]:
+        for chunk in self._source.chunks(size):
+            yield self._fn(chunk)
