@@ -406,3 +406,21 @@ def test_a_mapped_source_writes_what_its_function_makes(tmp_path):
         (tuple((list(t.encode()[:8]) + [0] * 8)[:8]), i % 2) for i, t in enumerate(AWKWARD)
     )
     assert got == want
+
+
+def test_a_glob_of_jsonl_files_is_one_source_with_the_first_lines_keys(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", CHAT[:3])
+    write_jsonl(tmp_path / "b.ndjson", CHAT[3:])
+    result = cli("data", "write", tmp_path / "*", tmp_path / "out" / "d")
+    assert result.exit_code == 0, result.output
+    _, splits = read_back(tmp_path / "out" / "d")
+    assert rows_of(splits["all"], "prompt", "response") == sorted(
+        (row["prompt"], row["response"]) for row in CHAT
+    )
+    write_jsonl(tmp_path / "b.ndjson", [GOOD_LINE, {"response": "r", "prompt": "p", "x": 0}])
+    result = cli("data", "write", tmp_path / "*", tmp_path / "out" / "e")
+    assert result.exit_code == 2
+    assert (
+        f"{tmp_path / 'b.ndjson'}:2: a key 'x', where every line has the keys of the first "
+        f"({tmp_path / 'a.jsonl'}:1): prompt, response."
+    ) in " ".join(result.output.split())
