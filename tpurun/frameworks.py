@@ -1,4 +1,4 @@
-"""The one door to TensorFlow, JAX and Keras: every tpurun module imports them through here.
+"""The one door to TensorFlow, JAX, Keras and KerasHub: every tpurun module imports them here.
 
 The rule it keeps: **Keras and JAX only after the process is set up** for its choice of backend and
 devices (:func:`tpurun.runtime.activate.activate` calls :func:`activated`). Keras fixes its backend
@@ -132,10 +132,43 @@ def jax(submodule: str | None = None) -> ModuleType:
     return importlib.import_module(f"jax.{submodule}" if submodule else "jax")
 
 
+#: What a missing keras-hub is told to install.
+HUB_EXTRA = "pip install 'tpurun[hub]'"
+
+
+def keras_hub() -> ModuleType:
+    """KerasHub (``keras_hub``), once the process is set up, as :func:`keras` is.
+
+    Raises:
+        ImportOrderError: before :func:`activated` (KerasHub imports Keras).
+        EnvironmentSetupError: keras-hub, or a package it imports, is not installed.
+    """
+    from tpurun.errors import EnvironmentSetupError
+
+    _check_order("KerasHub", "keras_hub")
+    loaded = sys.modules.get("keras_hub")
+    if loaded is not None:
+        return loaded
+    tensorflow()  # first and quietly: keras_hub imports it through tensorflow-text
+    try:
+        return _quiet_import("keras_hub")
+    except ImportError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if missing == "keras_hub":
+            raise EnvironmentSetupError(
+                "model.preset needs KerasHub, which is not installed in this environment: "
+                f"{HUB_EXTRA} (keras-hub needs keras>=3.15 and Python>=3.11)."
+            ) from None
+        raise EnvironmentSetupError(
+            f"KerasHub is installed but cannot be imported: {type(exc).__name__}: {exc}. "
+            f"{HUB_EXTRA} installs it with what it needs (tensorflow-text, sentencepiece)."
+        ) from None
+
+
 # tf.data map functions ask the door for TensorFlow while they are traced. AutoGraph would convert
 # these functions too (and warn that os.environ has no source); marked as TF's own
 # tf.autograph.experimental.do_not_convert marks a function, they are called as they are.
-for _door in (tensorflow, keras, jax, apply_gcs_defaults, usable_matplotlib_backend):
+for _door in (tensorflow, keras, jax, keras_hub, apply_gcs_defaults, usable_matplotlib_backend):
     _door.autograph_info__ = {}
 
 
