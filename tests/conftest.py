@@ -143,6 +143,17 @@ def trained_toy_run(tmp_path_factory) -> TrainedToy:
                       write_test_set(folder / "unlabeled", targets=False))  # fmt: skip
 
 
+# ------------------------------------------------------------------- tiny KerasHub presets
+@pytest.fixture(scope="session")
+def tiny_presets(tmp_path_factory):
+    """Tiny Gemma causal LM, BERT classifier and ResNet classifier presets (tests/hub_presets.py),
+    built once per session in this process; read them in place (a test that edits one copies
+    it first)."""
+    from hub_presets import build
+
+    return build(tmp_path_factory.mktemp("hub-presets"))
+
+
 # ---------------------------------------------------------------- a GCS server on 127.0.0.1
 @pytest.fixture(scope="session")
 def gcs_server(tmp_path_factory):
