@@ -19,7 +19,7 @@ import typer
 
 from tpurun._version import __version__
 from tpurun.cli.args import ConfigArg, SetOpt
-from tpurun.cli.boundary import SetCommand, exit_codes
+from tpurun.cli.boundary import SetCommand, end_process, exit_codes
 from tpurun.cli.data import data_app
 from tpurun.errors import EXIT_USER_ERROR
 from tpurun.training.signals import SIGNALS
@@ -149,7 +149,7 @@ def config_command(
         ),
     ] = False,
 ) -> None:
-    """Print the resolved config with its derived values (replicas, batch, LR, steps), without training."""
+    """Print the resolved config with its derived values (replicas, batch, LR, steps; a preset's task and parameters), without training."""
     with exit_codes():
         from tpurun.config import load_config
         from tpurun.display import reports
@@ -163,7 +163,12 @@ def config_command(
         else:
             from tpurun.runtime.prepare import prepare_here
 
-            data = prepare_here(cfg).effective()
+            prepared = prepare_here(cfg)
+            data = prepared.effective()
+            if cfg.model.preset is not None:  # builds it on the CPU to count its parameters
+                from tpurun.hub.report import describe
+
+                data["derived"].update(describe(cfg, prepared.choice.backend))
         reports.show_config(data, as_json=as_json)
 
 
@@ -373,4 +378,4 @@ def main() -> None:
         activate = sys.modules.get("tpurun.runtime.activate")  # imported: it may have joined
         if activate is not None:
             activate.leave(code)
-        sys.exit(code)
+        end_process(code)

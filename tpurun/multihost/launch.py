@@ -54,6 +54,7 @@ def launch(processes: int, args: Sequence[str], port: int | None = None) -> int:
     address = f"127.0.0.1:{port or free_port()}"
     exe = [sys.executable, "-m", "tpurun", *args]
     children: list[subprocess.Popen] = []
+    relays: list[threading.Thread] = []
     for i in range(processes):
         env = {
             **os.environ,
@@ -73,7 +74,10 @@ def launch(processes: int, args: Sequence[str], port: int | None = None) -> int:
             )
         )
         if i:
-            threading.Thread(target=_relay, args=(children[i].stderr, i), daemon=True).start()
+            relays.append(
+                threading.Thread(target=_relay, args=(children[i].stderr, i), daemon=True)
+            )
+            relays[-1].start()
 
     def forward(signum, frame):  # a SIGTERM to the launcher reaches every process
         for child in children:
@@ -86,6 +90,10 @@ def launch(processes: int, args: Sequence[str], port: int | None = None) -> int:
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)
+        # A process's last lines (its "stopped: ..." or error) may still be in the pipe when it
+        # has exited: relay them before the launcher says anything more or exits.
+        for relay in relays:
+            relay.join(timeout=10)
 
 
 def _wait(children: list[subprocess.Popen]) -> int:
