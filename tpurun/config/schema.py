@@ -51,9 +51,13 @@ class RuntimeConfig(Section):
         description="On the CPU, split it into N devices (replicas), for either backend: an N-core TPU "
         "config then runs with the same replicas, global batch and scaled learning rate.",
     )
-    precision: Literal["auto", "float32", "mixed_bfloat16", "mixed_float16"] = Field(
+    precision: Literal["auto", "float32", "mixed_bfloat16", "mixed_float16", "bfloat16"] = Field(
         "auto",
-        description="`auto`: `mixed_bfloat16` on TPUs, `float32` elsewhere. `mixed_float16` is warned "
+        description="Keras' dtype policy. `auto`: `mixed_bfloat16` on TPUs, `float32` elsewhere. "
+        "`mixed_bfloat16` computes in bfloat16 on float32 weights (right for training from "
+        "scratch); `bfloat16` keeps the weights and optimizer state in bfloat16 too, half the "
+        "memory: for fine-tuning a large pretrained model whose float32 weights do not fit (LoRA "
+        "adapters stay float32: Keras' `enable_lora` makes them so). `mixed_float16` is warned "
         "against on TPUs.",
     )
     coordinator: str | None = Field(

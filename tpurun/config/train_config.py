@@ -1,5 +1,5 @@
-"""The ``train`` section: batch sizes, epochs and steps, the learning rate and its schedule, the
-time limit and profiles."""
+"""The ``train`` section: batch sizes and gradient accumulation, epochs and steps, the learning rate
+and its schedule, the time limit and profiles."""
 
 from __future__ import annotations
 
@@ -20,21 +20,22 @@ class LearningRateConfig(Section):
     base_batch_size: int | None = Field(
         None,
         ge=1,
-        description="The batch size `base` was tuned for. Unset: the global batch, so no scaling.",
+        description="The batch size `base` was tuned for. Unset: the effective batch, so no scaling.",
     )
     scaling: Literal["linear", "sqrt", "none"] = Field(
         "linear",
-        description="lr = base x f(global batch / `base_batch_size`), f being the identity, the square "
-        "root, or 1.",
+        description="lr = base x f(effective batch / `base_batch_size`), f being the identity, the "
+        "square root, or 1; the effective batch is the global batch x `gradient_accumulation_steps`.",
     )
     warmup_epochs: float = Field(
         0,
         ge=0,
-        description="Linear warmup to the scaled learning rate, in epochs (fractions allowed).",
+        description="Linear warmup to the scaled learning rate, in epochs (fractions allowed), counted "
+        "in optimizer updates.",
     )
     schedule: Literal["constant", "cosine"] = Field(
         "constant",
-        description="After the warmup: constant, or a cosine decay to 0 at the last step.",
+        description="After the warmup: constant, or a cosine decay to 0 at the last optimizer update.",
     )
 
 
@@ -108,9 +109,18 @@ class TrainConfig(Section):
         description="Batches per device call. `auto`: the largest divisor of the epoch's steps up to "
         "32 (1 where keras#19246 applies). An epoch is rounded down to whole executions.",
     )
+    gradient_accumulation_steps: int = Field(
+        1,
+        ge=1,
+        description="One optimizer update every N batches, with their mean gradient (for a batch "
+        "that does not fit in memory): the effective batch, N x the global batch, is what the "
+        "learning rate is scaled for; warmup and schedule count updates, steps count batches. An "
+        "update may take batches of two epochs. Not with TensorFlow on several replicas.",
+    )
     learning_rate: LearningRateConfig = Field(
         default_factory=LearningRateConfig,
-        description="The learning rate: its base, scaling with the global batch, warmup and schedule.",
+        description="The learning rate: its base, scaling with the effective batch, warmup and "
+        "schedule.",
     )
     time_limit: float | None = Field(
         None,

@@ -106,20 +106,41 @@ class Withdraw(keras.callbacks.Callback):
             logs.pop(KEY, None)
 
 
+def next_update_rate(optimizer: Any) -> float | None:
+    """The learning rate of the optimizer's next update (a schedule's current value); None for an
+    optimizer without one learning rate.
+
+    ``optimizer.learning_rate`` reads a schedule at the count of batches. Under gradient
+    accumulation (N batches an update) Keras applies update ``k`` at batch ``k*N + N-1``, with the
+    schedule read there (``base_optimizer._backend_apply_gradients``), and tpurun's schedule is
+    built for that (:func:`tpurun.training.model.learning_rate_schedule`): so the next update's
+    rate is the schedule's at that batch, which is what the logs show, as unaccumulated runs do.
+    """
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # mixed_float16's LossScaleOptimizer
+    try:
+        n = getattr(inner, "gradient_accumulation_steps", None) or 1
+        schedule = getattr(inner, "_learning_rate", None)
+        if n > 1 and isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+            updates = int(keras.ops.convert_to_numpy(inner.iterations))  # Keras': batches // N
+            value = schedule(updates * n + n - 1)
+        else:
+            value = inner.learning_rate
+        return float(keras.ops.convert_to_numpy(value))
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
 class LearningRateLog(keras.callbacks.Callback):
     """Puts the epoch's learning rate into its logs as ``learning_rate`` (Keras' own TensorBoard
-    and ReduceLROnPlateau callbacks do the same), so ``log.csv`` and the curves have it."""
+    and ReduceLROnPlateau callbacks do the same), so ``log.csv``, TensorBoard and the curves have
+    it: the rate of the next optimizer update (:func:`next_update_rate`)."""
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is None or "learning_rate" in logs:
             return
-        optimizer = getattr(self._model, "optimizer", None)
-        try:
-            logs["learning_rate"] = float(
-                keras.ops.convert_to_numpy(optimizer.learning_rate)  # a schedule's current value
-            )
-        except (AttributeError, TypeError, ValueError):
-            pass  # an optimizer without one learning rate
+        rate = next_update_rate(getattr(self._model, "optimizer", None))
+        if rate is not None:
+            logs["learning_rate"] = rate
 
 
 @dataclass

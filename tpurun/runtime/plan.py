@@ -1,7 +1,12 @@
 """Derived values: what a config means on this machine and this data.
 
-Replicas, global batch, scaled learning rate, steps and ``steps_per_execution`` are computed here
-once, written into the run directory's ``config.yaml`` and shown by ``tpurun config``.
+Replicas, global and effective batch, scaled learning rate, steps and ``steps_per_execution`` are
+computed here once, written into the run directory's ``config.yaml`` and shown by ``tpurun config``.
+
+A *step* is one batch of ``global_batch_size``, which is what ``steps_per_epoch``, checkpoints and
+TensorBoard count. With ``train.gradient_accumulation_steps: N`` the optimizer updates the weights
+every N steps, with their mean gradient: the *effective* batch, N x the global batch, is what the
+learning rate is scaled for, and ``warmup_steps`` and ``total_steps`` count those updates.
 """
 
 from __future__ import annotations
@@ -27,7 +32,9 @@ class Plan:
     precision: str
     reason: str
     per_core_batch_size: int
-    global_batch_size: int
+    global_batch_size: int  # one step's batch
+    gradient_accumulation_steps: int
+    effective_global_batch_size: int  # one optimizer update's: global batch x accumulation steps
     learning_rate: float
     learning_rate_factor: float
     steps_per_epoch: int
@@ -36,8 +43,8 @@ class Plan:
     num_processes: int
     per_process_batch_size: int  # what each process feeds: global batch / processes
     steps_per_execution: int
-    warmup_steps: int
-    total_steps: int
+    warmup_steps: int  # in optimizer updates, as the learning-rate schedule counts them
+    total_steps: int  # optimizer updates in the whole run
     monitor: str
     warnings: list[str] = field(default_factory=list)
 
@@ -69,11 +76,12 @@ def batch_sizes(config: Config, replicas: int) -> tuple[int, int, list[str]]:
     return per_core, per_core * replicas, warnings
 
 
-def lr_factor(config: Config, global_batch: int) -> float:
+def lr_factor(config: Config, effective_batch: int) -> float:
+    """The learning rate's multiplier for the batch of one optimizer update."""
     lr = config.train.learning_rate
     if lr.base_batch_size is None or lr.scaling == "none":
         return 1.0
-    ratio = global_batch / lr.base_batch_size
+    ratio = effective_batch / lr.base_batch_size
     return ratio if lr.scaling == "linear" else math.sqrt(ratio)
 
 
@@ -117,6 +125,35 @@ def scored_records(shares: list[int], steps: int, batch: int) -> int:
     """Records that ``steps`` validation batches of ``batch`` per process score, over all
     processes; the rest of what they feed is padding."""
     return sum(min(share, steps * batch) for share in shares)
+
+
+def _check_accumulation(choice: Choice, accumulation: int) -> None:
+    """Keras' accumulation on TensorFlow under a ``tf.distribute`` strategy fails in the first step:
+    the optimizer's update and accumulate branches (an ``ops.cond``) each call ``merge_call``,
+    which TensorFlow refuses inside a ``cond`` (checked with Keras 3.15 on 2 CPU replicas)."""
+    if accumulation > 1 and choice.backend == "tensorflow" and choice.distribution != "default":
+        raise ConfigError(
+            [
+                f"train.gradient_accumulation_steps: {accumulation} on the TensorFlow backend with "
+                f"a {choice.distribution} strategy fails inside Keras (merge_call inside the "
+                "optimizer's cond); use runtime.backend: jax, which accumulates on any number of "
+                "replicas, or set gradient_accumulation_steps: 1"
+            ]
+        )
+
+
+def _accumulation_warnings(steps: int, epochs: int, accumulation: int) -> list[str]:
+    """Keras accumulates across an epoch's end: an update may take batches of two epochs, which is
+    harmless (checkpoints keep the partial sums, so a resume stays exact), but batches past the
+    run's last whole update are trained on for nothing."""
+    if accumulation == 1 or steps % accumulation == 0:
+        return []
+    left = steps * epochs % accumulation
+    tail = f"; the run's last {left} batch(es) make no update" if left else ""
+    return [
+        f"train.steps_per_epoch: {steps} is not a multiple of gradient_accumulation_steps "
+        f"{accumulation}: some updates average batches of two epochs{tail}."
+    ]
 
 
 def resolve_monitor(config: Config, monitor: str) -> str:
@@ -163,7 +200,10 @@ def make_plan(
             f"using {rounded} so every epoch runs the steps it reports."
         )
         steps = rounded
-    factor = lr_factor(config, global_batch)
+    accumulation = train.gradient_accumulation_steps
+    _check_accumulation(choice, accumulation)
+    warnings += _accumulation_warnings(steps, train.epochs, accumulation)
+    factor = lr_factor(config, global_batch * accumulation)
     lr = train.learning_rate
     checkpoint = config.callbacks.checkpoint
     monitor = resolve_monitor(config, checkpoint.monitor if checkpoint else "auto")
@@ -176,6 +216,8 @@ def make_plan(
         reason=choice.reason,
         per_core_batch_size=per_core,
         global_batch_size=global_batch,
+        gradient_accumulation_steps=accumulation,
+        effective_global_batch_size=global_batch * accumulation,
         learning_rate=lr.base * factor,
         learning_rate_factor=factor,
         steps_per_epoch=steps,
@@ -184,8 +226,8 @@ def make_plan(
         num_processes=processes,
         per_process_batch_size=batch,
         steps_per_execution=int(spe),
-        warmup_steps=round(lr.warmup_epochs * steps),
-        total_steps=steps * train.epochs,
+        warmup_steps=round(lr.warmup_epochs * steps / accumulation),
+        total_steps=steps * train.epochs // accumulation,
         monitor=monitor,
         warnings=warnings,
     )

@@ -192,23 +192,52 @@ def learning_rate_schedule(config: Config, plan: Plan, scale: float = 1.0) -> An
     """A float, or a built-in Keras schedule (so ``model.keras`` loads without tpurun).
 
     ``scale`` multiplies it throughout (``callbacks.on_nan: restore`` cuts the learning rate).
+
+    The schedule counts optimizer updates, as ``plan.warmup_steps`` and ``plan.total_steps`` do.
+    Under gradient accumulation (N batches an update) Keras reads the schedule at the count of
+    *batches*, and applies update ``k`` (from 0) at batch ``k*N + N-1``
+    (``base_optimizer._backend_apply_gradients``): the schedule is then stretched N times and
+    moved N-1 batches later, so update ``k`` gets the very rate step ``k`` gets without
+    accumulation. A wrapper schedule dividing the step by N would do it too, but would be
+    tpurun's class, which ``keras.saving.load_model`` could not find without tpurun.
     """
     keras = frameworks.keras()
 
     lr = config.train.learning_rate
     peak = plan.learning_rate * scale
-    if lr.schedule == "constant" and plan.warmup_steps == 0:
+    n = config.train.gradient_accumulation_steps
+    warmup, total = plan.warmup_steps, plan.total_steps  # in updates
+    if lr.schedule == "constant" and warmup == 0:
         return peak
-    # CosineDecay covers all cases: linear warmup to `peak` over warmup_steps, then cosine decay
-    # to 0 over the remaining steps; alpha=1 makes the "decay" a constant. The warmup starts at
-    # peak/warmup_steps, not 0: the first update uses lr(0), and 0 would waste it.
+    # CosineDecay covers all cases: linear warmup to `peak` over the warmup, then cosine decay
+    # to 0 over the remaining updates; alpha=1 makes the "decay" a constant. The warmup starts at
+    # peak/warmup, not 0: the first update uses lr(0), and 0 would waste it.
+    start = peak / warmup if warmup else peak
+    if warmup:
+        # The warmup's straight line in batches, through (k*N + N-1, rate of update k): it
+        # starts N-1 batches before the first update, so a little lower.
+        start -= (peak - start) * (n - 1) / (warmup * n)
+    # Without a warmup (and N > 1), a flat one at the peak over the N-1 batches before the first
+    # update moves the decay's start to that update.
+    warmup_batches = warmup * n + n - 1
     return keras.optimizers.schedules.CosineDecay(
-        initial_learning_rate=peak / plan.warmup_steps if plan.warmup_steps else peak,
-        decay_steps=max(1, plan.total_steps - plan.warmup_steps),
+        initial_learning_rate=start,
+        decay_steps=max(1, total - warmup) * n,
         alpha=1.0 if lr.schedule == "constant" else 0.0,
-        warmup_target=peak if plan.warmup_steps else None,
-        warmup_steps=plan.warmup_steps,
+        warmup_target=peak if warmup_batches else None,
+        warmup_steps=warmup_batches,
     )
+
+
+def _accumulation(config: Config, optimizer_kwargs: dict, what: str) -> int | None:
+    """``gradient_accumulation_steps`` for Keras' optimizer: None for 1 (Keras wants >= 2)."""
+    if optimizer_kwargs.get("gradient_accumulation_steps"):
+        raise ModelError(
+            f"{what} sets gradient_accumulation_steps: set train.gradient_accumulation_steps "
+            "instead (tpurun scales the learning rate and the schedule with it)."
+        )
+    n = config.train.gradient_accumulation_steps
+    return n if n > 1 else None
 
 
 def build_optimizer(config: Config, plan: Plan) -> Any:
@@ -221,7 +250,11 @@ def build_optimizer(config: Config, plan: Plan) -> Any:
             "(tpurun scales it with the batch size and applies warmup and schedule)."
         )
     schedule = learning_rate_schedule(config, plan)
-    return _keras_object(spec, keras.optimizers, "model.optimizer", config, learning_rate=schedule)
+    extra: dict[str, Any] = {"learning_rate": schedule}
+    accumulation = _accumulation(config, spec.kwargs, "model.optimizer")
+    if accumulation:  # only then: an optimizer class of the user's may not take the argument
+        extra["gradient_accumulation_steps"] = accumulation
+    return _keras_object(spec, keras.optimizers, "model.optimizer", config, **extra)
 
 
 def build_loss(config: Config) -> Any:
@@ -294,9 +327,11 @@ def compile_model(model: Any, config: Config, plan: Plan) -> str | None:
             "compile the model in the factory."
         )
     if factory is not None and "optimizer" not in given:
+        theirs = theirs_optimizer.get_config()
         settings = {
-            **theirs_optimizer.get_config(),
+            **theirs,
             "learning_rate": learning_rate_schedule(config, plan),
+            "gradient_accumulation_steps": _accumulation(config, theirs, "the factory's optimizer"),
         }
         optimizer = _call(
             type(theirs_optimizer), settings, "the factory's optimizer", _name(theirs_optimizer)

@@ -17,9 +17,11 @@ from tpurun.storage.rundir import CHECKPOINTS, LATEST_STATE, RunDir, source_run,
 
 # What a checkpoint is bound to: change one and the saved weights, optimizer state or data position
 # no longer mean the same thing. Anything else (epochs, callbacks, learning rate, time limit, data
-# files) may change between sessions.
+# files) may change between sessions. Gradient accumulation adds optimizer variables (the partial
+# sums): Keras would skip loading an optimizer state of another length with a mere warning.
+_ACCUMULATION = "train.gradient_accumulation_steps"
 _BINDING = ("model.", "data.features", "data.inputs", "data.targets", "global_batch_size",
-            "precision")  # fmt: skip
+            "precision", _ACCUMULATION)  # fmt: skip
 
 
 @dataclass
@@ -113,6 +115,8 @@ def identity(config: dict, plan: Any) -> dict[str, Any]:
     """
     derived = {"global_batch_size": plan.global_batch_size, "precision": plan.precision}
     flat = flatten({**config, **derived})
+    if flat.get(_ACCUMULATION) == 1:  # the default, which checkpoints from before it leave out
+        del flat[_ACCUMULATION]
     return {k: v for k, v in flat.items() if any(k.startswith(b) for b in _BINDING)}
 
 
@@ -137,8 +141,8 @@ def check_unchanged(point: ResumePoint, now: dict[str, Any]) -> None:
     more = f" (and {len(changed) - 4} more)" if len(changed) > 4 else ""
     raise TpurunError(
         f"cannot resume from {point.source}: the config changed in a way the checkpoint cannot "
-        f"follow ({shown}{more}). A checkpoint only fits the model, features, batch size and "
-        "precision it was trained with. Undo the change, pass --restart to start over (the old run "
+        f"follow ({shown}{more}). A checkpoint only fits the model, features, batch size, "
+        "gradient accumulation and precision it was trained with. Undo the change, pass --restart to start over (the old run "
         "is moved aside), or give the changed config another name."
     )
 
