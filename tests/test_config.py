@@ -185,10 +185,12 @@ def test_csv_log_append_false_is_refused_with_what_to_do(tmp_path):
 
 
 def test_missing_required_key(tmp_path):
-    # model.loss may be left out (the factory's own compile supplies it); model.factory may not.
+    # model.loss may be left out (the factory's own compile supplies it); model.factory may not,
+    # unless a model.preset stands in for it.
     text = GOOD.replace("  factory: models/recognizer.py:build\n", "")
     [problem] = problems(tmp_path, text)
-    assert "'model.factory' is required but missing" in problem
+    assert "model: set one of model.factory" in problem and "model.preset" in problem
+    assert "neither is set" in problem
 
 
 def test_invalid_yaml_reports_line_and_column(tmp_path):

@@ -15,6 +15,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     field_validator,
+    model_validator,
 )
 
 from tpurun.config.base import NamedObject, Section
@@ -81,24 +82,79 @@ class RuntimeConfig(Section):
 
 
 # ----------------------------------------------------------------------------------------- model
+class LoraConfig(Section):
+    rank: int = Field(
+        ge=1,
+        description="The rank of the adapter's two matrices on each attention query and value "
+        "kernel (4 to 16 is usual): the adapter's size grows with it.",
+    )
+    alpha: float | None = Field(
+        None,
+        gt=0,
+        description="The adapter's update is scaled by `alpha / rank`. Unset: the rank (a scale of "
+        "1), as KerasHub's `enable_lora` does.",
+    )
+
+
+#: Remote preset handles, tried through KerasHub (kagglehub, huggingface_hub) where online.
+PRESET_HANDLES = ("kaggle://", "hf://")
+#: What only a preset takes, each with what it does (for the message a factory config gets).
+PRESET_ONLY = {
+    "task": "the KerasHub task class",
+    "lora": "LoRA on the backbone",
+    "sequence_length": "the preprocessor's length",
+}
+
+
 class ModelConfig(Section):
-    factory: str = Field(
+    factory: str | None = Field(
+        None,
         description="`path/to/file.py:function` or `package.module:function`: called with `kwargs` "
-        "inside the distribution scope, it returns a Keras model.",
+        "inside the distribution scope, it returns a Keras model. Set this or `preset`.",
+    )
+    preset: str | None = Field(
+        None,
+        min_length=1,
+        description="A pretrained KerasHub model instead of a factory: the folder a preset was "
+        "saved to (relative to the config file's folder; on Kaggle, an attached model such as "
+        "`/kaggle/input/gemma/keras/gemma_2b_en/2`), or a `kaggle://` or `hf://` handle where there "
+        "is a network. Needs `pip install 'tpurun[hub]'`.",
+    )
+    task: str | None = Field(
+        None,
+        min_length=1,
+        description="Preset only: the KerasHub task class to build (`GemmaCausalLM`, `CausalLM`, "
+        "`BertTextClassifier`, ...). Unset: the task the preset was saved with.",
     )
     kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments for the factory."
+        default_factory=dict,
+        description="Keyword arguments for the factory; with a preset, for the task's "
+        "`from_preset` (`num_classes: 3` for a classifier, ...).",
+    )
+    lora: LoraConfig | None = Field(
+        None,
+        description="Preset only: LoRA on the backbone (`enable_lora`): the pretrained weights "
+        "are frozen and only the adapter trains. `{rank: 4}`.",
+    )
+    sequence_length: int | None = Field(
+        None,
+        ge=1,
+        description="Preset only: the preprocessor's sequence length (tokens per example), at "
+        "most the backbone's maximum. Unset: the preset's own.",
     )
     optimizer: NamedObject = Field(
         default_factory=lambda: NamedObject(name="adam"),
         description="A Keras optimizer name or `module:Class`, or `{name: ..., kwarg: ...}`: the other "
-        "keys are its kwargs. The learning rate always comes from `train.learning_rate`.",
+        "keys are its kwargs. The learning rate always comes from `train.learning_rate`. Left out "
+        "with a preset: the task's own (KerasHub compiles its tasks with Adam).",
     )
     loss: NamedObject | list[NamedObject] | dict[str, NamedObject] | None = Field(
         None,
         description="A Keras loss name, `module:function`, `{name: ..., kwarg: ...}`, or a list / "
         "`{output: loss}` map for several outputs. Left out: the loss the factory compiled its model "
-        "with (an error if it did not compile). Checked against the labels before training.",
+        "with (an error if it did not compile), or a preset task's own (sparse categorical "
+        "cross-entropy on logits for a causal LM or a classifier). Checked against the labels "
+        "before training.",
     )
     metrics: list[NamedObject] = Field(
         default_factory=list,
@@ -107,14 +163,42 @@ class ModelConfig(Section):
 
     @field_validator("factory")
     @classmethod
-    def _import_path(cls, value: str) -> str:
+    def _import_path(cls, value: str | None) -> str | None:
         # A plain sentence instead of pydantic's regex.
-        if not re.match(r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$", value):
+        if value is not None and not re.match(r"^[^:]+:[A-Za-z_][A-Za-z0-9_]*$", value):
             raise ValueError(
                 'expected "path/to/file.py:function" or "package.module:function", the function '
                 "that returns the model after the colon"
             )
         return value
+
+    @field_validator("preset")
+    @classmethod
+    def _folder_or_handle(cls, value: str | None) -> str | None:
+        if value is not None and "://" in value and not value.startswith(PRESET_HANDLES):
+            raise ValueError(
+                f"'{value}': a local preset folder, or a kaggle://org/model/keras/variant[/version] "
+                "or hf://org/model handle; "
+                f"'{value.split('://')[0]}://' is not supported"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _factory_or_preset(self) -> ModelConfig:
+        if (self.factory is None) == (self.preset is None):
+            which = "both are set" if self.factory else "neither is set"
+            raise ValueError(
+                "set one of model.factory (your function that builds a Keras model) and "
+                f"model.preset (a pretrained KerasHub model's folder or handle); {which}"
+            )
+        if self.factory is not None:
+            for key, what in PRESET_ONLY.items():
+                if getattr(self, key) is not None:
+                    raise ValueError(
+                        f"model.{key} ({what}) applies to a model.preset; model.factory builds "
+                        f"its own model: remove model.{key}, or use a preset"
+                    )
+        return self
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -213,7 +297,9 @@ class Config(Section):
         description="Where and how to train: the backend, the accelerator, the precision, and several "
         "hosts.",
     )
-    model: ModelConfig = Field(description="The model: its factory, and how it is compiled.")
+    model: ModelConfig = Field(
+        description="The model: its factory or pretrained preset, and how it is compiled."
+    )
     data: DataConfig = Field(
         description="The TFRecord files, how their records decode, and which features feed the model."
     )

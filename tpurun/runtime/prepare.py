@@ -58,9 +58,9 @@ class Prepared:
     def effective(self) -> dict[str, Any]:
         """The config as run, defaults and data filled in, plus ``derived``; loads back as a config.
 
-        Its relative input paths (data globs, ``file.py:name`` imports) are made absolute: the
-        file is written into the run directory, where relative paths would no longer lead to the
-        data and code they named.
+        Its relative input paths (data globs, ``file.py:name`` imports, a preset folder) are made
+        absolute: the file is written into the run directory, where relative paths would no longer
+        lead to the data and code they named.
         """
         config = self.config.to_dict()
         data = config["data"]
@@ -72,6 +72,8 @@ class Prepared:
                     data[key] = self.config.resolve_path(data[key])
         for key in ("model", "callbacks"):
             config[key] = _absolute_imports(config[key], self.config)
+        if config["model"].get("preset"):  # a folder, as the factory's file (a handle stays)
+            config["model"]["preset"] = self.config.resolve_path(config["model"]["preset"])
         return {**config, "derived": self.derived()}
 
 

@@ -77,7 +77,11 @@ def build_model(config: Config, backend: str, normalization: dict | None = None)
     """Call the factory with its kwargs and check that it returned a Keras model; put a
     Normalization layer in front of each input whose feature has ``normalize: true``
     (:func:`tpurun.training.normalize.wrap`, with ``normalization``'s numbers: None takes the
-    schema file's)."""
+    schema file's). A ``model.preset`` is built by :func:`tpurun.hub.model.build_task`."""
+    if config.model.preset is not None:
+        from tpurun.hub.model import build_task
+
+        return build_task(config)
     from tpurun.training import normalize
 
     keras = frameworks.keras()
@@ -119,6 +123,8 @@ TF_OPS_ON_JAX = (
 
 def factory_imports_tensorflow(config: Config) -> bool:
     """Whether the factory's module has TensorFlow (or a part of it) among its names."""
+    if config.model.factory is None:
+        return False
     try:
         factory = import_object(config.model.factory, config.base_dir, "model.factory")
     except ModelError:
@@ -363,12 +369,15 @@ def compile_model(model: Any, config: Config, plan: Plan) -> str | None:
                               ("metrics", "metrics" in given)) if not set_]  # fmt: skip
     replaced = [k for k in ("optimizer", "loss", "metrics") if k not in kept]
     parts = []
+    whose = "KerasHub's" if config.model.preset else "the factory's"
     if replaced:
-        parts.append(f"the config's model.{'/'.join(replaced)} replace(s) the factory's")
+        parts.append(f"the config's model.{'/'.join(replaced)} replace(s) {whose}")
     if kept:
-        parts.append(f"the factory's {'/'.join(kept)} kept (left out of the config)")
+        parts.append(f"{whose} {'/'.join(kept)} kept (left out of the config)")
+    own = f"KerasHub compiled {type(model).__name__}"
+    who = own if config.model.preset else "the factory compiled its model"
     return (
-        f"the factory compiled its model ({type(theirs_optimizer).__name__}, loss "
+        f"{who} ({type(theirs_optimizer).__name__}, loss "
         f"{_name(factory.get('loss'))}): " + "; ".join(parts) + "; the learning rate is tpurun's "
         "(train.learning_rate)"
     )

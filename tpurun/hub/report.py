@@ -1,0 +1,79 @@
+"""What ``tpurun config`` shows about a preset: its task, sequence length, LoRA and parameters.
+
+Counting parameters needs the task model built, and ``tpurun config`` otherwise never imports
+Keras. For a preset only, it sets its own process up on the CPU (never an accelerator another
+process may hold; nothing else runs in that process afterwards) and builds the model under a
+stateless scope that leaves the variables uninitialised: shapes only, no weights read or drawn,
+so a 7B preset counts in seconds and no memory. A factory config stays as fast as before. A child
+process would keep the parent clean too, but costs the same imports again for nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from tpurun import frameworks
+from tpurun.config import Config
+from tpurun.hub.model import build_task, longest_sequence, parameter_counts
+from tpurun.hub.preset import location
+
+
+def _set_up_cpu(backend: str) -> None:
+    """Set this process up on one CPU device for ``backend``, unless it already is."""
+    if frameworks.backend() is not None:
+        return
+    imported = sys.modules.get("keras")
+    if imported is not None:
+        # TensorFlow imported Keras while the data was read, which fixed its backend.
+        backend = imported.backend.backend()
+    from tpurun.runtime.activate import activate
+    from tpurun.runtime.choice import Choice
+
+    why = "tpurun config counts a preset's parameters on the CPU"
+    choice = Choice(backend=backend, accelerator="cpu", distribution="default", replicas=1,
+                    precision="float32", reason=why)  # fmt: skip
+    activate(choice, seed=0)
+
+
+def _pending_variables() -> list:
+    """Keras' list of variables created under a stateless scope, to be initialised later
+    (``keras/src/backend/common/variables.py``, ``register_uninitialized_variable``)."""
+    state = frameworks.keras("src.backend.common.global_state")
+    return state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
+
+
+def describe(config: Config, backend: str = "jax") -> dict[str, Any]:
+    """``{"preset": {...}, "parameters": {"total", "trainable"}}`` for ``derived``.
+
+    Args:
+        config: a config with a ``model.preset``.
+        backend: the backend to count on where the process is not set up yet (the one the config
+            would train on; counts do not depend on it).
+
+    Raises:
+        ModelError: as :func:`tpurun.hub.model.build_task`.
+    """
+    _set_up_cpu(backend)
+    keras = frameworks.keras()
+
+    pending = _pending_variables()
+    before = len(pending)
+    try:
+        with keras.StatelessScope(initialize_variables=False):
+            task = build_task(config, load_weights=False, compile=False)
+    finally:
+        # Keras keeps a list of the variables to draw later; the next fit in this process would
+        # draw every one of the preset's (a notebook's): these were only ever counted.
+        del pending[before:]
+    preprocessor = task.preprocessor
+    lora = config.model.lora
+    preset = {
+        "location": location(config),
+        "task": type(task).__name__,
+        "backbone": type(task.backbone).__name__,
+        "sequence_length": getattr(preprocessor, "sequence_length", None),
+        "max_sequence_length": longest_sequence(task),
+        "lora": None if lora is None else {"rank": lora.rank, "alpha": lora.alpha or lora.rank},
+    }
+    return {"preset": preset, "parameters": parameter_counts(task).to_dict()}
