@@ -263,3 +263,12 @@ def saved_accumulators(weights_file) -> list[np.ndarray]:
         group = f["optimizer"]["vars"]
         values = [np.asarray(group[k]) for k in sorted(group, key=int)]
     return [v for v in values if v.ndim > 0]
+
+
+def test_a_failing_callback_is_reported_as_itself_under_accumulation(toy_data, tmp_path):
+    """Keras' ``optimizer.iterations`` is a computed array under accumulation (batches // N), not
+    a variable: what tpurun reads from it when a fit fails must not fail in its turn."""
+    config = accumulating(toy_data, tmp_path, "boom", 32, 2, epochs=1)
+    config["callbacks"] = {"extra": [f"{FACTORIES}:Exploding"]}
+    with pytest.raises(RuntimeError, match="boom"):
+        tpurun.train(config, verbose=False)

@@ -251,7 +251,9 @@ def _fit_once(job: TrainJob, f: _Fitting) -> None:
         _fit_from(f.model, f.train_data, f.val_ds, f.val_steps, plan, config.train.epochs,
                   f.checkpoint, f.progress, f.callbacks)  # fmt: skip
     except Exception as exc:
-        first_step = int(f.model.optimizer.iterations.numpy()) == 0
+        # Under gradient accumulation `iterations` is computed (batches // N), no variable.
+        updates = frameworks.keras().ops.convert_to_numpy(f.model.optimizer.iterations)
+        first_step = int(updates) == 0
         said = failures.explain(exc, job.prepared, f.model, job.run.checkpoints, first_step)
         if said is None:
             raise
