@@ -422,6 +422,41 @@ def test_a_handle_whose_download_fails(tmp_path, monkeypatch):
         presets.read(loaded(tmp_path, "kaggle://keras/gemma/keras/gemma_2b_en/2"))
 
 
+# ------------------------------------------------------------------------------------ doctor
+def test_doctor_checks_the_preset_folder(tiny_presets, tmp_path):
+    from tpurun.doctor.preset import check_preset
+
+    check = check_preset(loaded(tmp_path, tiny_presets.gemma))
+    assert check.status == "ok", check
+    assert (
+        "complete (GemmaBackbone, saved as GemmaCausalLM); task GemmaCausalLM fits it"
+        in check.finding
+    )
+    folder = shutil.copytree(tiny_presets.gemma, tmp_path / "gemma")
+    (folder / "assets" / "tokenizer" / "vocabulary.spm").unlink()
+    check = check_preset(loaded(tmp_path, folder))
+    assert check.status == "fail" and "has no assets/tokenizer/vocabulary.spm" in check.finding
+    check = check_preset(loaded(tmp_path, tiny_presets.bert, task="GemmaCausalLM"))
+    assert check.status == "fail" and "does not fit the preset" in check.finding
+
+
+@pytest.mark.slow
+def test_tpurun_doctor_names_the_file_a_preset_misses(tiny_presets, toy_data, tmp_path):
+    from tpurun.doctor import run_checks
+
+    folder = shutil.copytree(tiny_presets.gemma, tmp_path / "gemma")
+    (folder / "model.weights.h5").unlink()
+    config = toy_config(toy_data, tmp_path / "runs")
+    config["model"] = {"preset": str(folder)}
+    (tmp_path / "dev" / "vfio").mkdir(parents=True)  # a machine without a TPU
+    checks = run_checks(config, env={}, dev_root=str(tmp_path / "dev"),
+                        lock_path=str(tmp_path / "lock"), gcs_timeout=1)  # fmt: skip
+    check = next(c for c in checks if c.name == "model.preset")
+    assert check.status == "fail", check
+    assert f"{folder} has no model.weights.h5 (the backbone's weights)" in check.finding
+    assert check.fix.startswith("copy the whole preset folder")
+
+
 # --------------------------------------------------------------------- the door, before set-up
 @pytest.mark.slow
 def test_kerashub_waits_for_activation():

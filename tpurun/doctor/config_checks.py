@@ -18,6 +18,7 @@ from tpurun.doctor.model import (
     check_model,
     check_model_on_cpu,
 )
+from tpurun.doctor.preset import check_preset
 from tpurun.errors import TpurunError
 from tpurun.runtime.choice import KERAS_19246
 from tpurun.runtime.machine import Machine
@@ -252,6 +253,8 @@ def run(cfg: Any, m: Machine, holder: list, devices: dict, with_model: bool) -> 
         os.environ["KERAS_BACKEND"] = choice.backend  # never activate an accelerator here
     frameworks.tensorflow()  # quietly, before the data checks import it
     checks = timed("config", lambda: check_config(cfg))
+    if cfg.model.preset is not None:
+        checks += timed("model.preset", lambda: check_preset(cfg))
     replicas = choice.replicas if choice else None
     if choice and replicas is None:
         replicas = devices.get("jax", {}).get("platforms", {}).get("tpu")
