@@ -192,7 +192,7 @@ def test_on_tensorflow_with_several_steps_per_execution_and_refused_under_a_stra
 
 
 # ------------------------------------------------------------------------------- TensorBoard
-def test_the_learning_rate_curve_is_a_four_times_bigger_batch_s(toy_data, tmp_path):
+def test_tensorboard_learning_rate_of_batch_16_n4_is_batch_64_n1(toy_data, tmp_path):
     """(batch 16, N=4) and (batch 64, N=1), warmup and cosine decay, the learning rate scaled
     linearly from a base batch of 16: TensorBoard's ``learning_rate`` has the same values at the
     same epochs, the first the warmup's at update 8 of 12. Its steps count batches (as the loss
