@@ -204,6 +204,27 @@ def test_compile_keeps_kerashubs_loss_under_the_configs_optimizer(tiny_presets, 
     np.testing.assert_array_equal(before, np.asarray(model.backbone.token_embedding.embeddings))
 
 
+def test_compile_gives_a_classifier_kerashubs_adam_at_tpuruns_rate(
+    tiny_presets, toy_data, tmp_path
+):
+    from tpurun.runtime.prepare import prepare_here
+
+    config = tpurun.load_config(
+        {**toy_config(toy_data, tmp_path), "model": {"preset": str(tiny_presets.bert)}}
+    )
+    plan = prepare_here(config).plan
+    model = build_model(config, "jax")
+    note = compile_model(model, config, plan)
+    assert "KerasHub's optimizer/loss/metrics kept (left out of the config)" in note
+    assert isinstance(model.optimizer, keras.optimizers.Adam)
+    assert float(model.optimizer.learning_rate) == pytest.approx(plan.learning_rate)
+    loss = model._compile_config.config["loss"]
+    assert isinstance(loss, keras.losses.SparseCategoricalCrossentropy) and loss.from_logits
+    text = np.array(["the cat eats an apple today.", "a dog sees the blue sky."])
+    logs = model.train_on_batch(text, np.array([0, 1]), return_dict=True)
+    assert np.isfinite(logs["loss"]) and "sparse_categorical_accuracy" in logs
+
+
 # ---------------------------------------------------------------------------- tpurun config
 def test_tpurun_config_shows_the_preset_and_its_parameters(tiny_presets, toy_data, tmp_path):
     full = config_command(tmp_path, toy_data, tiny_presets.gemma, "--json")
@@ -275,6 +296,18 @@ def test_a_preset_missing_a_file_names_it(tiny_presets, toy_data, tmp_path, miss
     (folder / missing).unlink()
     result = config_command(tmp_path, toy_data, folder)
     refused(result, f"model.preset: {folder} has no {missing}", "Copy the whole preset folder")
+
+
+def test_train_refuses_an_incomplete_preset_before_writing_anything(
+    tiny_presets, toy_data, tmp_path
+):
+    folder = shutil.copytree(tiny_presets.gemma, tmp_path / "gemma")
+    (folder / "metadata.json").unlink()
+    config = toy_config(toy_data, tmp_path / "runs")
+    config["model"] = {"preset": str(folder)}
+    with pytest.raises(ModelError, match=f"{folder} has no metadata.json"):
+        tpurun.train(config, verbose=False)
+    assert not (tmp_path / "runs" / config["name"]).exists()
 
 
 def test_a_bert_preset_missing_its_wordpiece_vocabulary(tiny_presets, tmp_path):
