@@ -176,7 +176,10 @@ ROWS = [
         id="value-not-allowed",
     ),
     pytest.param(
-        drop("model.factory"), [], ["'model.factory' is required but missing"], id="missing-required-key"
+        drop("data.train"), [], ["'data.train' is required but missing"], id="missing-required-key"
+    ),
+    pytest.param(  # optional for a preset, which may take them from its features
+        drop("data.targets"), [], ["'data.targets' is required but missing"], id="factory-needs-targets"
     ),
     pytest.param(
         put("model.factory", "models.py"), [],

@@ -46,6 +46,13 @@ GCS_DEFAULTS = {
     "GCS_REQUEST_CONNECTION_TIMEOUT_SECS": "20",
 }
 
+#: TensorFlow's C++ log level in tpurun's processes (a value the user set is kept). 3 hides ERROR
+#: lines too, which here are notices, not failures of the run: oneDNN's "supports DT_INT64 only on
+#: platforms with AVX-512" when a text model's int64 token ids first meet it, a CUDA build's
+#: "failed call to cuInit" on a machine without a GPU. A real failure reaches tpurun as a Python
+#: exception, which it says in its own words; `TF_CPP_MIN_LOG_LEVEL=0 tpurun ...` shows them all.
+TF_LOG_LEVEL = "3"
+
 _backend: str | None = None  # set by activated(): the backend this process was set up for
 
 
@@ -193,7 +200,7 @@ def _quiet_import(name: str) -> ModuleType:
     (Kaggle's CPU sessions; here, the full build keras-hub's tensorflow-text pulls in). Listing
     physical devices initializes no GPU memory, so JAX can still be given the GPUs after it.
     """
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", TF_LOG_LEVEL)
     try:
         saved = os.dup(2)
     except OSError:  # no stderr to capture (a daemon, some notebook hosts)

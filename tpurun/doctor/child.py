@@ -27,6 +27,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tpurun import frameworks
+
 MARK = "@@tpurun-doctor@@"
 SCRIPTS = "tpurun.doctor.scripts"
 
@@ -37,7 +39,7 @@ def child_env(extra: Mapping[str, str] | None = None, drop: Sequence[str] = ()) 
     unless it chooses a backend itself) and the variables in ``drop``, with TensorFlow's C++
     notices down to warnings, and ``extra`` on top."""
     env = {k: v for k, v in os.environ.items() if k not in drop and k != "KERAS_BACKEND"}
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", frameworks.TF_LOG_LEVEL)
     env.update(extra or {})
     return env
 

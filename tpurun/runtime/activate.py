@@ -44,7 +44,7 @@ _SEED_ZERO = 1_000_003  # any value TF does not truncate to 0 (it takes seeds mo
 
 
 def _prepare_environment(choice: Choice) -> None:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # keep TF's C++ chatter out
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", frameworks.TF_LOG_LEVEL)
     os.environ["KERAS_BACKEND"] = choice.backend
     if choice.backend == "jax" and choice.accelerator == "cpu":
         os.environ["JAX_PLATFORMS"] = "cpu"
