@@ -229,7 +229,12 @@ def _cross_checks(config: Config, located: _Located) -> list[str]:
             "use schedule: constant with warmup_epochs: 0, or set reduce_lr_on_plateau: null"
         )
     # data.inputs / data.targets are checked once the data is resolved (data.resolve): features
-    # left out, or a partial list, are completed from the schema file beside the shards.
+    # left out, or a partial list, are completed from the schema file beside the shards. A
+    # factory's model needs both named; a preset's may take them from the features.
+    if config.model.factory is not None:
+        for key in ("inputs", "targets"):
+            if getattr(config.data, key) is None:
+                problems.append(f"{located.at(('data',))}'data.{key}' is required but missing")
     return problems
 
 

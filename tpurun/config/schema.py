@@ -224,13 +224,20 @@ class DataConfig(Section):
         description="How each record key decodes (see Feature types below). Left out, or for the keys "
         "it leaves out: from the `*.schema.json` that `tpurun data write` puts beside the shards.",
     )
-    inputs: FeatureRef = Field(
+    inputs: FeatureRef | None = Field(
+        None,
         description="A feature name (the one model input), a list (the model's inputs in order), or a "
-        "`{model_input: feature}` map (inputs by their `keras.Input` name)."
+        "`{model_input: feature}` map (inputs by their `keras.Input` name). Required with a "
+        "factory; with a preset, see `targets`.",
     )
-    targets: FeatureRef = Field(
+    targets: FeatureRef | None = Field(
+        None,
         description="The same, for the targets: a feature name, a list, or a "
-        "`{model_output: feature}` map."
+        "`{model_output: feature}` map. Required with a factory. With a preset both may be left "
+        "out: `prompt` and `response` text features are a causal LM's prompt (input) and what it "
+        "learns to answer (target); one text feature and nothing else is text a causal LM learns "
+        "whole (input and target); otherwise the text and image features are the inputs and the "
+        "one feature left is the target (a classifier's label).",
     )
     shuffle_buffer: int = Field(
         10000, ge=0, description="Training records held for shuffling (0: no record shuffle)."
@@ -255,8 +262,10 @@ class DataConfig(Section):
     )
 
     @staticmethod
-    def names(ref: FeatureRef) -> list[str]:
-        """The feature names an ``inputs`` / ``targets`` value refers to."""
+    def names(ref: FeatureRef | None) -> list[str]:
+        """The feature names an ``inputs`` / ``targets`` value refers to (none for None)."""
+        if ref is None:
+            return []
         if isinstance(ref, str):
             return [ref]
         return list(ref.values()) if isinstance(ref, dict) else list(ref)

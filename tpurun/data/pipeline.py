@@ -49,6 +49,7 @@ def make_dataset(
     repeat_eval: bool = False,
     cache: str | None = None,
     shard: tuple[int, int] | None = None,
+    transform: Any = None,
 ):
     """Build the input pipeline.
 
@@ -83,6 +84,8 @@ def make_dataset(
             process's share when there are fewer files than processes; see tpurun.multihost.shares).
         cache: cache the serialized records after the first pass: ``""`` in memory, or a file
             path prefix (TF writes ``<prefix>.index`` and data files). None: no cache.
+        transform: ``(inputs, targets[, weights]) -> batch``, run in the same parallel map as
+            the parsing: a pretrained model's preprocessing (:func:`tpurun.hub.batches.transform`).
 
     Returns:
         A ``tf.data.Dataset`` of ``(inputs, targets)`` batches.
@@ -104,7 +107,7 @@ def make_dataset(
         ds = ds.take(take_batches)
     if repeat_eval:
         ds = ds.repeat()
-    return _parsed(ds, data)
+    return _parsed(ds, data, transform)
 
 
 def _reader(files: Sequence[str], compression: str, shard: tuple[int, int] | None):
@@ -174,8 +177,9 @@ def _scored(ds, again, score_records: int, batch_size: int, take_batches: int | 
     return ds
 
 
-def _parsed(ds, data: Any):
-    """Batches of serialized records -> ``(inputs, targets[, weights])``, parsed in parallel."""
+def _parsed(ds, data: Any, transform: Any = None):
+    """Batches of serialized records -> ``(inputs, targets[, weights])`` (or what ``transform``
+    makes of them), parsed in parallel."""
     tf = frameworks.tensorflow()
     used = feat.used_features(data)
     spec = feat.parse_spec(used)
@@ -183,7 +187,8 @@ def _parsed(ds, data: Any):
     def parse(serialized, weights=None):
         decoded = feat.decode_batch(tf.io.parse_example(serialized, spec), used)
         batch = (feat.select(decoded, data.inputs), feat.select(decoded, data.targets))
-        return batch if weights is None else (*batch, weights)
+        batch = batch if weights is None else (*batch, weights)
+        return batch if transform is None else transform(*batch)
 
     ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE)
     options = tf.data.Options()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from tpurun.config import Config, DataConfig, reference_problems
 from tpurun.data import files as datafiles
@@ -110,9 +111,13 @@ def resolve(config: Config) -> ResolvedData:
         compression = (first_schema or {}).get("compression") or datafiles.detect_compression(
             train_files[0]
         )
+    inputs, targets = data.inputs, data.targets
+    if inputs is None or targets is None:  # a preset's: the config checked a factory names both
+        inputs, targets = preset_refs(features, inputs, targets)
     effective = DataConfig.model_validate(
-        {**data.model_dump(mode="json"), "features": features, "compression": compression}
-    )
+        {**data.model_dump(mode="json"), "features": features, "compression": compression,
+         "inputs": inputs, "targets": targets}
+    )  # fmt: skip
     problems = reference_problems(effective)
     if problems:
         raise ConfigError(problems)
@@ -138,3 +143,41 @@ def resolve(config: Config) -> ResolvedData:
         train_counts=train.counts,
         validation_counts=validation.counts if validation else [],
     )
+
+
+#: Feature types a pretrained model takes as its inputs (its preprocessor turns them into numbers).
+_PRESET_INPUT_TYPES = ("text", "image")
+
+
+def preset_refs(features: dict[str, dict], inputs: Any, targets: Any) -> tuple[Any, Any]:
+    """A preset's ``data.inputs`` and ``data.targets``, where the config leaves them out (see
+    their descriptions): ``prompt`` and ``response`` are a causal LM's prompt and answer; one
+    text feature alone is text a causal LM learns whole; otherwise the text and image features
+    are the inputs and the one feature left is the target.
+
+    Raises:
+        ConfigError: the features do not say which is which.
+    """
+    if inputs is None and targets is None and {"prompt", "response"} <= set(features):
+        return "prompt", "response"
+    kinds = {name: f.get("type") for name, f in features.items()}
+    if inputs is None:
+        found = [name for name, kind in kinds.items() if kind in _PRESET_INPUT_TYPES]
+        inputs = found[0] if len(found) == 1 else found or None
+    if targets is None and inputs is not None:
+        rest = [name for name in kinds if name not in DataConfig.names(inputs)]
+        if len(rest) == 1:
+            targets = rest[0]
+        elif not rest and isinstance(inputs, str) and kinds[inputs] == "text":
+            targets = inputs  # a causal LM learns the text itself
+    if inputs is None or targets is None:
+        described = ", ".join(f"{name} ({kind})" for name, kind in kinds.items())
+        raise ConfigError(
+            [
+                f"data.inputs / data.targets: left out, and the features ({described}) do not "
+                "say which feeds the model and which it learns. Set both: `inputs: prompt` and "
+                "`targets: response` for a causal LM, `inputs: text` and `targets: label` for a "
+                "classifier."
+            ]
+        )
+    return inputs, targets

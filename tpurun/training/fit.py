@@ -14,6 +14,7 @@ from tpurun import frameworks
 from tpurun.config import Config
 from tpurun.display.reporter import Reporter
 from tpurun.errors import DataError, ModelError
+from tpurun.hub import batches
 from tpurun.runtime.activate import ActiveRuntime
 from tpurun.runtime.plan import Plan
 from tpurun.storage import fileio
@@ -83,8 +84,9 @@ def train(job: TrainJob) -> TrainResult:
 
     prepared, run, reporter = job.prepared, job.run, job.reporter
     config, plan = prepared.config, prepared.plan
-    train_data, val_ds = _datasets(job)
     model = _compiled_model(job)
+    preprocessor, transform = _preprocessing(job, model)
+    train_data, val_ds = _datasets(job, transform)
     callbacks, progress, control = cbs.build_callbacks(
         config, plan, run, reporter, job.stop, job.identity
     )
@@ -106,6 +108,8 @@ def train(job: TrainJob) -> TrainResult:
     _fit_once(job, fitting)
     while _restore_after_nan(job, fitting, restores):
         _fit_once(job, fitting)
+    if preprocessor is not None:
+        batches.attach(model, preprocessor)  # the saved model tokenises as the preset did
     return TrainResult(
         model=model,
         position=checkpoint.position,
@@ -151,9 +155,19 @@ class _Fitting:
     val_steps: int | None = None
 
 
-def _datasets(job: TrainJob) -> tuple[Callable[[int, int], Any], Any]:
+def _preprocessing(job: TrainJob, model) -> tuple[Any, Any]:
+    """A preset task's preprocessor, taken off the task for the fit, and the pipeline's
+    transform that does its work on the host (:mod:`tpurun.hub.batches`); (None, None) for a
+    factory's model."""
+    if job.prepared.config.model.preset is None or model.preprocessor is None:
+        return None, None
+    preprocessor = batches.detach(model)
+    return preprocessor, batches.transform(preprocessor, job.prepared.config.data)
+
+
+def _datasets(job: TrainJob, transform: Any = None) -> tuple[Callable[[int, int], Any], Any]:
     """This process's training stream from a position, as a function of (epoch, step); and its
-    validation set (None without one)."""
+    validation set (None without one); ``transform``: see :func:`pipeline.make_dataset`."""
     from tpurun.data import pipeline
 
     prepared, runtime = job.prepared, job.runtime
@@ -166,7 +180,7 @@ def _datasets(job: TrainJob) -> tuple[Callable[[int, int], Any], Any]:
         return pipeline.make_dataset(
             share.files, config.data, batch, training=True, seed=config.seed,
             start_record=(epoch * plan.steps_per_epoch + step) * batch, records_per_pass=share.records,
-            cache=_cache(config, "train"), shard=share.shard,
+            cache=_cache(config, "train"), shard=share.shard, transform=transform,
         )  # fmt: skip
 
     val_ds = None
@@ -174,7 +188,7 @@ def _datasets(job: TrainJob) -> tuple[Callable[[int, int], Any], Any]:
         val_ds = pipeline.make_dataset(
             val_share.files, config.data, batch, training=False, score_records=val_share.records,
             take_batches=plan.validation_steps, repeat_eval=runtime.strategy is not None,
-            cache=_cache(config, "validation"), shard=val_share.shard,
+            cache=_cache(config, "validation"), shard=val_share.shard, transform=transform,
         )  # fmt: skip
     return train_data, val_ds
 

@@ -1,0 +1,172 @@
+"""Fine-tuning the tiny presets with `tpurun train`: text records tokenised in the pipeline by the
+preset's own preprocessor, prompt tokens weighted 0, LoRA training only the adapter."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import read_log, write_config
+from hub_presets import prompt_response_pairs, sentences
+from typer.testing import CliRunner
+
+from tpurun import frameworks
+from tpurun.cli.app import app
+from tpurun.config import DataConfig
+from tpurun.data import pipeline
+from tpurun.data.resolve import preset_refs
+from tpurun.errors import ConfigError
+from tpurun.hub import batches
+
+runner = CliRunner()
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def chat_data(tmp_path: Path, n: int = 96) -> Path:
+    """Prompt/response records (a quarter for validation) written by `tpurun data write`."""
+    rows = [{"prompt": p, "response": r} for p, r in prompt_response_pairs(n)]
+    source = write_jsonl(tmp_path / "chat.jsonl", rows)
+    out = tmp_path / "data" / "chat"
+    result = runner.invoke(app, ["data", "write", str(source), str(out),
+                                 "--validation-fraction", "0.25"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return tmp_path / "data"
+
+
+def lm_config(tmp_path: Path, preset: Path, data: Path, **train) -> Path:
+    config = {
+        "name": "lm",
+        "model": {"preset": str(preset), "lora": {"rank": 4}, "sequence_length": 24},
+        "data": {"train": str(data / "chat-train-*"), "validation": str(data / "chat-validation-*")},
+        "train": {"per_core_batch_size": 4, "epochs": 4, "learning_rate": {"base": 1e-2}, **train},
+        "runtime": {"cpu_devices": 2},
+        "output": {"dir": str(tmp_path / "runs")},
+    }
+    return write_config(tmp_path, config, "lm")
+
+
+# ------------------------------------------------------------------ which features are which
+@pytest.mark.parametrize(
+    ("features", "expected"),
+    [
+        ({"prompt": "text", "response": "text"}, ("prompt", "response")),
+        ({"text": "text"}, ("text", "text")),
+        ({"review": "text", "label": "int64"}, ("review", "label")),
+        ({"image": "image", "class": "int64"}, ("image", "class")),
+        ({"first": "text", "second": "text", "label": "int64"}, (["first", "second"], "label")),
+    ],
+)
+def test_a_presets_inputs_and_targets_come_from_its_features(features, expected):
+    declared = {name: {"type": kind} for name, kind in features.items()}
+    assert preset_refs(declared, None, None) == expected
+
+
+def test_features_that_do_not_say_which_is_which_are_refused():
+    declared = {"a": {"type": "int64"}, "b": {"type": "int64"}}
+    with pytest.raises(ConfigError, match=r"data.inputs / data.targets: left out.*a \(int64\)"):
+        preset_refs(declared, None, None)
+
+
+# ------------------------------------------------------------------ the pipeline's batches
+def test_prompt_tokens_weigh_nothing_and_the_response_is_learned(tiny_presets, tmp_path):
+    keras_hub = frameworks.keras_hub()
+    preprocessor = keras_hub.models.CausalLMPreprocessor.from_preset(str(tiny_presets.gemma))
+    preprocessor.sequence_length = 40
+    data_dir = chat_data(tmp_path, 16)
+    features = {"prompt": {"type": "text"}, "response": {"type": "text"}}
+    data = DataConfig.model_validate({"train": "-", "features": features,
+                                      "inputs": "prompt", "targets": "response"})  # fmt: skip
+    files = sorted(str(p) for p in data_dir.glob("chat-train-*"))
+    ds = pipeline.make_dataset(files, data, 4, training=False,
+                               transform=batches.transform(preprocessor, data))  # fmt: skip
+    x, y, weights = next(iter(ds))
+    raw = next(iter(pipeline.make_dataset(files, data, 4, training=False)))
+    tokenizer = preprocessor.tokenizer
+    for i in range(4):
+        prompt = np.asarray(tokenizer(raw[0][i]))
+        response = np.asarray(tokenizer(raw[1][i]))
+        ids, w = x["token_ids"][i].numpy(), weights[i].numpy()
+        # <bos>, the prompt, the response, <eos>, padding: each target is the next token.
+        assert ids[0] == tokenizer.start_token_id
+        assert list(ids[1 : 1 + len(prompt)]) == list(prompt)
+        answer = slice(len(prompt), len(prompt) + len(response) + 1)  # the response and <eos>
+        assert list(y[i].numpy()[answer]) == [*response, tokenizer.end_token_id]
+        assert w[: len(prompt)].sum() == 0 and (w[answer] == 1).all() and w[answer.stop :].sum() == 0
+
+
+def test_exact_validation_weights_multiply_the_tokens(tiny_presets, tmp_path):
+    keras_hub = frameworks.keras_hub()
+    preprocessor = keras_hub.models.CausalLMPreprocessor.from_preset(str(tiny_presets.gemma))
+    data_dir = chat_data(tmp_path, 16)
+    features = {"text": {"type": "text", "key": "prompt"}}
+    data = DataConfig.model_validate({"train": "-", "features": features,
+                                      "inputs": "text", "targets": "text"})  # fmt: skip
+    files = sorted(str(p) for p in data_dir.glob("chat-train-*"))
+    ds = pipeline.make_dataset(files, data, 4, training=False, score_records=6,
+                               transform=batches.transform(preprocessor, data))  # fmt: skip
+    per_record = [w.numpy().sum(axis=1) for _, _, w in ds]
+    assert len(per_record) == 2 and (per_record[0] > 0).all()
+    assert (per_record[1][:2] > 0).all() and (per_record[1][2:] == 0).all()  # 2 fillers
+
+
+# ------------------------------------------------------------------ fine-tuning
+@pytest.mark.slow
+def test_lora_fine_tune_of_the_causal_lm_changes_only_the_adapted_kernels(tiny_presets, tmp_path):
+    keras = frameworks.keras()
+    keras_hub = frameworks.keras_hub()
+    path = lm_config(tmp_path, tiny_presets.gemma, chat_data(tmp_path))
+    result = runner.invoke(app, ["train", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "E0000" not in result.output and "oneDNN" not in result.output
+    run = tmp_path / "runs" / "lm"
+    losses = [float(row["loss"]) for row in read_log(run)]
+    assert all(b < a for a, b in zip(losses, losses[1:], strict=False)) and losses[-1] < 0.9 * losses[0], losses
+    written = yaml_config(run)
+    assert written["data"]["inputs"] == "prompt" and written["data"]["targets"] == "response"
+
+    base = keras_hub.models.GemmaCausalLM.from_preset(str(tiny_presets.gemma))
+    tuned = keras.saving.load_model(run / "model.keras")
+    assert tuned.preprocessor is not None  # saved with its tokenizer, ready to generate
+    changed = {
+        a.path
+        for a, b in zip(base.weights, tuned.weights, strict=True)
+        if not np.array_equal(np.asarray(a.value), np.asarray(b.value))
+    }
+    # Saving merges each adapter into its kernel: only the query and value kernels moved.
+    assert changed and all(p.endswith(("query/kernel", "value/kernel")) for p in changed), changed
+
+
+def yaml_config(run: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load((run / "config.yaml").read_text())
+
+
+@pytest.mark.slow
+def test_the_text_classifier_learns_a_keyword_task(tiny_presets, tmp_path):
+    animals = ("cat", "dog", "bird", "fox")
+    rows = [{"text": s, "label": int(any(a in s for a in animals))} for s in sentences(384)]
+    source = write_jsonl(tmp_path / "reviews.jsonl", rows)
+    result = runner.invoke(app, ["data", "write", str(source), str(tmp_path / "data" / "rev"),
+                                 "--label", "label",
+                                 "--validation-fraction", "0.25"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    config = {
+        "name": "cls",
+        "model": {"preset": str(tiny_presets.bert), "metrics": ["sparse_categorical_accuracy"]},
+        "data": {"train": str(tmp_path / "data" / "rev-train-*"),
+                 "validation": str(tmp_path / "data" / "rev-validation-*")},
+        "train": {"per_core_batch_size": 16, "epochs": 6, "learning_rate": {"base": 3e-3}},
+        "runtime": {"cpu_devices": 2},
+        "output": {"dir": str(tmp_path / "runs")},
+    }  # fmt: skip
+    result = runner.invoke(app, ["train", str(write_config(tmp_path, config, "cls"))])
+    assert result.exit_code == 0, result.output
+    last = read_log(tmp_path / "runs" / "cls")[-1]
+    assert float(last["val_sparse_categorical_accuracy"]) >= 0.9, last
