@@ -43,7 +43,10 @@ def lm_config(tmp_path: Path, preset: Path, data: Path, **train) -> Path:
     config = {
         "name": "lm",
         "model": {"preset": str(preset), "lora": {"rank": 4}, "sequence_length": 24},
-        "data": {"train": str(data / "chat-train-*"), "validation": str(data / "chat-validation-*")},
+        "data": {
+            "train": str(data / "chat-train-*"),
+            "validation": str(data / "chat-validation-*"),
+        },
         "train": {"per_core_batch_size": 4, "epochs": 4, "learning_rate": {"base": 1e-2}, **train},
         "runtime": {"cpu_devices": 2},
         "output": {"dir": str(tmp_path / "runs")},
@@ -97,7 +100,9 @@ def test_prompt_tokens_weigh_nothing_and_the_response_is_learned(tiny_presets, t
         assert list(ids[1 : 1 + len(prompt)]) == list(prompt)
         answer = slice(len(prompt), len(prompt) + len(response) + 1)  # the response and <eos>
         assert list(y[i].numpy()[answer]) == [*response, tokenizer.end_token_id]
-        assert w[: len(prompt)].sum() == 0 and (w[answer] == 1).all() and w[answer.stop :].sum() == 0
+        assert (
+            w[: len(prompt)].sum() == 0 and (w[answer] == 1).all() and w[answer.stop :].sum() == 0
+        )
 
 
 def test_exact_validation_weights_multiply_the_tokens(tiny_presets, tmp_path):
@@ -126,7 +131,10 @@ def test_lora_fine_tune_of_the_causal_lm_changes_only_the_adapted_kernels(tiny_p
     assert "E0000" not in result.output and "oneDNN" not in result.output
     run = tmp_path / "runs" / "lm"
     losses = [float(row["loss"]) for row in read_log(run)]
-    assert all(b < a for a, b in zip(losses, losses[1:], strict=False)) and losses[-1] < 0.9 * losses[0], losses
+    assert (
+        all(b < a for a, b in zip(losses, losses[1:], strict=False))
+        and losses[-1] < 0.9 * losses[0]
+    ), losses
     written = yaml_config(run)
     assert written["data"]["inputs"] == "prompt" and written["data"]["targets"] == "response"
 
@@ -170,3 +178,37 @@ def test_the_text_classifier_learns_a_keyword_task(tiny_presets, tmp_path):
     assert result.exit_code == 0, result.output
     last = read_log(tmp_path / "runs" / "cls")[-1]
     assert float(last["val_sparse_categorical_accuracy"]) >= 0.9, last
+
+
+def test_perplexity_is_exact_over_the_weighted_tokens_of_a_padded_validation(
+    tiny_presets, tmp_path
+):
+    """KerasHub's Perplexity, added as a weighted metric, against exp of the mean loss over the
+    response tokens of the six records scored (two padding records in the last batch weigh 0)."""
+    import tpurun
+    from tpurun.runtime.prepare import prepare_here
+    from tpurun.training.model import build_model, compile_model
+
+    keras = frameworks.keras()
+    data_dir = chat_data(tmp_path, 16)
+    config = tpurun.load_config(
+        {"name": "ppl", "model": {"preset": str(tiny_presets.gemma), "sequence_length": 24},
+         "data": {"train": str(data_dir / "chat-train-*")},
+         "train": {"per_core_batch_size": 1}, "runtime": {"cpu_devices": 1}}
+    )  # fmt: skip
+    prepared = prepare_here(config)
+    model = build_model(prepared.config, "jax")
+    compile_model(model, prepared.config, prepared.plan)
+    preprocessor = batches.detach(model)
+    data = prepared.config.data
+    files = sorted(str(p) for p in data_dir.glob("chat-train-*"))
+    ds = pipeline.make_dataset(files, data, 4, training=False, score_records=6,
+                               transform=batches.transform(preprocessor, data))  # fmt: skip
+    logs = model.evaluate(ds, return_dict=True, verbose=0)
+
+    nll, tokens = 0.0, 0.0
+    for x, y, w in ds:
+        losses = keras.losses.sparse_categorical_crossentropy(y, model(x), from_logits=True)
+        nll += float(np.sum(np.asarray(losses) * np.asarray(w)))
+        tokens += float(np.sum(np.asarray(w)))
+    np.testing.assert_allclose(logs["perplexity"], np.exp(nll / tokens), rtol=1e-4)

@@ -308,6 +308,19 @@ def _name(obj: Any) -> str:
     return getattr(obj, "name", None) or getattr(obj, "__name__", None) or type(obj).__name__
 
 
+def _task_metrics(model: Any, config: Config) -> list:
+    """What tpurun adds to a preset task's own metrics: a causal LM's perplexity. KerasHub's
+    metric sums the loss and the weights over the weighted tokens of every batch, so it is exact
+    over a validation set (padding records and prompt tokens weigh 0), where the loss, a mean per
+    batch that counts every position, is not a token mean."""
+    if config.model.preset is None:
+        return []
+    keras_hub = frameworks.keras_hub()
+    if not isinstance(model, keras_hub.models.CausalLM):
+        return []
+    return [keras_hub.metrics.Perplexity(from_logits=True, name="perplexity")]
+
+
 def compile_model(model: Any, config: Config, plan: Plan) -> str | None:
     """Compile with the config's optimizer (at tpurun's learning rate), loss and metrics.
 
@@ -345,7 +358,8 @@ def compile_model(model: Any, config: Config, plan: Plan) -> str | None:
     else:
         optimizer = build_optimizer(config, plan)
     if factory is not None and "metrics" not in given:
-        metrics = [*(factory.get("metrics") or []), *(factory.get("weighted_metrics") or [])]
+        metrics = [*(factory.get("metrics") or []), *(factory.get("weighted_metrics") or []),
+                   *_task_metrics(model, config)]  # fmt: skip
     else:
         metrics = build_metrics(config)
     try:
