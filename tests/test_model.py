@@ -50,3 +50,28 @@ def test_a_metric_class_named_in_lower_case_is_built(tmp_path):
     accuracy, rmse = build_metrics(config)
     assert accuracy == "accuracy"  # left to Keras, which picks binary or sparse from the shapes
     assert isinstance(rmse, keras.metrics.RootMeanSquaredError)
+
+
+def test_the_logged_learning_rate_is_the_schedules_at_the_optimizers_step():
+    """LearningRateLog reads the schedule through a compiled function: the same number as the
+    schedule called at the optimizer's batch count, at every epoch."""
+    import keras
+
+    from tpurun.observe.callbacks import LearningRateLog
+
+    schedule = keras.optimizers.schedules.CosineDecay(
+        1e-4, decay_steps=40, warmup_target=1e-3, warmup_steps=10
+    )
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(schedule), loss="mse")
+    model.optimizer.build(model.trainable_variables)
+    log = LearningRateLog()
+    log.set_model(model)
+    seen = []
+    for step in (0, 5, 10, 30, 50):
+        model.optimizer.iterations.assign(step)
+        logs: dict = {}
+        log.on_epoch_end(0, logs)
+        seen.append(logs["learning_rate"])
+        assert logs["learning_rate"] == pytest.approx(float(schedule(step)), rel=1e-6)
+    assert len(set(seen)) == 5

@@ -8,7 +8,7 @@ the CSV log and the curves).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,9 +106,10 @@ class Withdraw(keras.callbacks.Callback):
             logs.pop(KEY, None)
 
 
-def next_update_rate(optimizer: Any) -> float | None:
+def next_update_rate(optimizer: Any, read: Callable[[Any, int], Any] | None = None) -> float | None:
     """The learning rate of the optimizer's next update (a schedule's current value); None for an
-    optimizer without one learning rate.
+    optimizer without one learning rate. ``read(schedule, batch)`` evaluates a schedule (default:
+    calls it).
 
     ``optimizer.learning_rate`` reads a schedule at the count of batches. Under gradient
     accumulation (N batches an update) Keras applies update ``k`` at batch ``k*N + N-1``, with the
@@ -120,9 +121,9 @@ def next_update_rate(optimizer: Any) -> float | None:
     try:
         n = getattr(inner, "gradient_accumulation_steps", None) or 1
         schedule = getattr(inner, "_learning_rate", None)
-        if n > 1 and isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
+        if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
             updates = int(keras.ops.convert_to_numpy(inner.iterations))  # Keras': batches // N
-            value = schedule(updates * n + n - 1)
+            value = (read or _call)(schedule, updates * n + n - 1)
         else:
             value = inner.learning_rate
         return float(keras.ops.convert_to_numpy(value))
@@ -130,17 +131,45 @@ def next_update_rate(optimizer: Any) -> float | None:
         return None
 
 
+def _call(schedule: Any, batch: int) -> Any:
+    return schedule(batch)
+
+
 class LearningRateLog(keras.callbacks.Callback):
     """Puts the epoch's learning rate into its logs as ``learning_rate`` (Keras' own TensorBoard
     and ReduceLROnPlateau callbacks do the same), so ``log.csv``, TensorBoard and the curves have
-    it: the rate of the next optimizer update (:func:`next_update_rate`)."""
+    it: the rate of the next optimizer update (:func:`next_update_rate`).
+
+    The schedule is read through a compiled function, made once: called op by op, Keras' warmup
+    ``cond`` and cosine took 33-36 ms on the JAX backend at every epoch's end (1.1 s of the
+    quickstart's 30 epochs); compiled, 0.1 ms after the first."""
+
+    def __init__(self):
+        super().__init__()
+        self._compiled: dict[Any, Callable] = {}  # by schedule (a NaN restore makes a new one)
+
+    def _read(self, schedule: Any, batch: int) -> Any:
+        fn = self._compiled.get(schedule)
+        if fn is None:
+            fn = self._compiled[schedule] = _compile(schedule.__call__)
+        return fn(batch)
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is None or "learning_rate" in logs:
             return
-        rate = next_update_rate(getattr(self._model, "optimizer", None))
+        rate = next_update_rate(getattr(self._model, "optimizer", None), self._read)
         if rate is not None:
             logs["learning_rate"] = rate
+
+
+def _compile(fn: Callable) -> Callable:
+    """``fn`` compiled for the backend Keras runs on (as it is elsewhere)."""
+    backend = keras.backend.backend()
+    if backend == "jax":
+        return frameworks.jax().jit(fn)
+    if backend == "tensorflow":
+        return frameworks.tensorflow().function(fn)
+    return fn
 
 
 @dataclass
