@@ -212,3 +212,30 @@ def test_perplexity_is_exact_over_the_weighted_tokens_of_a_padded_validation(
         nll += float(np.sum(np.asarray(losses) * np.asarray(w)))
         tokens += float(np.sum(np.asarray(w)))
     np.testing.assert_allclose(logs["perplexity"], np.exp(nll / tokens), rtol=1e-4)
+
+
+def test_normalize_is_refused_for_a_preset(tmp_path):
+    import tpurun
+
+    config = {"name": "n", "model": {"preset": "presets/tiny"},
+              "data": {"train": "x-*", "features": {"x": {"type": "float", "shape": [4],
+                                                          "normalize": True},
+                                                    "y": {"type": "int64"}}}}  # fmt: skip
+    with pytest.raises(ConfigError, match="data.features.x.normalize: a preset's own"):
+        tpurun.load_config(config)
+
+
+@pytest.mark.slow
+def test_doctor_steps_a_preset_on_its_tokenised_batch(tiny_presets, tmp_path):
+    """doctor's model check feeds the preset's task as train does: tokenised in the pipeline."""
+    import yaml
+
+    from tpurun.doctor import run_checks
+
+    path = lm_config(tmp_path, tiny_presets.gemma, chat_data(tmp_path))
+    config = yaml.safe_load(path.read_text())
+    checks = {c.name: c for c in run_checks(config, env={}, lock_path=str(tmp_path / "lock"),
+                                            gcs_timeout=1)}  # fmt: skip
+    model = checks["model"]
+    assert model.status == "ok", model
+    assert np.isfinite(model.data["loss"]) and model.data["params"] > 0

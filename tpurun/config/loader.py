@@ -231,6 +231,14 @@ def _cross_checks(config: Config, located: _Located) -> list[str]:
     # data.inputs / data.targets are checked once the data is resolved (data.resolve): features
     # left out, or a partial list, are completed from the schema file beside the shards. A
     # factory's model needs both named; a preset's may take them from the features.
+    if config.model.preset is not None:
+        for name, feature in config.data.features.items():
+            if getattr(feature, "normalize", False):
+                problems.append(
+                    f"{located.at(('data', 'features', name, 'normalize'))}data.features.{name}"
+                    ".normalize: a preset's own preprocessor prepares its inputs (normalize puts "
+                    "a layer in front of a factory's model); remove it"
+                )
     if config.model.factory is not None:
         for key in ("inputs", "targets"):
             if getattr(config.data, key) is None:

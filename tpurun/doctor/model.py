@@ -28,20 +28,25 @@ def _one_step(prepared: Any, runtime: Any) -> tuple[Any, dict[str, Any], float] 
     failed check when the model does not fit the data."""
     from tpurun import frameworks
     from tpurun.data import pipeline
+    from tpurun.hub import batches
     from tpurun.training.model import build_model, compile_model
 
     cfg, plan = prepared.config, prepared.plan
-    ds = pipeline.make_dataset(prepared.data.train_files, cfg.data, plan.global_batch_size,
-                               training=True, seed=cfg.seed)  # fmt: skip
-    x, y = next(iter(ds.take(1)))
     with runtime.scope():
         model = build_model(cfg, plan.backend)
         compile_model(model, cfg, plan)
+    transform = None
+    if cfg.model.preset is not None and model.preprocessor is not None:
+        # As train feeds a preset's task: tokenised in the pipeline, not again by the task.
+        transform = batches.transform(batches.detach(model), cfg.data)
+    ds = pipeline.make_dataset(prepared.data.train_files, cfg.data, plan.global_batch_size,
+                               training=True, seed=cfg.seed, transform=transform)  # fmt: skip
+    batch = next(iter(ds.take(1)))
     started = time.monotonic()
     try:
         # As numpy: every backend takes it (JAX cannot read tf.Tensors).
-        x, y = frameworks.keras().tree.map_structure(lambda t: t.numpy(), (x, y))
-        logs = model.train_on_batch(x, y, return_dict=True)
+        x, y, *weights = frameworks.keras().tree.map_structure(lambda t: t.numpy(), batch)
+        logs = model.train_on_batch(x, y, *weights, return_dict=True)
     except ValueError as exc:
         first = str(exc).strip().splitlines()[0]
         return Check("model", "fail", f"the model does not fit the data: {first}",
