@@ -26,12 +26,21 @@ from tpurun.storage.summary import Summary
 CONFIG = "config.yaml"
 SUMMARY = "summary.json"
 MODEL = "model.keras"
+# A LoRA run's final artifact instead of MODEL: KerasHub's `save_lora_weights` file (the adapter
+# only); config.yaml names the preset, task, LoRA rank/alpha and sequence length to rebuild it.
+LORA_MODEL = "model.lora.h5"
 ERROR_LOG = "error.log"
 LOCK = "run.lock"
 CHECKPOINTS = "checkpoints"
 LATEST_STATE = "latest.json"  # in CHECKPOINTS: the resume point's commit record
 BEST_MODEL = "best.keras"  # in CHECKPOINTS
-LATEST_WEIGHTS_PREFIX = "latest-"  # in CHECKPOINTS: latest-e<E>-s<S>.weights.h5
+BEST_ADAPTER = "best.adapter.h5"  # in CHECKPOINTS, instead of BEST_MODEL in a LoRA run
+LATEST_WEIGHTS_PREFIX = "latest-"  # in CHECKPOINTS: latest-e<E>-s<S>.weights.h5 (.adapter.h5)
+WEIGHTS_SUFFIX = ".weights.h5"  # Keras' weights and optimizer state
+# A LoRA run's checkpoints: the trainable variables, the optimizer's and the seed states, not the
+# frozen base (tpurun.training.checkpoints.adapter).
+ADAPTER_SUFFIX = ".adapter.h5"
+LORA_SUFFIX = ".lora.h5"  # KerasHub's adapter file (`Backbone.save_lora_weights` insists on it)
 EARLY_STOPPING_WEIGHTS = "early_stopping_best.npz"  # in CHECKPOINTS
 # TensorBoard's event folders (train/, validation/) and profiles (plugins/profile/) sit in the run
 # directory itself, so that `tensorboard --logdir runs` names a run's curves <run>/train and
@@ -39,7 +48,7 @@ EARLY_STOPPING_WEIGHTS = "early_stopping_best.npz"  # in CHECKPOINTS
 TENSORBOARD_SPLITS = ("train", "validation")
 LEGACY_TENSORBOARD = "tensorboard"
 CURVES = "curves.png"
-_WEIGHT_SUFFIXES = (".weights.h5", ".keras", ".h5")
+_WEIGHT_SUFFIXES = (WEIGHTS_SUFFIX, ADAPTER_SUFFIX, LORA_SUFFIX, ".keras", ".h5")
 
 
 def run_path(output_dir: str, name: str) -> str:
@@ -60,8 +69,10 @@ def state_file(weights_name: str) -> str:
     return weights_name + ".json"
 
 
-def latest_weights_name(epochs_done: int, step: int) -> str:
-    return f"{LATEST_WEIGHTS_PREFIX}e{epochs_done:04d}-s{step:07d}.weights.h5"
+def latest_weights_name(epochs_done: int, step: int, suffix: str = WEIGHTS_SUFFIX) -> str:
+    """The resume point's weights file at a position; ``suffix``: :data:`ADAPTER_SUFFIX` in a
+    LoRA run."""
+    return f"{LATEST_WEIGHTS_PREFIX}e{epochs_done:04d}-s{step:07d}{suffix}"
 
 
 now_iso = runlock.now_iso
@@ -114,8 +125,17 @@ class RunDir:
             return None
         return (callbacks.get("csv_log") or {}).get("filename", "log.csv")
 
+    def model_file(self) -> str | None:
+        """The final artifact's path: ``model.lora.h5`` (a LoRA run) or ``model.keras``; None
+        before the run saved one."""
+        for name in (LORA_MODEL, MODEL):
+            if fileio.exists(self.file(name)):
+                return self.file(name)
+        return None
+
     def has_model(self) -> bool:
-        return fileio.exists(self.file(MODEL))
+        """Whether the run saved its final artifact (either kind): its last session finished."""
+        return self.model_file() is not None
 
     def checkpoint_files(self, pattern: str = "*") -> list[str]:
         """File names in ``checkpoints/`` matching a glob pattern, oldest first."""
@@ -324,9 +344,10 @@ class RunDir:
         fileio.copy(local, target)
         return target
 
-    def save_model(self, save: Callable[[str], Any]) -> None:
-        """``model.keras``, written by ``save(path)`` (Keras' saver) atomically."""
-        self._save(self.file(MODEL), save)
+    def save_model(self, save: Callable[[str], Any], name: str = MODEL) -> None:
+        """The final artifact (``model.keras``; ``model.lora.h5`` in a LoRA run), written by
+        ``save(path)`` atomically."""
+        self._save(self.file(name), save)
 
     def save_checkpoint(self, name: str, save: Callable[[str], Any]) -> None:
         self._save(self.checkpoint(name), save)

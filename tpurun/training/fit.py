@@ -18,7 +18,7 @@ from tpurun.hub import batches
 from tpurun.runtime.activate import ActiveRuntime
 from tpurun.runtime.plan import Plan
 from tpurun.storage import fileio
-from tpurun.storage.rundir import RunDir
+from tpurun.storage.rundir import ADAPTER_SUFFIX, LORA_SUFFIX, RunDir
 from tpurun.storage.summary import Summary, steady_rate
 from tpurun.training import failures
 from tpurun.training.checkpoints import resume as resume_lib
@@ -224,7 +224,7 @@ def _first_inputs(job: TrainJob, model, train_data: Callable[[int, int], Any]) -
 def _resume(job: TrainJob, model, inputs, checkpoint) -> None:
     """Load the resume point: weights, optimizer, callbacks' state, learning-rate scale."""
     point, config, plan = job.point, job.prepared.config, job.prepared.plan
-    _restore(model, inputs, point.weights, job.runtime, str(point.source))
+    _restore(model, inputs, point.weights, job, str(point.source))
     checkpoint.restore(point.state, point.folder)
     _apply_lr_scale(model, config, plan, checkpoint.lr_scale, saved=checkpoint.lr_scale)
     if point.state.get("warm_start"):
@@ -288,7 +288,7 @@ def _restore_after_nan(job: TrainJob, f: _Fitting, restores: list[dict]) -> bool
         return False
     epoch, step = stop.nan_at
     scale = checkpoint.lr_scale * config.callbacks.nan_lr_factor  # cuts add up
-    _restore(f.model, f.inputs, back.weights, job.runtime, back.source)
+    _restore(f.model, f.inputs, back.weights, job, back.source)
     checkpoint.restore(back.state, back.folder)  # its lr_scale: the one it was saved with
     _apply_lr_scale(f.model, config, plan, scale, saved=checkpoint.lr_scale)
     checkpoint.lr_scale = scale
@@ -373,13 +373,25 @@ def _fit(model, train_ds, val_ds, val_steps, steps: int, epochs: int, initial_ep
         raise DataError(f"reading the training data failed: {first}") from None
 
 
-def _restore(model, inputs, weights: str, runtime: ActiveRuntime, source: str) -> None:
-    """Build the model and optimizer variables, then load the weights and optimizer state."""
-    with runtime.scope():
+def _restore(model, inputs, weights: str, job: TrainJob, source: str) -> None:
+    """Build the model and optimizer variables, then load the weights and optimizer state.
+
+    A LoRA run's adapter checkpoint (or a ``.lora.h5`` to start from) goes into the model built
+    from the preset with LoRA on: the base weights are the preset's.
+    """
+    from tpurun.training.checkpoints import adapter
+
+    with job.runtime.scope():
         if not model.built:
             model(inputs)
         if not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
+        if weights.endswith(ADAPTER_SUFFIX):
+            adapter.load(model, weights, source, preset=job.identity.get("model.preset"))
+            return
+        if weights.endswith(LORA_SUFFIX):
+            adapter.load_lora(model, weights, source)
+            return
         try:
             model.load_weights(weights)
         except Exception as exc:  # Keras raises ValueError, KeyError, OSError... for a misfit file

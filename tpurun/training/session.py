@@ -32,9 +32,10 @@ from tpurun.observe import input_wait
 from tpurun.runtime.activate import activate
 from tpurun.runtime.machine import Machine, probe
 from tpurun.runtime.prepare import Prepared, choose_for, prepare
-from tpurun.storage.rundir import CONFIG, RunDir, now_iso, run_path
+from tpurun.storage.rundir import CONFIG, LORA_MODEL, RunDir, now_iso, run_path
 from tpurun.storage.summary import Summary, steady_rate
 from tpurun.training import fit
+from tpurun.training.checkpoints import adapter
 from tpurun.training.checkpoints import resume as resume_lib
 from tpurun.training.model import custom_training_code, inference_saver
 from tpurun.training.signals import Stop, stop_on_signals
@@ -187,8 +188,8 @@ def _run(
     summary = _new_summary(prepared, run, point, previous)
     done, epochs = summary.epochs_completed, config.train.epochs
     if done > epochs or (done == epochs and run.has_model()):
-        # (Exactly its epochs and no model.keras: the session that trained the last one stopped
-        # before saving it; this one trains no epoch and saves it.)
+        # (Exactly its epochs and no model.keras / model.lora.h5: the session that trained the
+        # last one stopped before saving it; this one trains no epoch and saves it.)
         return _already_trained(run, summary, previous, reporter)
     _note_session(run, point, previous, effective, summary, reporter)
     limit = config.train.time_limit
@@ -358,8 +359,23 @@ def _conclude(job: fit.TrainJob, result: fit.TrainResult, ending: _Ending) -> di
             f"{stop.reason}: stopped at {where}; the checkpoint is saved in {run.checkpoints}. Run "
             "the same command again to continue."
         )
-    run.save_model(inference_saver(result.model))
-    custom = custom_training_code(result.model)
+    _save_final(run, result.model, reporter)
+    final = ending.finish("completed" if done >= epochs else "stopped_early")
+    said = input_wait.verdict(result.input_waits, run.file(CONFIG))
+    if said:
+        reporter.message(*said)
+    reporter.finish(final)
+    return final
+
+
+def _save_final(run: RunDir, model: Any, reporter: Reporter) -> None:
+    """The run's final artifact: with LoRA, ``model.lora.h5`` (the adapter; the base is the
+    preset's, which config.yaml names); else ``model.keras``, the whole model for inference."""
+    if adapter.is_lora(model):
+        run.save_model(lambda path: adapter.save_lora(model, path), LORA_MODEL)
+        return
+    run.save_model(inference_saver(model))
+    custom = custom_training_code(model)
     if custom:
         reporter.message(
             f"model.keras is saved without its training setup ({', '.join(custom)}: your code), "
@@ -367,12 +383,6 @@ def _conclude(job: fit.TrainJob, result: fit.TrainResult, ending: _Ending) -> di
             "resume from the run's checkpoints.",
             "note",
         )
-    final = ending.finish("completed" if done >= epochs else "stopped_early")
-    said = input_wait.verdict(result.input_waits, run.file(CONFIG))
-    if said:
-        reporter.message(*said)
-    reporter.finish(final)
-    return final
 
 
 def _write_curves(run: RunDir, reporter: Reporter) -> None:

@@ -7,7 +7,10 @@ its weights, and replaced atomically, so it always names a complete file: a kill
 leaves the previous resume point intact.
 
 Weights are written by Keras' ``.keras`` / ``.weights.h5`` savers, which copy the variables to the
-host and write from there, so a TPU never has to reach the local disk. Every file goes through
+host and write from there, so a TPU never has to reach the local disk. A LoRA run writes adapter
+checkpoints instead (:mod:`.adapter`: ``latest-e<E>-s<S>.adapter.h5``, ``best.adapter.h5``, a
+pattern-named file's suffix made ``.adapter.h5``): what trains and the optimizer state, not the
+frozen base again; the same commit order and pruning. Every file goes through
 :class:`~tpurun.storage.rundir.RunDir`, which writes only on the process that writes.
 """
 
@@ -23,13 +26,17 @@ import numpy as np
 
 from tpurun.errors import TpurunError
 from tpurun.storage.rundir import (
+    ADAPTER_SUFFIX,
+    BEST_ADAPTER,
     BEST_MODEL,
     LATEST_STATE,
     LATEST_WEIGHTS_PREFIX,
+    WEIGHTS_SUFFIX,
     RunDir,
     latest_weights_name,
     state_file,
 )
+from tpurun.training.checkpoints import adapter
 
 
 def step_offset(resume_at: tuple[int, int], epoch: int) -> int:
@@ -71,6 +78,8 @@ class Checkpointer:
         self.last_logs: dict[str, float] = {}  # the last finished epoch's metrics
         self.metrics_state: list | None = None  # running metric sums to restore mid-epoch
         self._last_save = (0, time.monotonic())  # (global step, time)
+        self._lora: bool | None = None  # whether the model has LoRA on: known at the first save
+        self._preset: dict | None = None  # the preset record adapter files carry
 
     # ------------------------------------------------------------------ resume
     def restore(self, state: Mapping[str, Any], folder: str) -> None:
@@ -133,7 +142,24 @@ class Checkpointer:
         }
         if step:
             state["metrics"] = [np.asarray(v).tolist() for v in model.metrics_variables]
+        if self.adapter_files(model):
+            state["preset"] = self._preset
         return state
+
+    def adapter_files(self, model: Any) -> bool:
+        """Whether this run's checkpoints are adapter files (LoRA on); the preset's record is
+        taken with the answer, once."""
+        if self._lora is None:
+            self._lora = adapter.is_lora(model)
+            if self._lora:
+                self._preset = adapter.preset_record(self.identity.get("model.preset"))
+        return self._lora
+
+    def _writer(self, model: Any, name: str):
+        """How to write the checkpoint file ``name``: by its suffix."""
+        if name.endswith(ADAPTER_SUFFIX):
+            return lambda path: adapter.save(model, path, self._preset)
+        return model.save_weights if name.endswith(WEIGHTS_SUFFIX) else model.save
 
     def save_latest(
         self, model: Any, epochs_done: int, step: int, reason: str, state: dict | None = None
@@ -142,16 +168,15 @@ class Checkpointer:
 
         ``state``: this position's :meth:`state`, when the caller has it already.
         """
-        name = latest_weights_name(epochs_done, step)
+        suffix = ADAPTER_SUFFIX if self.adapter_files(model) else WEIGHTS_SUFFIX
+        name = latest_weights_name(epochs_done, step, suffix)
         state = {**(state or self.state(model, epochs_done, step, reason)), "weights": name}
-        self.run.save_checkpoint(name, model.save_weights)
+        self.run.save_checkpoint(name, self._writer(model, name))
         self.run.write_checkpoint_state(LATEST_STATE, state)  # the commit point
         # Only the writer prunes: another process listing the folder while process 0 deletes
         # from it would stat a file that is gone.
         for old in (
-            self.run.checkpoint_files(f"{LATEST_WEIGHTS_PREFIX}*.weights.h5")
-            if self.run.writer
-            else ()
+            self.run.checkpoint_files(f"{LATEST_WEIGHTS_PREFIX}e*") if self.run.writer else ()
         ):
             if old != name:
                 self.run.remove_checkpoint(old)
@@ -160,19 +185,22 @@ class Checkpointer:
 
     def _save_model(self, model: Any, name: str, state: dict) -> None:
         """A best or pattern-named model, with its state beside it, so ``--resume`` can use it."""
-        writer = model.save_weights if name.endswith(".weights.h5") else model.save
-        self.run.save_checkpoint(name, writer)
+        self.run.save_checkpoint(name, self._writer(model, name))
         self.run.write_checkpoint_state(state_file(name), {**state, "weights": name})
 
-    def _prune(self) -> None:
+    def _named(self, model: Any, name: str) -> str:
+        """A configured file name as this run writes it (a LoRA run: an adapter file)."""
+        return adapter.adapter_name(name) if self.adapter_files(model) else name
+
+    def _prune(self, model: Any) -> None:
         """Keep the newest ``keep`` files of the filename pattern (found by a glob, so files of
         earlier, resumed sessions count too). Only the writer prunes."""
         if not self.run.writer:
             return
-        pattern = re.sub(r"\{[^}]*\}", "*", self.filename)
+        pattern = self._named(model, re.sub(r"\{[^}]*\}", "*", self.filename))
         files = [
             f for f in self.run.checkpoint_files(pattern)
-            if not f.startswith(LATEST_WEIGHTS_PREFIX) and f != BEST_MODEL
+            if not f.startswith(LATEST_WEIGHTS_PREFIX) and f not in (BEST_MODEL, BEST_ADAPTER)
         ]  # fmt: skip
         for old in files[: -self.keep]:
             self.run.remove_checkpoint(old)
@@ -193,10 +221,10 @@ class Checkpointer:
             self.best, self.best_epoch = float(logs[self.monitor]), epoch + 1
         state = self.state(model, epoch + 1, 0, "epoch")  # one state for every file it writes
         if better:
-            self._save_model(model, BEST_MODEL, state)
+            self._save_model(model, self._named(model, BEST_MODEL), state)
         if self.filename and (better or not self.save_best_only):
             try:
-                name = self.filename.format(epoch=epoch + 1, **logs)
+                name = self._named(model, self.filename.format(epoch=epoch + 1, **logs))
             except (KeyError, IndexError, ValueError) as exc:
                 raise TpurunError(
                     f"callbacks.checkpoint.filename '{self.filename}': cannot fill it in ({exc}); "
@@ -204,7 +232,7 @@ class Checkpointer:
                 ) from None
             self._save_model(model, name, state)
             if self.keep:
-                self._prune()
+                self._prune(model)
         self.save_latest(model, epoch + 1, 0, "epoch", state)
 
     @property

@@ -92,7 +92,8 @@ def from_path(path: str) -> ResumePoint:
             return point
     raise TpurunError(
         f"--resume {path}: no checkpoint there. Give a run directory, its checkpoints folder, a "
-        "checkpoint's .json state file, or a .keras / .weights.h5 file."
+        "checkpoint's .json state file, or a .keras / .weights.h5 file (a LoRA run's: "
+        ".adapter.h5, or its model.lora.h5 to start from)."
     )
 
 
