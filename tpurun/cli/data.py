@@ -34,7 +34,10 @@ def data_bench(
     ] = 10,
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object.")] = False,
 ) -> None:
-    """Measure the configured training input pipeline alone: is the input the bottleneck?"""
+    """Measure the configured training input pipeline alone: is the input the bottleneck?
+
+    With a model.preset, the preset's preprocessor tokenises the text as training would (on the
+    CPU), unless the records were tokenised once (tpurun data write --tokenize)."""
     with exit_codes():
         from tpurun.config import load_config
         from tpurun.display import reports
@@ -42,7 +45,12 @@ def data_bench(
         cfg = load_config(config, set_ or [])
         from tpurun.data.bench import bench
 
-        result = bench(cfg, steps=steps, warmup=warmup)
+        preprocessing = None
+        if cfg.model.preset is not None:
+            from tpurun.hub.batches import pipeline_preprocessing
+
+            preprocessing = pipeline_preprocessing(cfg)
+        result = bench(cfg, steps=steps, warmup=warmup, preprocessing=preprocessing)
         reports.show_bench(result, str(config), as_json=as_json)
 
 
@@ -141,6 +149,27 @@ def data_write(
         bool,
         typer.Option("--overwrite", help="Replace a dataset already written under OUT_PREFIX."),
     ] = False,
+    tokenize: Annotated[
+        str | None,
+        typer.Option(
+            "--tokenize",
+            help="Write token ids instead of text, tokenised once by this KerasHub preset's "
+            "preprocessor (a folder or a kaggle:// or hf:// handle): a causal LM's prompt and "
+            "response (or one text), or a classifier's text beside its --label. Train with the "
+            "same preset and sequence length.",
+            metavar="PRESET",
+        ),
+    ] = None,
+    sequence_length: Annotated[
+        int | None,
+        typer.Option(
+            "--sequence-length",
+            min=1,
+            help="With --tokenize: the tokens per record (the config's model.sequence_length); "
+            "default: the preset's own.",
+            metavar="N",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     plain: Annotated[
         bool, typer.Option("--plain", help="Plain lines instead of a live view.")
@@ -153,6 +182,13 @@ def data_write(
 
     if compression not in ("none", "gzip"):
         raise fail(TpurunError(f"--compression: expected none or gzip, got {compression!r}."))
+    if sequence_length is not None and tokenize is None:
+        raise fail(
+            TpurunError(
+                "--sequence-length: applies with --tokenize PRESET (the preset's tokenizer packs "
+                "that many tokens); without it the text is stored as it is: leave it out."
+            )
+        )
     plain = want_plain(plain)
     progress = TaskProgress("writing", "records", plain=plain or as_json, closing=False)
     with exit_codes(interrupted="interrupted: nothing was left half-written"):
@@ -161,12 +197,20 @@ def data_write(
         frameworks.tensorflow()  # first: without its start-up notices
         from tpurun.data.write import write_dataset
 
+        map_source = None
+        if tokenize is not None:
+            # KerasHub's tokenizer (on the CPU) is loaded before the source is read: data/ never
+            # imports hub/, the command wires them.
+            from tpurun.hub.tokenize import mapper
+
+            map_source = mapper(tokenize, sequence_length)
         with progress:
             report = write_dataset(
                 source, out_prefix, shard_mb=shard_mb, shard_multiple=shard_multiple,
                 compression=compression, validation_fraction=validation_fraction, seed=seed,
                 image_size=image_size, chunk_records=chunk_records, progress=progress,
                 label=label, pack=pack, fill_missing=fill_missing, overwrite=overwrite, text=text,
+                map_source=map_source,
             )  # fmt: skip
         reports.show_written(report, source, as_json=as_json, plain=plain)
 

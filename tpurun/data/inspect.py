@@ -52,6 +52,9 @@ class FeatureInfo:
     # A text feature's first sampled value (escaped, cut at 60 characters) and its lengths in
     # characters: {"sample", "sample_chars", "min_chars", "mean_chars", "max_chars", "over"}.
     text: dict[str, Any] | None = None
+    # Tokenised records' token ids: the first sampled record's first ids and its length in tokens
+    # (its padding mask's ones) of the positions: {"first", "length", "positions"}.
+    tokens: dict[str, Any] | None = None
 
 
 @dataclass
@@ -70,6 +73,8 @@ class InspectReport:
     advice: list[str]
     class_names: list[str] | None = None
     schema_path: str | None = None
+    # Records written with --tokenize: the schema's entry, with "lengths" (statistics.tokens).
+    tokenized: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": VERSION, **asdict(self)}
@@ -117,6 +122,7 @@ def inspect(
     if schema:
         features = _apply_schema(features, schema.get("features") or {})
     _describe_texts(features, [example for example, _ in samples], schema)
+    tokenized = _describe_tokens(features, samples[0][0], schema)
     largest = max((size for _, size in samples), default=0)
     return InspectReport(
         files=files,
@@ -131,6 +137,7 @@ def inspect(
         advice=advise(files, compression, features, largest),
         class_names=schema.get("class_names") if schema else None,
         schema_path=schema_path,
+        tokenized=tokenized,
     )
 
 
@@ -330,6 +337,25 @@ def _describe_texts(features: list[FeatureInfo], examples: Sequence[Any], schema
             over = f"{len(texts)} sampled records"
         info.text = {"sample": preview(texts[0]), "sample_chars": len(texts[0]), **lengths,
                      "over": over}  # fmt: skip
+
+
+def _describe_tokens(features: list[FeatureInfo], first: Any, schema: Any) -> dict | None:
+    """For records written with ``--tokenize``: what they were tokenised with and their lengths
+    in tokens (the schema's), and the first sampled record's ids on its token ids feature."""
+    entry = (schema or {}).get(schema_file.TOKENIZED)
+    if not entry:
+        return None
+    stored = first.features.feature
+    mask = list(stored[entry["mask"]].int64_list.value) if entry.get("mask") in stored else []
+    for info in features:
+        if info.key == "token_ids" and info.key in stored:
+            ids = list(stored[info.key].int64_list.value)
+            info.tokens = {"first": ids[:16], "length": sum(mask) if mask else len(ids),
+                           "positions": len(ids)}  # fmt: skip
+    statistics = schema.get("statistics") or {}
+    lengths = statistics.get("tokens")
+    split = statistics.get("split", "all")
+    return {**entry, "lengths": {**lengths, "split": split} if lengths else None}
 
 
 def _guess_dtype(blobs: list[bytes]) -> str:

@@ -7,6 +7,7 @@ anything is written.
 from __future__ import annotations
 
 import importlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,9 @@ class ResolvedData:
     class_names: list[str] | None = None  # from the schema file (an image folder, a text label)
     train_counts: list[int] = field(default_factory=list)  # records per file, as train_files
     validation_counts: list[int] = field(default_factory=list)
+    # Records written with --tokenize: the schema file's entry (what they were tokenised with) and
+    # its path under "schema"; None for records of text, numbers or images.
+    tokenized: dict[str, Any] | None = None
 
 
 def kaggle_root(name: str) -> str:
@@ -142,24 +146,55 @@ def resolve(config: Config) -> ResolvedData:
         class_names=(first_schema or {}).get("class_names"),
         train_counts=train.counts,
         validation_counts=validation.counts if validation else [],
+        tokenized=_tokenized(schemas),
     )
+
+
+def _tokenized(schemas: dict[str, tuple[str, dict]]) -> dict[str, Any] | None:
+    """What the records were tokenised with, the same for every schema file (train and
+    validation), with the first file's path; None when they hold no token ids.
+
+    Raises:
+        DataError: schema files that disagree (records tokenised differently, or not at all).
+    """
+    found = {path: schema.get(schema_lib.TOKENIZED) for path, schema in schemas.values()}
+    entries = {json.dumps(entry, sort_keys=True) for entry in found.values()}
+    if len(entries) > 1:
+        described = "; ".join(
+            f"{path}: "
+            + (f"{e['task']} at {e['sequence_length']} tokens" if e else "not tokenised")
+            for path, e in found.items()
+        )
+        raise DataError(
+            f"data.train / data.validation: the records were not all written alike ({described}). "
+            "Write every split with the same `tpurun data write --tokenize PRESET "
+            "--sequence-length N`, or all without --tokenize."
+        )
+    path, entry = next(iter(found.items()), (None, None))
+    return {**entry, "schema": path} if entry else None
 
 
 #: Feature types a pretrained model takes as its inputs (its preprocessor turns them into numbers).
 _PRESET_INPUT_TYPES = ("text", "image")
+#: The features of tokenised records (``tpurun data write --tokenize``) that feed the model.
+TOKEN_INPUTS = ("token_ids", "padding_mask", "segment_ids")
 
 
 def preset_refs(features: dict[str, dict], inputs: Any, targets: Any) -> tuple[Any, Any]:
     """A preset's ``data.inputs`` and ``data.targets``, where the config leaves them out (see
     their descriptions): ``prompt`` and ``response`` are a causal LM's prompt and answer; one
     text feature alone is text a causal LM learns whole; otherwise the text and image features
-    are the inputs and the one feature left is the target.
+    are the inputs and the one feature left is the target. Tokenised records feed their token
+    features to the model, and it learns their one feature left (a label), or the token ids
+    themselves where that is a causal LM's ``weights``.
 
     Raises:
         ConfigError: the features do not say which is which.
     """
     if inputs is None and targets is None and {"prompt", "response"} <= set(features):
         return "prompt", "response"
+    if inputs is None and (features.get("token_ids") or {}).get("type") == "int64":
+        return _token_refs(features, targets)
     kinds = {name: f.get("type") for name, f in features.items()}
     if inputs is None:
         found = [name for name, kind in kinds.items() if kind in _PRESET_INPUT_TYPES]
@@ -180,4 +215,24 @@ def preset_refs(features: dict[str, dict], inputs: Any, targets: Any) -> tuple[A
                 "classifier."
             ]
         )
+    return inputs, targets
+
+
+def _token_refs(features: dict[str, dict], targets: Any) -> tuple[Any, Any]:
+    """Tokenised records' inputs (their token features, by the names the task takes) and
+    targets (``{token_ids, weights}`` for a causal LM, else the one feature left)."""
+    inputs = {name: name for name in TOKEN_INPUTS if name in features}
+    if targets is None:
+        rest = [name for name in features if name not in inputs]
+        if rest == ["weights"]:
+            targets = {"token_ids": "token_ids", "weights": "weights"}
+        elif len(rest) == 1:
+            targets = rest[0]
+        else:
+            raise ConfigError(
+                [
+                    f"data.targets: left out, and the tokenised records hold {', '.join(rest) or 'nothing'} "
+                    "beside their token ids: set data.targets to the label the model learns."
+                ]
+            )
     return inputs, targets

@@ -25,7 +25,15 @@ Layout (``version`` 1)::
                      "features": {"x": {"count": 9000, "mean": [...], "variance": [...],
                                         "min": [...], "max": [...]}},
                      "text": {"prompt": {"count": 9000, "min_chars": 3,   # text features'
-                                         "mean_chars": 211.4, "max_chars": 4012}}}
+                                         "mean_chars": 211.4, "max_chars": 4012}},
+                     "tokens": {"count": 9000, "positions": 129, "min_tokens": 9,  # tokenised
+                                "mean_tokens": 61.2, "max_tokens": 129, "full": 12}},
+      "tokenized": {"preset": "/kaggle/input/gemma/...", "task": "GemmaCausalLM",  # --tokenize
+                    "kind": "causal_lm", "preprocessor": "GemmaCausalLMPreprocessor",
+                    "tokenizer": "GemmaTokenizer", "fingerprint": "sha256:...",
+                    "sequence_length": 128,
+                    "source": {"inputs": "prompt", "targets": "response"},
+                    "features": ["token_ids", "padding_mask", "weights"], "mask": "padding_mask"}
     }
 
 Shard names are relative to the schema file's folder. Feature entries use the config's own keys,
@@ -36,6 +44,11 @@ it existed. ``statistics`` (see :mod:`tpurun.data.statistics`: per element of ea
 over the "train" split, or "all" when the records were not split) is what ``normalize: true``
 standardizes with; older files lack it. ``text`` features (``{"type": "text"}``: a JSONL file's
 strings, a CSV's text columns) get their lengths in characters in ``statistics.text`` instead.
+Records written with ``--tokenize`` (:mod:`tpurun.hub.tokenize` describes their features) carry
+``tokenized``: the preset, its task, a fingerprint of its tokenizer and the sequence length, which
+training checks against its own preprocessor; their token features get no per-element statistics,
+and ``statistics.tokens`` gives the records' lengths in tokens (``full``: records that fill every
+position, so may have been cut).
 """
 
 from __future__ import annotations
@@ -49,6 +62,8 @@ from typing import Any
 from tpurun import frameworks
 from tpurun.errors import DataError
 
+#: What tokenised records were made with (``tpurun data write --tokenize``; see above).
+TOKENIZED = "tokenized"
 FORMAT = "tpurun.schema"
 VERSION = 1
 SUFFIX = ".schema.json"

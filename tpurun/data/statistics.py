@@ -15,7 +15,8 @@ the result is exact to float64 rounding whatever the chunk size.
 
 ``text`` features get their lengths in characters instead (``statistics.text`` in the schema
 file: ``count``, ``min_chars``, ``mean_chars``, ``max_chars``), which ``tpurun data inspect``
-shows, to choose a sequence length by.
+shows, to choose a sequence length by. Tokenised records (``--tokenize``) get their lengths in
+tokens (``statistics.tokens``) and no statistics of their token ids.
 """
 
 from __future__ import annotations
@@ -106,19 +107,58 @@ class TextLengths:
                 "max_chars": self.max}  # fmt: skip
 
 
+class TokenLengths:
+    """Tokenised records' lengths in tokens (a padding mask's ones), of ``positions`` each."""
+
+    def __init__(self, positions: int):
+        self.positions = positions
+        self.count = self.total = self.full = 0
+        self.min: int | None = None
+        self.max: int | None = None
+
+    def update(self, mask: np.ndarray) -> None:
+        lengths = np.asarray(mask).reshape(len(mask), -1).sum(axis=1)
+        if lengths.size:
+            self.count += int(lengths.size)
+            self.total += int(lengths.sum())
+            self.full += int((lengths == self.positions).sum())
+            low, high = int(lengths.min()), int(lengths.max())
+            self.min = low if self.min is None else min(self.min, low)
+            self.max = high if self.max is None else max(self.max, high)
+
+    def to_dict(self) -> dict[str, Any]:
+        mean = self.total / self.count if self.count else None
+        return {"count": self.count, "positions": self.positions, "min_tokens": self.min,
+                "mean_tokens": mean, "max_tokens": self.max, "full": self.full}  # fmt: skip
+
+
 class Statistics:
     """The statistics of every numeric feature of a source, and the lengths of its text features,
-    accumulated a chunk at a time."""
+    accumulated a chunk at a time.
 
-    def __init__(self, features: Mapping[str, Mapping[str, Any]]):
+    Args:
+        features: the source's features.
+        tokenized: the schema file's ``tokenized`` entry of records written with ``--tokenize``:
+            its token features get no per-element statistics (the mean id at position 17 means
+            nothing), and the records' lengths in tokens are counted from its ``mask`` instead.
+    """
+
+    def __init__(
+        self, features: Mapping[str, Mapping[str, Any]], tokenized: Mapping[str, Any] | None = None
+    ):
         self._features: dict[str, tuple[str, Moments]] = {}
         self._texts = {
             n: TextLengths() for n, spec in features.items() if spec.get("type") == "text"
         }
+        skip = set((tokenized or {}).get("features") or ())
         for name, spec in features.items():
             dtype = _reader(spec)
-            if dtype is not None:
+            if dtype is not None and name not in skip:
                 self._features[name] = (dtype, Moments(spec.get("shape") or []))
+        self._mask = (tokenized or {}).get("mask")
+        self._tokens = None
+        if self._mask in features:
+            self._tokens = TokenLengths(int(features[self._mask]["shape"][-1]))
 
     def update(self, chunk: Mapping[str, Any], keep: np.ndarray | None = None) -> None:
         """Add a chunk of records (``{feature: column}``, as a source yields them); ``keep``, a
@@ -135,15 +175,20 @@ class Statistics:
             column = chunk[name]
             kept = column if keep is None else [v for v, k in zip(column, keep, strict=True) if k]
             lengths.update(kept)
+        if self._tokens is not None:
+            mask = np.asarray(chunk[self._mask])
+            self._tokens.update(mask if keep is None else mask[keep])
 
     def to_schema(self, split: str) -> dict[str, Any] | None:
         """The schema file's ``statistics``: the split they describe, each numeric feature's, and
         each text feature's lengths (``text``, when there is one); None when no feature has any."""
-        if not self._features and not self._texts:
+        if not self._features and not self._texts and self._tokens is None:
             return None
         features = {name: moments.to_dict() for name, (_, moments) in self._features.items()}
         texts = {name: lengths.to_dict() for name, lengths in self._texts.items()}
-        return {"split": split, "features": features, **({"text": texts} if texts else {})}
+        tokens = {"tokens": self._tokens.to_dict()} if self._tokens is not None else {}
+        return {"split": split, "features": features, **({"text": texts} if texts else {}),
+                **tokens}  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ normalization

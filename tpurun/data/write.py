@@ -135,7 +135,7 @@ def write_dataset(
     chunk_records: int = 4096, progress: Callable[[int, int], None] | None = None,
     label: str | None = None, pack: Mapping[str, Sequence[str] | None] | Sequence[str] | None = None,
     fill_missing: float | str | None = None, overwrite: bool = False,
-    text: Sequence[str] | None = None,
+    text: Sequence[str] | None = None, map_source: Callable[[Source], Source] | None = None,
 ) -> WriteReport:  # fmt: skip
     """Write a source as TFRecord shards plus ``<out_prefix>.schema.json``.
 
@@ -160,6 +160,8 @@ def write_dataset(
             ``progress(records_done, records_total)`` called after each chunk.
         label, pack, fill_missing, text: CSV and JSONL options (``sources.columns``).
         overwrite: replace the shards and schema file of a dataset written under this prefix.
+        map_source: applied to the opened source before anything is written: a
+            ``sources.base.MappedSource`` that changes its records (``--tokenize``'s token ids).
 
     Returns:
         What was written, where.
@@ -178,7 +180,8 @@ def write_dataset(
     if not overwrite:
         with _writing_to(out_prefix, "looking for a dataset written there"):
             shards.refuse_existing(out_prefix, folder, base)
-    source = _opened(source, image_size, seed, table_options(label, pack, fill_missing, text))
+    table = table_options(label, pack, fill_missing, text)
+    source = _opened(source, image_size, seed, table, map_source)
     is_validation = split_mask(source.records, validation_fraction, seed)
     shard_sets = _shard_sets(source, out_prefix, is_validation, shard_mb, shard_multiple,
                              compression)  # fmt: skip
@@ -198,24 +201,25 @@ def write_dataset(
     statistics = stats.to_schema("all" if is_validation is None else "train")
     return WriteReport(
         schema_path=_write_schema(source, out_prefix, splits, compression, statistics),
-        source=source.path,
-        features=source.features,
-        class_names=source.class_names,
-        splits=splits,
-        compression=compression,
-        records=source.records,
-        seconds=time.monotonic() - started,
-        layout=dict(source.layout),
+        source=source.path, features=source.features, class_names=source.class_names,
+        splits=splits, compression=compression, records=source.records,
+        seconds=time.monotonic() - started, layout=dict(source.layout),
         warnings=list(source.warnings),
-    )
+    )  # fmt: skip
 
 
-def _opened(source: Any, image_size: Any, seed: int, table: TableOptions) -> Source:
-    """The source, opened from its path with the table options, or as it was given."""
+def _opened(
+    source: Any, image_size: Any, seed: int, table: TableOptions, map_source: Any = None
+) -> Source:
+    """The source, opened from its path with the table options, or as it was given; then
+    through ``map_source`` when there is one."""
     from tpurun.data.sources import open_source
 
     if isinstance(source, (str, os.PathLike)):
-        return open_source(os.fspath(source), image_size=image_size, seed=seed, table=table)
+        opened = open_source(os.fspath(source), image_size=image_size, seed=seed, table=table)
+        return opened if map_source is None else map_source(opened)
+    if map_source is not None:
+        return map_source(_opened(source, image_size, seed, table))
     if table:
         raise TpurunError(
             "label, pack, fill_missing and text apply when the source is a CSV or JSONL path; an "
@@ -289,7 +293,7 @@ def _write_records(source, shard_sets, is_validation, chunk_size, progress) -> S
         The numeric features' statistics, of the train split only (of every record when there is
         no split): statistics of the validation records would leak them into a model.
     """
-    stats = Statistics(source.features)
+    stats = Statistics(source.features, tokenized=source.layout.get(schema.TOKENIZED))
     done = 0
     changed = "did the source change during the write? Write it again."
     for chunk in source.chunks(chunk_size):

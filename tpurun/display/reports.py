@@ -116,8 +116,13 @@ def show_bench(result: dict[str, Any], config: str, as_json: bool = False) -> No
         f"{result['steps']} batches in {result['seconds']:.2f}s after {result['warmup_steps']} "
         "warm-up"
     )
-    rows = [
-        ("examples/s", f"{result['examples_per_sec']:,.0f}"),
+    rows = [("examples/s", f"{result['examples_per_sec']:,.0f}")]
+    if result.get("tokens_per_sec") is not None:
+        rows.append(("tokens/s", f"{result['tokens_per_sec']:,.0f}  ({result['positions']} "
+                                 "positions per example)"))  # fmt: skip
+    if result.get("preprocessing"):
+        rows.append(("preprocessing", result["preprocessing"]))
+    rows += [
         ("batches/s", batches),
         ("MB/s", size),
         ("timed", timed),
@@ -143,6 +148,10 @@ def show_written(report: Any, source: str, as_json: bool = False, plain: bool = 
     rows.append(("features", ", ".join(f"{k} ({v['type']})" for k, v in report.features.items())))
     if report.class_names:
         rows.append(("classes", ", ".join(report.class_names)))
+    tokenized = report.layout.get("tokenized")
+    if tokenized:
+        rows.append(("tokenized", f"for {tokenized['task']} at sequence length "
+                                  f"{tokenized['sequence_length']} ({tokenized['preset']})"))  # fmt: skip
     rows.append(("schema", report.schema_path))
     rate = report.records / max(report.seconds, 1e-9)
     rows.append(("time", f"{report.seconds:.1f}s ({rate:,.0f} records/s)"))
@@ -166,6 +175,8 @@ def show_inspected(
     ]  # fmt: skip
     if report.class_names:
         rows.append(("classes", ", ".join(report.class_names)))
+    if report.tokenized:
+        rows.extend(_tokenized_rows(report.tokenized))
     for info in report.files[:10]:
         rows.append(("", f"{info.path}  {format_bytes(info.bytes)}  {info.records:,} records"))
     if len(report.files) > 10:
@@ -182,12 +193,36 @@ def show_inspected(
         _out(f"  {feature.name:<16} {described}{notes}")
         if feature.text:
             _out(f"  {'':<16} {_text_lines(feature.text)}")
+        if feature.tokens:
+            tokens = feature.tokens
+            ids = " ".join(str(i) for i in tokens["first"])
+            more = " ..." if tokens["positions"] > len(tokens["first"]) else ""
+            _out(f"  {'':<16} [{ids}{more}]  ({tokens['length']} of {tokens['positions']} tokens)")
     _out("\npaste into data: in the config")
     _out(report.features_yaml.rstrip())
     if report.advice:
         _out("\nadvice:")
         for line in report.advice:
             _out(f"  - {line}")
+
+
+def _tokenized_rows(entry: dict[str, Any]) -> list[tuple[str, str]]:
+    """Records written with ``--tokenize``: for which task, preset and tokenizer, and their
+    lengths in tokens."""
+    made = entry.get("source") or {}
+    rows = [
+        ("tokenized", f"for {entry['task']} at sequence length {entry['sequence_length']}"),
+        ("", f"preset {entry['preset']}"),
+        ("", f"tokenizer {entry['tokenizer']} {entry['fingerprint'][:19]}"),
+        ("", f"from inputs {made.get('inputs')}, targets {made.get('targets')}"),
+    ]
+    lengths = entry.get("lengths")
+    if lengths:
+        over = f"{lengths['count']:,} {'' if lengths['split'] == 'all' else lengths['split'] + ' '}"
+        rows.append(("", f"length {lengths['min_tokens']:,} to {lengths['max_tokens']:,} tokens, "
+                         f"mean {lengths['mean_tokens']:,.1f} ({over}records); {lengths['full']:,} "
+                         f"fill all {lengths['positions']} positions (text longer than that was cut)"))  # fmt: skip
+    return rows
 
 
 def _text_lines(text: dict[str, Any]) -> str:

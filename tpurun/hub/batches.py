@@ -11,7 +11,13 @@ What a batch becomes, by task:
 - a causal LM on ``prompt`` and ``response``: both tokenised by the preset's tokenizer, joined
   and packed by its packer (start and end tokens as the preprocessor adds them), and only the
   response's tokens (and the end token) weighted: the model learns to answer, not to ask;
-- anything else (a text or image classifier): ``preprocessor(inputs, targets)``.
+- anything else (a text or image classifier): ``preprocessor(inputs, targets)``;
+- records tokenised once (``tpurun data write --tokenize``, :mod:`tpurun.hub.tokenize`): no
+  tokenising; the batch comes straight from their features, after :func:`tokenize.check` has
+  made sure this run's preprocessor would have made the same ones.
+
+The two causal LM paths share their packing (:mod:`tpurun.hub.tokenize`), so a run on tokenised
+records sees exactly the batches a run on the text would.
 
 Exact validation weighs the padding records of the last batch 0 (:mod:`tpurun.data.pipeline`):
 that weight multiplies the tokens' own.
@@ -23,8 +29,9 @@ from collections.abc import Callable
 from typing import Any
 
 from tpurun import frameworks
-from tpurun.config import DataConfig
+from tpurun.config import Config, DataConfig
 from tpurun.errors import ConfigError
+from tpurun.hub import tokenize
 
 
 def detach(task: Any) -> Any:
@@ -39,14 +46,26 @@ def attach(task: Any, preprocessor: Any) -> None:
     task.preprocessor = preprocessor
 
 
-def transform(preprocessor: Any, data: DataConfig) -> Callable[..., tuple]:
+def transform(
+    preprocessor: Any, data: DataConfig, tokenized: dict | None = None
+) -> Callable[..., tuple]:
     """``(inputs, targets[, weights])`` of decoded features -> the task's ``(x, y[, weights])``.
+
+    Args:
+        preprocessor: the task's, with the run's sequence length.
+        data: the effective data section (features filled in, inputs and targets known).
+        tokenized: for records written with ``--tokenize``, the schema file's entry
+            (``ResolvedData.tokenized``), checked against ``preprocessor``.
 
     Raises:
         ConfigError: a causal LM fed something other than text features.
+        DataError: tokenised records this preprocessor would not have made.
     """
-    keras_hub = frameworks.keras_hub()
-    if isinstance(preprocessor, keras_hub.models.CausalLMPreprocessor):
+    causal = tokenize.kind(preprocessor) == tokenize.CAUSAL_LM
+    if tokenize.is_tokenized(data):
+        tokenize.check(preprocessor, data, tokenized)
+        step = _causal_tokens if causal else _classifier_tokens
+    elif causal:
         _check_text(data)
         if data.inputs == data.targets:
             step = _whole_text(preprocessor)
@@ -91,30 +110,38 @@ def _whole_text(preprocessor: Any) -> Callable:
 def _prompt_response(preprocessor: Any) -> Callable:
     """The prompt's and the response's tokens, packed as the preprocessor packs one text; only
     the response (and the end token) weighted."""
-    tf = frameworks.tensorflow()
-    if preprocessor.packer is None:
-        preprocessor.build(None)  # KerasHub makes the packer at build, once assets are loaded
-    tokenizer, packer = preprocessor.tokenizer, preprocessor.packer
-    start = 1 if preprocessor.add_start_token else 0
+    pack = tokenize.pack_prompt_response(preprocessor)
 
     def step(prompts, responses):
-        length = preprocessor.sequence_length
-        prompt_ids, response_ids = tokenizer(prompts), tokenizer(responses)
-        joined = tf.concat([prompt_ids, response_ids], axis=1)
-        token_ids, mask = packer(
-            joined,
-            sequence_length=length + 1,  # one more: x and y are the sequence shifted by one
-            add_start_value=preprocessor.add_start_token,
-            add_end_value=preprocessor.add_end_token,
-        )
-        # y[i] is token i + 1: a response token from i = start + len(prompt) - 1 on.
-        first = tf.cast(start + prompt_ids.row_lengths() - 1, tf.int32)
-        answer = tf.range(length)[tf.newaxis, :] >= first[:, tf.newaxis]
-        x = {"token_ids": token_ids[:, :-1], "padding_mask": mask[:, :-1]}
-        weights = tf.cast(tf.logical_and(mask[:, 1:], answer), tf.float32)
-        return x, token_ids[:, 1:], weights
+        return tokenize.shifted(*pack(prompts, responses))
 
     return step
+
+
+def _causal_tokens(inputs, targets):
+    """Tokenised causal LM records (``N + 1`` tokens each) -> ``(x, y, weights)``."""
+    return tokenize.shifted(inputs["token_ids"], inputs["padding_mask"], targets["weights"])
+
+
+def _classifier_tokens(inputs, targets):
+    """Tokenised classifier records: the preprocessor's outputs as they were, and the label."""
+    return inputs, targets, None
+
+
+def pipeline_preprocessing(config: Config) -> Callable[[DataConfig, dict | None], Callable]:
+    """For ``tpurun data bench`` on a preset config: ``(data, tokenized) ->`` the transform a
+    run maps over its records. Sets this process up on the CPU and loads the preset's
+    preprocessor (its tokenizer, not its weights).
+
+    Raises:
+        ModelError: as :func:`tpurun.hub.model.build_preprocessor`.
+    """
+    from tpurun.hub.model import build_preprocessor
+    from tpurun.hub.report import set_up_cpu
+
+    set_up_cpu("jax", why="tpurun data bench runs the preset's preprocessor on the CPU")
+    preprocessor = build_preprocessor(config)
+    return lambda data, tokenized=None: transform(preprocessor, data, tokenized)
 
 
 def _labelled(preprocessor: Any) -> Callable:

@@ -19,8 +19,11 @@ from tpurun.hub.model import build_task, longest_sequence, parameter_counts
 from tpurun.hub.preset import location
 
 
-def _set_up_cpu(backend: str) -> None:
-    """Set this process up on one CPU device for ``backend``, unless it already is."""
+def set_up_cpu(
+    backend: str, why: str = "tpurun config counts a preset's parameters on the CPU"
+) -> None:
+    """Set this process up on one CPU device for ``backend``, unless it already is: for work
+    that needs Keras or KerasHub but no accelerator (counting parameters, tokenising text)."""
     if frameworks.backend() is not None:
         return
     imported = sys.modules.get("keras")
@@ -30,7 +33,6 @@ def _set_up_cpu(backend: str) -> None:
     from tpurun.runtime.activate import activate
     from tpurun.runtime.choice import Choice
 
-    why = "tpurun config counts a preset's parameters on the CPU"
     choice = Choice(backend=backend, accelerator="cpu", distribution="default", replicas=1,
                     precision="float32", reason=why)  # fmt: skip
     activate(choice, seed=0)
@@ -54,7 +56,7 @@ def describe(config: Config, backend: str = "jax") -> dict[str, Any]:
     Raises:
         ModelError: as :func:`tpurun.hub.model.build_task`.
     """
-    _set_up_cpu(backend)
+    set_up_cpu(backend)
     keras = frameworks.keras()
 
     pending = _pending_variables()

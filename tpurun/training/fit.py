@@ -162,7 +162,8 @@ def _preprocessing(job: TrainJob, model) -> tuple[Any, Any]:
     if job.prepared.config.model.preset is None or model.preprocessor is None:
         return None, None
     preprocessor = batches.detach(model)
-    return preprocessor, batches.transform(preprocessor, job.prepared.config.data)
+    data = job.prepared.config.data
+    return preprocessor, batches.transform(preprocessor, data, job.prepared.data.tokenized)
 
 
 def _datasets(job: TrainJob, transform: Any = None) -> tuple[Callable[[int, int], Any], Any]:

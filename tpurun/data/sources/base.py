@@ -56,6 +56,8 @@ class MappedSource(Source):
         fn: ``{feature: column}`` -> ``{feature: column}``, the same number of records.
         features: the features ``fn`` yields, in the config's form; the source's when None.
         nbytes: the estimated size of the records ``fn`` yields; the source's when None.
+        layout: entries added to the source's layout (the schema file's top level), such as
+            what the records were tokenised with.
     """
 
     def __init__(
@@ -64,12 +66,13 @@ class MappedSource(Source):
         fn: Callable[[dict[str, Any]], dict[str, Any]],
         features: dict[str, dict[str, Any]] | None = None,
         nbytes: int | None = None,
+        layout: dict[str, Any] | None = None,
     ):
         self._source, self._fn = source, fn
         self.path, self.records = source.path, source.records
         self.features = dict(source.features if features is None else features)
         self.nbytes = source.nbytes if nbytes is None else nbytes
-        self.class_names, self.layout = source.class_names, dict(source.layout)
+        self.class_names, self.layout = source.class_names, {**source.layout, **(layout or {})}
         self.warnings = list(source.warnings)
 
     def chunks(self, size: int) -> Iterator[dict[str, Any]]:
