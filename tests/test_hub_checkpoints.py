@@ -15,10 +15,13 @@ import keras
 import numpy as np
 import pytest
 from helpers import FACTORIES, read_latest, read_log, read_summary, run_cli, write_config
-from test_hub_train import chat_data
+from hub_presets import sentences
+from test_hub_train import chat_data, write_jsonl
+from typer.testing import CliRunner
 
 import tpurun
 from tpurun import frameworks
+from tpurun.cli.app import app
 from tpurun.errors import Interrupted, ModelError
 from tpurun.hub.model import enable_lora
 from tpurun.training.checkpoints import adapter
@@ -262,6 +265,77 @@ def test_bfloat16_lora_keeps_float32_adapters_and_resumes_exactly(tiny_presets, 
     for path, (dtype, _, value) in kept_weights(tmp_path / "a.pkl").items():
         assert weights[path][0] == dtype
         np.testing.assert_array_equal(weights[path][2], value, err_msg=path)
+
+
+def test_a_bert_classifier_with_lora_resumes_its_head_biases_and_dropout_exactly(
+    tiny_presets, tmp_path
+):
+    """KerasHub leaves a BERT classifier's head and the adapted layers' biases trainable, and its
+    dropout layers draw from seed generators: all in the adapter file, so a resume is exact."""
+    rows = [{"text": s, "label": int("cat" in s or "dog" in s)} for s in sentences(96)]
+    source = write_jsonl(tmp_path / "reviews.jsonl", rows)
+    written = CliRunner().invoke(app, ["data", "write", str(source), str(tmp_path / "data" / "rev"),
+                                       "--label", "label", "--validation-fraction", "0.25"])  # fmt: skip
+    assert written.exit_code == 0, written.output
+
+    def config(name: str, kill: bool) -> dict:
+        extra = [{"name": f"{FACTORIES}:SignalAt", "epoch": 2, "step": 3,
+                  "marker": str(tmp_path / "fired")}] if kill else []  # fmt: skip
+        return {
+            "name": name,
+            "model": {"preset": str(tiny_presets.bert), "lora": {"rank": 2}},
+            "data": {"train": str(tmp_path / "data" / "rev-train-*"),
+                     "validation": str(tmp_path / "data" / "rev-validation-*")},
+            "train": {"per_core_batch_size": 4, "epochs": 3, "steps_per_execution": 1,
+                      "learning_rate": {"base": 3e-3}},
+            "runtime": {"cpu_devices": 2},
+            "callbacks": {"extra": extra},
+            "output": {"dir": str(tmp_path / "runs")},
+        }  # fmt: skip
+
+    tpurun.train(config("a", False), verbose=False)
+    with pytest.raises(Interrupted, match="stopped at epoch 2, step 3"):
+        tpurun.train(config("b", True), verbose=False)
+    held = adapter.read(str(latest_adapter(tmp_path / "runs" / "b")))
+    assert {"logits/kernel", "logits/bias"} <= set(held["model"])
+    assert any(path.endswith("query/bias") for path in held["model"])
+    assert len(held["state"]) >= 2 and all(v.dtype == np.uint32 for v in held["state"].values())
+    tpurun.train(config("b", True), verbose=False)
+    assert read_log(tmp_path / "runs" / "b") == read_log(tmp_path / "runs" / "a")
+    assert_same_adapter(
+        latest_adapter(tmp_path / "runs" / "b"), latest_adapter(tmp_path / "runs" / "a")
+    )
+    with h5py.File(tmp_path / "runs" / "b" / "model.lora.h5") as f:  # the head goes along
+        assert "logits/kernel" in f["tpurun/trainable"] and int(f["lora/vars/rank"][()]) == 2
+
+
+@pytest.mark.gcs
+@pytest.mark.slow
+def test_a_lora_run_in_a_bucket_uploads_adapters_and_resumes_from_them(gcs, tiny_presets, data,
+                                                                       tmp_path):  # fmt: skip
+    run = f"{gcs.bucket}/runs/lm"
+    config = lm_config(tmp_path, tiny_presets.gemma, data, "lm", train={"epochs": 1},
+                       output={"dir": f"{gcs.bucket}/runs"})  # fmt: skip
+    path = write_config(tmp_path, config, "lm")
+    machines = []
+    for n, epochs in ((1, "1"), (2, "2")):
+        machine = {"cwd": tmp_path / f"vm{n}", "TMPDIR": str(tmp_path / f"tmp{n}")}
+        for folder in (machine["cwd"], Path(machine["TMPDIR"])):
+            folder.mkdir()
+        done = gcs.tpurun("train", str(path), "--set", f"train.epochs={epochs}", **machine)
+        assert done.returncode == 0, done.stderr
+        machines.append(machine)
+    assert "resuming at epoch 2 from" in done.stdout
+    names = sorted(
+        p.removeprefix(run + "/") for p in gcs.list(run + "/checkpoints/") if p[-1] != "/"
+    )
+    assert names == ["checkpoints/best.adapter.h5", "checkpoints/best.json",
+                     "checkpoints/latest-e0002-s0000000.adapter.h5", "checkpoints/latest.json"]  # fmt: skip
+    assert gcs.get(f"{run}/model.lora.h5") and gcs.get(f"{run}/model.keras") is None
+    for machine in machines:  # staged in the temp folder, uploaded, gone
+        assert (
+            list(machine["cwd"].iterdir()) == [] and list(Path(machine["TMPDIR"]).iterdir()) == []
+        )
 
 
 # ------------------------------------------------------------------ refusals
