@@ -119,15 +119,17 @@ def lora_run(tiny_presets, data, tmp_path_factory):
     """A 2-epoch LoRA fine-tune, its weights at the end kept (``weights.pkl``)."""
     root = tmp_path_factory.mktemp("lora-run")
     keep = {"name": f"{HERE}:KeepWeights", "out": str(root / "weights.pkl")}
-    config = lm_config(root, tiny_presets.gemma, data, "lm", callbacks={"extra": [keep]})
+    every_epoch = {"filename": "e{epoch}.keras", "keep": 1, "save_best_only": False}
+    config = lm_config(root, tiny_presets.gemma, data, "lm",
+                       callbacks={"extra": [keep], "checkpoint": every_epoch})  # fmt: skip
     summary = tpurun.train(config, verbose=False)
     assert summary["status"] == "completed"
-    return root / "runs" / "lm", kept_weights(root / "weights.pkl")
+    return root / "runs" / "lm", kept_weights(root / "weights.pkl"), config
 
 
 # ------------------------------------------------------------------ what an adapter file holds
 def test_an_adapter_checkpoint_is_a_fraction_of_a_full_one(lora_run, tiny_presets, tmp_path):
-    run_dir, _ = lora_run
+    run_dir, _, _ = lora_run
     checkpoint = latest_adapter(run_dir)
     # What tpurun wrote before adapter checkpoints: the model's whole .weights.h5, optimizer too.
     task = frameworks.keras_hub().models.GemmaCausalLM.from_preset(str(tiny_presets.gemma))
@@ -144,21 +146,19 @@ def test_an_adapter_checkpoint_is_a_fraction_of_a_full_one(lora_run, tiny_preset
     assert sorted(held["model"]) == sorted(v.path for v in task.trainable_variables)
     assert all("lora_kernel" in path for path in held["model"])  # no base weight
     assert len(held["optimizer"]) == len(task.optimizer.variables)
-    assert (
-        not (run_dir / "model.keras").exists()
-        and not (run_dir / "checkpoints" / "best.keras").exists()
-    )
-    assert (run_dir / "checkpoints" / "best.adapter.h5").is_file()
-    assert (
-        json.loads((run_dir / "checkpoints" / "best.json").read_text())["weights"]
-        == "best.adapter.h5"
-    )
+    assert not (run_dir / "model.keras").exists()
+    # Best and pattern-named (e{epoch}.keras, keep 1) files are adapter files too, with states.
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "best.adapter.h5", "best.json", "e2.adapter.h5", "e2.json", checkpoint.name, "latest.json"]  # fmt: skip
+    for name in ("best", "e2"):
+        state = json.loads((run_dir / "checkpoints" / f"{name}.json").read_text())
+        assert state["weights"] == f"{name}.adapter.h5"
 
 
 def test_the_preset_and_the_adapter_are_the_trained_model(lora_run, tiny_presets):
     """Training changed no base weight; the preset with the final model.lora.h5 (or the last
     adapter checkpoint) loaded is the trained model, every weight bit for bit."""
-    run_dir, trained = lora_run
+    run_dir, trained, _ = lora_run
     keras_hub = frameworks.keras_hub()
     preset = keras_hub.models.GemmaCausalLM.from_preset(str(tiny_presets.gemma))
     base = {v.path: np.asarray(v.value) for v in preset.weights}
@@ -359,7 +359,7 @@ def test_resuming_against_a_changed_preset_is_refused(tiny_presets, data, tmp_pa
 
 def test_an_adapter_of_another_rank_does_not_fit_and_says_which_variables(lora_run, tiny_presets,
                                                                           data, tmp_path):  # fmt: skip
-    run_dir, _ = lora_run
+    run_dir, _, _ = lora_run
     config = lm_config(tmp_path, tiny_presets.gemma, data, "rank8", model={"lora": {"rank": 8}})
     with pytest.raises(ModelError, match=r"does not fit this model \(decoder_block_0/attention/"
                        r"query/lora_kernel_a: float32\[4, 64, 4\] in the file, float32\[4, 64, 8\] "
@@ -395,3 +395,35 @@ def test_a_preset_run_without_lora_checkpoints_whole_models_as_before(tiny_prese
     summary = tpurun.train(config, verbose=False)
     assert summary["status"] == "completed" and summary["resumes"][-1]["epoch"] == 1
     assert read_latest(run_dir)["weights"] == "latest-e0002-s0000000.weights.h5"
+
+
+def test_a_finished_lora_run_is_finished_and_a_missing_adapter_is_saved_again(lora_run):
+    """model.lora.h5 is a LoRA run's final artifact: with it, the run has trained its epochs;
+    without it (the last session stopped before saving it), the next session trains nothing
+    and saves it from the last adapter checkpoint."""
+    run_dir, _, config = lora_run
+    final = run_dir / "model.lora.h5"
+    before = adapter_values(final)
+    checkpoint = latest_adapter(run_dir)
+    summary = tpurun.train(config, verbose=False)
+    assert summary["resumes"] == [] and latest_adapter(run_dir) == checkpoint
+    final.unlink()
+    summary = tpurun.train(config, verbose=False)
+    assert summary["status"] == "completed" and summary["resumes"][-1]["epoch"] == 2
+    assert len(read_log(run_dir)) == 2
+    after = adapter_values(final)
+    assert sorted(after) == sorted(before)
+    for key, value in before.items():
+        np.testing.assert_array_equal(after[key], value, err_msg=key)
+
+
+def adapter_values(path: Path) -> dict[str, np.ndarray]:
+    """Every dataset of a model.lora.h5, by its name in the file."""
+    values = {}
+    with h5py.File(path) as f:
+        f.visititems(
+            lambda n, o: (
+                values.update({n: np.asarray(o[()])}) if isinstance(o, h5py.Dataset) else None
+            )
+        )
+    return values
