@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from helpers import read_log, write_config
 from hub_presets import prompt_response_pairs, sentences
 from typer.testing import CliRunner
@@ -136,7 +137,7 @@ def test_lora_fine_tune_of_the_causal_lm_changes_only_the_adapted_kernels(tiny_p
         all(b < a for a, b in zip(losses, losses[1:], strict=False))
         and losses[-1] < 0.9 * losses[0]
     ), losses
-    written = yaml_config(run)
+    written = yaml.safe_load((run / "config.yaml").read_text())
     assert written["data"]["inputs"] == "prompt" and written["data"]["targets"] == "response"
 
     # A LoRA run's artifact is the adapter, not the model again: the preset + model.lora.h5.
@@ -161,12 +162,6 @@ def test_lora_fine_tune_of_the_causal_lm_changes_only_the_adapted_kernels(tiny_p
 def _with_lora(task):
     enable_lora(task, 4)  # fresh adapters: B is zero, so the merged kernel is the preset's
     return task
-
-
-def yaml_config(run: Path) -> dict:
-    import yaml
-
-    return yaml.safe_load((run / "config.yaml").read_text())
 
 
 @pytest.mark.slow
@@ -241,8 +236,6 @@ def test_normalize_is_refused_for_a_preset(tmp_path):
 @pytest.mark.slow
 def test_doctor_steps_a_preset_on_its_tokenised_batch(tiny_presets, tmp_path):
     """doctor's model check feeds the preset's task as train does: tokenised in the pipeline."""
-    import yaml
-
     from tpurun.doctor import run_checks
 
     path = lm_config(tmp_path, tiny_presets.gemma, chat_data(tmp_path))
@@ -269,3 +262,26 @@ def test_a_lora_fine_tune_on_two_processes(tiny_presets, tmp_path):
     assert summary["status"] == "completed" and summary["processes"] == 2, summary
     losses = [float(row["loss"]) for row in read_log(run)]
     assert len(losses) == 3 and losses[-1] < losses[0], losses
+
+
+@pytest.mark.slow
+def test_early_stopping_keeps_a_lora_runs_adapter_not_the_base(tiny_presets, tmp_path):
+    """restore_best_weights in a LoRA run: the best weights kept (in memory and in
+    early_stopping_best.npz) are the trainable ones, and the run ends on the best epoch's."""
+    keras_hub = frameworks.keras_hub()
+    path = lm_config(tmp_path, tiny_presets.gemma, chat_data(tmp_path), epochs=3)
+    config = yaml.safe_load(path.read_text())
+    config["callbacks"] = {"early_stopping": {"monitor": "val_loss", "patience": 5,
+                                              "restore_best_weights": True}}  # fmt: skip
+    path.write_text(yaml.safe_dump(config))
+    result = runner.invoke(app, ["train", str(path)])
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "runs" / "lm"
+    task = keras_hub.models.GemmaCausalLM.from_preset(str(tiny_presets.gemma))
+    enable_lora(task, 4)
+    with np.load(run / "checkpoints" / "early_stopping_best.npz") as npz:
+        kept = [npz[f"arr_{i}"] for i in range(len(npz.files))]
+    assert [k.shape for k in kept] == [tuple(v.shape) for v in task.trainable_variables]
+    adapter.load_lora(task, str(run / "model.lora.h5"), "model.lora.h5")
+    for variable, best in zip(task.trainable_variables, kept, strict=True):
+        np.testing.assert_array_equal(np.asarray(variable.value), best)

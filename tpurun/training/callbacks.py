@@ -25,6 +25,7 @@ from tpurun.observe.callbacks import observers
 from tpurun.runtime.plan import Plan, resolve_monitor
 from tpurun.storage import fileio
 from tpurun.storage.rundir import EARLY_STOPPING_WEIGHTS, RunDir
+from tpurun.training.checkpoints.adapter import is_lora
 from tpurun.training.checkpoints.checkpointer import Checkpointer, step_offset
 from tpurun.training.model import import_object
 from tpurun.training.signals import Stop, StopNow
@@ -245,6 +246,25 @@ class _Resumable:
         self.pending = saved
 
 
+class _Trained:
+    """A model as Keras' EarlyStopping sees it in a LoRA run: its weights are its trainable ones."""
+
+    def __init__(self, model: Any):
+        self._model = model
+
+    def get_weights(self) -> list:
+        return [
+            np.asarray(keras.ops.convert_to_numpy(v.value)) for v in self._model.trainable_variables
+        ]
+
+    def set_weights(self, weights: list) -> None:
+        for variable, value in zip(self._model.trainable_variables, weights, strict=True):
+            variable.assign(value)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
 class EarlyStopping(_Resumable, keras.callbacks.EarlyStopping):
     """Keras' EarlyStopping, resumable, best weights included.
 
@@ -260,6 +280,14 @@ class EarlyStopping(_Resumable, keras.callbacks.EarlyStopping):
         self.total_epochs = total_epochs
         self._epochs_seen = 0
         self._saved_best_epoch: int | None = None
+
+    @property
+    def model(self):
+        # A LoRA run's best weights are those that train (the adapter, a head): the frozen base
+        # stays the preset's, and a copy of it at every improvement (GBs for a 2B model) would
+        # fill the host's memory and the checkpoint folder.
+        model = super().model
+        return _Trained(model) if is_lora(model) else model
 
     def on_train_begin(self, logs=None):
         weights = self.best_weights  # Keras forgets them here
