@@ -86,16 +86,26 @@ def predict(
     *,
     id_feature: str | None = None,
     checkpoint: str = "best",
+    max_length: int | None = None,
+    sampler: str = "greedy",
+    top_k: int | None = None,
+    seed: int | None = None,
 ) -> dict[str, Any]:
     """Predict every record of ``data`` once, in file order, into a ``.csv``, ``.npy`` or ``.npz``
     file, as ``tpurun predict`` does. Targets may be absent from the records.
+
+    On a fine-tuned causal LM, each record's prompt is completed instead, into a ``.csv`` or
+    ``.jsonl`` file (id, prompt, completion): ``max_length`` is the whole sequence in tokens
+    (prompt included; default the run's sequence length), ``sampler`` ``greedy`` or ``top_k``
+    (with ``top_k`` and a ``seed``, by default the run's).
 
     Returns:
         ``rows`` written, ``columns``, ``output``.
     """
     from tpurun.infer.predict import predict as _predict
 
-    return _predict(run_dir, data, output, id_feature=id_feature, checkpoint=checkpoint)
+    return _predict(run_dir, data, output, id_feature=id_feature, checkpoint=checkpoint,
+                    max_length=max_length, sampler=sampler, top_k=top_k, seed=seed)  # fmt: skip
 
 
 def export(
@@ -124,6 +134,11 @@ def load(run_dir: str, checkpoint: str = "best"):
     factory (so its custom layers are resolved from config.yaml's import paths) on the backend and
     precision the config gives; ``spec`` holds the features a record decodes into (``features``,
     ``inputs``, ``targets``, ``compression``) and the label's ``class_names``.
+
+    A run that fine-tuned a ``model.preset`` gives the KerasHub task with its preprocessor at the
+    run's sequence length, ready for ``model.generate(["..."])`` or ``model.predict(["..."])``:
+    with LoRA, the preset (under the run's precision) with the run's rank and alpha and the
+    adapter of ``model.lora.h5``; without, the task ``model.keras`` holds.
     """
     from tpurun.infer.loading import load as _load
 

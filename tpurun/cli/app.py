@@ -204,8 +204,9 @@ CheckpointOpt = Annotated[
     typer.Option(
         "--checkpoint",
         metavar="best|latest|PATH",
-        help="best: checkpoints/best.keras, else the final model.keras; latest: the resume point; "
-        "or a .keras / .weights.h5 file.",
+        help="best: checkpoints/best.keras (a LoRA run's best.adapter.h5), else the final "
+        "model.keras (model.lora.h5); latest: the resume point; or a .keras / .weights.h5 / "
+        ".adapter.h5 / .lora.h5 file.",
     ),
 ]
 
@@ -245,7 +246,8 @@ def predict(
             "--output",
             "-o",
             metavar="FILE",
-            help="A .csv (id and one column per output, or class and probabilities), .npy or .npz.",
+            help="A .csv (id and one column per output, or class and probabilities), .npy or "
+            ".npz; a causal LM's completions: .csv or .jsonl (id, prompt, completion).",
         ),
     ],
     id_feature: Annotated[
@@ -253,14 +255,47 @@ def predict(
         typer.Option("--id-feature", metavar="NAME", help="A feature written as the first column."),
     ] = None,
     checkpoint: CheckpointOpt = "best",
+    max_length: Annotated[
+        int | None,
+        typer.Option(
+            "--max-length",
+            metavar="N",
+            help="A causal LM's whole sequence in tokens, prompt included, as KerasHub's "
+            "generate(max_length) (default: the run's model.sequence_length).",
+        ),
+    ] = None,
+    sampler: Annotated[
+        str,
+        typer.Option(
+            "--sampler",
+            metavar="greedy|top_k",
+            help="How a causal LM picks each token: the likeliest (greedy), or drawn from the "
+            "K likeliest (top_k, with --top-k K).",
+        ),
+    ] = "greedy",
+    top_k: Annotated[
+        int | None,
+        typer.Option("--top-k", metavar="K", help="With --sampler top_k: the tokens drawn from."),
+    ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            "--seed",
+            metavar="S",
+            help="With --sampler top_k: the draws' seed (default: the run's seed).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
-    """Predict every record once, in file order (sorted file names, then record order)."""
+    """Predict every record once, in file order (sorted file names, then record order); on a
+    causal LM, complete every prompt."""
     with exit_codes():
         from tpurun.display import reports
         from tpurun.infer.predict import predict as run_predict
 
-        result = run_predict(run_dir, data, output, id_feature=id_feature, checkpoint=checkpoint)
+        result = run_predict(run_dir, data, output, id_feature=id_feature, checkpoint=checkpoint,
+                             max_length=max_length, sampler=sampler, top_k=top_k,
+                             seed=seed)  # fmt: skip
         reports.show_predicted(result, as_json=as_json)
 
 
@@ -268,7 +303,13 @@ def predict(
 def export(
     run_dir: RunArg,
     format: Annotated[
-        str, typer.Option("--format", "-f", metavar="keras|saved_model|onnx", help="The artifact.")
+        str,
+        typer.Option(
+            "--format",
+            "-f",
+            metavar="keras|saved_model|onnx|lora",
+            help="The artifact; lora: a LoRA fine-tune's adapter alone (KerasHub's .lora.h5).",
+        ),
     ],
     output: Annotated[
         str,
@@ -276,8 +317,8 @@ def export(
             "--output",
             "-o",
             metavar="PATH",
-            help="The artifact's path (model.keras, a SavedModel folder, model.onnx); its "
-            "description goes beside it as PATH.json.",
+            help="The artifact's path (model.keras, a SavedModel folder, model.onnx, "
+            "adapter.lora.h5); its description goes beside it as PATH.json.",
         ),
     ],
     checkpoint: CheckpointOpt = "best",

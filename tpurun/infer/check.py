@@ -2,13 +2,16 @@
 
 ``tpurun export`` runs this file by its path in a fresh Python process (``python -I``), so nothing of
 tpurun is imported: it imports only what the format needs (TensorFlow for a SavedModel, onnxruntime
-for ONNX, Keras for a ``.keras`` file). Standalone on purpose: keep tpurun imports out of it.
+for ONNX, Keras for a ``.keras`` file, KerasHub for a ``.lora.h5`` adapter and the preset it
+adapts). Standalone on purpose: keep tpurun imports out of it.
 
 Usage: python -I check.py FORMAT ARTIFACT INPUTS.npz OUTPUTS.npz STRUCTURE.json
 
 INPUTS.npz holds ``in_0 .. in_N`` (the model's inputs, flattened as ``keras.tree.flatten`` orders
 them); STRUCTURE.json says how they nest (``{"kind": "single" | "list" | "dict", "keys": [...]}``)
-and names the loader module, if any. OUTPUTS.npz receives ``out_0 .. out_M`` in the same flattened
+and names the loader module, if any, and for an adapter the preset, task class, kwargs, LoRA rank
+and alpha, sequence length and dtype policy (``"hub"``). A KerasHub task takes text: its inputs
+are ``str`` arrays. OUTPUTS.npz receives ``out_0 .. out_M`` in the same flattened
 order. The last line printed is a JSON object: the artifact's input and output names, shapes and
 dtypes, and whether tpurun was imported.
 """
@@ -87,13 +90,37 @@ def run_keras(path, flat, structure):
     return [np.asarray(o) for o in _flatten(outputs)], inputs, described
 
 
+def run_lora(path, flat, structure):
+    """A KerasHub adapter (``.lora.h5``) on the preset it was trained on, rebuilt as a user would:
+    ``from_preset``, ``enable_lora``, the run's alpha, ``load_lora_weights``."""
+    import keras
+    import keras_hub
+
+    hub = structure["hub"]
+    keras.config.set_dtype_policy(hub["dtype_policy"])
+    task = getattr(keras_hub.models, hub["task"]).from_preset(hub["preset"], **hub["kwargs"])
+    task.backbone.enable_lora(hub["rank"])
+    for layer in task.backbone._flatten_layers(include_self=False):
+        if getattr(layer, "lora_enabled", False):
+            layer.lora_alpha = hub["alpha"]
+    task.backbone.load_lora_weights(path)
+    if hub.get("sequence_length"):
+        task.preprocessor.sequence_length = hub["sequence_length"]
+    outputs = task.predict(_nested(flat, structure), batch_size=len(flat[0]), verbose=0)
+    inputs = [_spec(t.name, t.shape, t.dtype) for t in task.inputs]
+    described = [_spec(t.name, t.shape, t.dtype) for t in task.outputs]
+    return [np.asarray(o) for o in _flatten(outputs)], inputs, described
+
+
 def main(argv):
     fmt, artifact, inputs_path, outputs_path, structure_path = argv
     with open(structure_path) as f:
         structure = json.load(f)
     with np.load(inputs_path) as saved:
         flat = [saved[f"in_{i}"] for i in range(len(saved.files))]
-    runner = {"saved_model": run_saved_model, "onnx": run_onnx, "keras": run_keras}[fmt]
+    runners = {"saved_model": run_saved_model, "onnx": run_onnx, "keras": run_keras,
+               "lora": run_lora}  # fmt: skip
+    runner = runners[fmt]
     outputs, inputs, described = runner(artifact, flat, structure)
     np.savez(outputs_path, **{f"out_{i}": o for i, o in enumerate(outputs)})
     report = {"inputs": inputs, "outputs": described, "tpurun_imported": "tpurun" in sys.modules}

@@ -7,6 +7,7 @@ the records scored.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 import warnings
@@ -134,14 +135,17 @@ def _score(trained: Any, checkpoint: Any, runtime: Any, data: str | None) -> dic
     batch = loading.global_batch(config, runtime.replicas)
     batches = -(-found.records // batch)
     distributed = runtime.strategy is not None  # see make_dataset(repeat_eval=...)
+    model = loading.build(trained, checkpoint, runtime)
+    preprocessor, transform = _preprocessing(model, config)
     dataset = pipeline.make_dataset(
         found.files, config.data.model_copy(update={"compression": found.compression}),
         batch, training=False, score_records=found.records, repeat_eval=distributed,
+        transform=transform,
     )  # fmt: skip
-    model = loading.build(trained, checkpoint, runtime)
     spe = auto_steps_per_execution(batches, runtime.choice.max_steps_per_execution)
     with runtime.scope():
         compile_model(model, config, _CompilePlan(config.train.learning_rate.base, spe))
+        per_token = _with_perplexity(model) if preprocessor is not None else None
     with warnings.catch_warnings():
         # A finite dataset "runs out", on purpose, at its end.
         warnings.filterwarnings("ignore", message="Your input ran out of data")
@@ -149,7 +153,10 @@ def _score(trained: Any, checkpoint: Any, runtime: Any, data: str | None) -> dic
                               return_dict=True)  # fmt: skip
     fed = batches * batch
     exact = correctable(model)
-    if exact:
+    if per_token:  # a causal LM: the loss per weighted token, over the whole split
+        logs["perplexity"] = float(logs.pop(per_token))
+        logs["loss"] = math.log(logs["perplexity"])
+    elif exact:
         exact_logs(logs, model, found.records, fed, prefix="")
     return {
         "metrics": {k: float(v) for k, v in logs.items()},
@@ -161,5 +168,42 @@ def _score(trained: Any, checkpoint: Any, runtime: Any, data: str | None) -> dic
         "padding_records": fed - found.records,
         # False only for a loss with a reduction other than Keras' default (its mean then
         # includes the padding, weighted 0); the metrics are exact either way.
-        "loss_exact": exact or fed == found.records,
+        "loss_exact": bool(per_token) or exact or fed == found.records,
+        **({"loss_per": "token"} if per_token else {}),
     }
+
+
+def _preprocessing(model: Any, config: Any) -> tuple[Any, Any]:
+    """A preset task's preprocessor, taken off the task (``Task.evaluate`` would apply it again
+    to batches the pipeline tokenised), and the pipeline's transform that applies it, as training
+    does (:mod:`tpurun.hub.batches`); (None, None) for a factory's model."""
+    from tpurun.hub import batches
+
+    if config.model.preset is None or model.preprocessor is None:
+        return None, None
+    preprocessor = batches.detach(model)
+    return preprocessor, batches.transform(preprocessor, config.data)
+
+
+def _with_perplexity(model: Any) -> str | None:
+    """For a causal LM whose loss is the token cross-entropy, make sure KerasHub's Perplexity is
+    compiled (it sums the loss and the weights of the weighted tokens over every batch, so it is
+    exact over the split; Keras' loss is a mean per batch that counts every position). Returns
+    the metric's name when the loss is then reported per token, as log(perplexity); else None.
+
+    Keras keeps the arguments of the last compile (``_compile_config``): compiled again with the
+    metric added, the rest as it was.
+    """
+    keras_hub = frameworks.keras_hub()
+    if not isinstance(model, keras_hub.models.CausalLM):
+        return None
+    settings = dict(model._compile_config.config)
+    weighted = list(settings.get("weighted_metrics") or [])
+    found = [m for m in weighted if isinstance(m, keras_hub.metrics.Perplexity)]
+    if not found:
+        found = [keras_hub.metrics.Perplexity(from_logits=True, name="perplexity")]
+        model.compile(**{**settings, "weighted_metrics": [*weighted, *found]})
+    loss = model.loss
+    name = getattr(getattr(loss, "fn", None), "__name__", None) or getattr(loss, "__name__", loss)
+    logits = bool(getattr(loss, "_fn_kwargs", {}).get("from_logits", False))
+    return found[0].name if name == "sparse_categorical_crossentropy" and logits else None

@@ -23,8 +23,6 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -34,8 +32,9 @@ from typing import Any
 
 from tpurun import frameworks
 from tpurun.errors import TpurunError
+from tpurun.infer import checking, hub_export, preset
 
-FORMATS = ("keras", "saved_model", "onnx")
+FORMATS = ("keras", "saved_model", "onnx", "lora")  # lora: a preset run's adapter alone
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")  # what jax2tf's native_serialization_platforms takes
 DEFAULT_PLATFORMS = ("cpu", "cuda")
 CHECK_RECORDS = 16
@@ -104,67 +103,6 @@ def reference_inputs(trained: Any, n: int = CHECK_RECORDS) -> tuple[Any, str]:
         inputs, _ = next(ds.as_numpy_iterator())
         return inputs, f"the first {take} records of {key}"
     return loading.sample_inputs(data, n, seed=0), f"{n} random inputs (no records readable here)"
-
-
-def _structure(model_inputs: Any) -> dict:
-    if isinstance(model_inputs, dict):
-        return {"kind": "dict", "keys": sorted(model_inputs)}
-    if isinstance(model_inputs, (list, tuple)):
-        return {"kind": "list"}
-    return {"kind": "single"}
-
-
-def _check(fmt: str, artifact: str, inputs: Any, expected: list, loader: str | None,
-           backend: str, work: str, tol: float) -> dict:  # fmt: skip
-    """Load the artifact in a fresh process, run ``inputs``, compare with ``expected``.
-
-    Raises:
-        TpurunError: it does not load, or its outputs differ by more than ``tol`` (absolute and
-            relative, as ``numpy.allclose``).
-    """
-    keras = frameworks.keras()
-    import numpy as np
-
-    flat = [np.asarray(a) for a in keras.tree.flatten(inputs)]
-    paths = {k: os.path.join(work, f"check-{k}") for k in ("in.npz", "out.npz", "structure.json")}
-    np.savez(paths["in.npz"], **{f"in_{i}": a for i, a in enumerate(flat)})
-    Path(paths["structure.json"]).write_text(json.dumps({**_structure(inputs), "loader": loader}))
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
-    # On the CPU, where the check is meant to run (a TPU stays with this process), with the
-    # backend a user without tpurun would pick.
-    env.update(KERAS_BACKEND="tensorflow" if fmt == "saved_model" else backend,
-               JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="-1", TF_CPP_MIN_LOG_LEVEL="3")  # fmt: skip
-    command = [sys.executable, "-I", "-B", str(_HERE / "check.py"), fmt, artifact,
-               paths["in.npz"], paths["out.npz"], paths["structure.json"]]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
-    if done.returncode != 0:
-        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        raise TpurunError(
-            f"export: the {fmt} artifact does not load and run in a fresh Python process: "
-            f"{lines[-1] if lines else f'exit code {done.returncode}'}. Nothing was written."
-        )
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    with np.load(paths["out.npz"]) as saved:
-        got = [saved[f"out_{i}"] for i in range(len(saved.files))]
-    if len(got) != len(expected):
-        raise TpurunError(f"export: the {fmt} artifact gives {len(got)} output(s), the trained "
-                          f"model {len(expected)}. Nothing was written.")  # fmt: skip
-    diffs, close = [], True
-    for have, want in zip(got, expected, strict=True):
-        if have.shape != want.shape:
-            raise TpurunError(f"export: the {fmt} artifact's output has shape {have.shape}, the "
-                              f"trained model's {want.shape}. Nothing was written.")  # fmt: skip
-        have, want = have.astype(np.float64), want.astype(np.float64)
-        diffs.append(float(np.max(np.abs(have - want), initial=0.0)))
-        close = close and bool(np.allclose(have, want, rtol=tol, atol=tol))
-    report["max_abs_diff"] = max(diffs, default=0.0)
-    if not close:
-        raise TpurunError(
-            f"export: the {fmt} artifact's outputs differ from the trained model's on "
-            f"{len(flat[0])} inputs by up to {report['max_abs_diff']:.3g} (tolerance {tol:g}). "
-            "Nothing was written."
-        )
-    return report
 
 
 def _feature_names(data: Any) -> list[str]:
@@ -287,10 +225,16 @@ def export(
     fmt, chosen = check_format(format), parse_platforms(platforms)
     output = _checked_output(fmt, output)
     trained = loading.open_run(run_dir)
+    hub = preset.is_preset(trained.config)
+    if hub:
+        hub_export.refuse(trained, fmt)
+    elif fmt == "lora":
+        raise TpurunError(f"--format lora: {trained.run.path} did not fine-tune a model.preset "
+                          "with model.lora; export keras, saved_model or onnx.")  # fmt: skip
     found = loading.find_checkpoint(trained, checkpoint)
     runtime = loading.activate_for(trained, machine)
     runtime.release()  # one device: an artifact holds plain weights, not a layout over devices
-    ref = _reference(trained, found, fmt, runtime.choice.precision)
+    ref = (_hub_reference if hub else _reference)(trained, found, fmt, runtime.choice.precision)
     tol = tolerance(ref.precision, runtime.choice.accelerator)
     folder, name = os.path.split(output)
     work = tempfile.mkdtemp(prefix=f".{name}.tpurun-", dir=folder)
@@ -299,9 +243,14 @@ def export(
         os.makedirs(stage)
         artifact = os.path.join(stage, name)
         began = time.monotonic()
-        loader = _write(fmt, ref.model, artifact, chosen, trained.config)
+        loader = None
+        if ref.hub is not None:
+            hub_export.write(fmt, ref.hub, artifact, chosen)
+        else:
+            loader = _write(fmt, ref.model, artifact, chosen, trained.config)
         wrote = time.monotonic() - began
-        report = _check(fmt, artifact, ref.inputs, ref.expected, loader, ref.backend, work, tol)
+        report = checking.check(fmt, artifact, ref.inputs, ref.expected, loader, ref.backend, work, tol,
+                        ref.hub.check if ref.hub is not None else None)  # fmt: skip
         checked = time.monotonic() - began - wrote
         sidecar = _sidecar(fmt, name, loader, report, trained, found, ref, chosen, tol)
         Path(stage, f"{name}.json").write_text(json.dumps(sidecar, indent=2) + "\n")
@@ -333,6 +282,9 @@ def _checked_output(fmt: str, output: str) -> str:
     if fmt == "keras" and not output.endswith(".keras"):
         raise TpurunError(f"--output {output}: a keras export is a .keras file (Keras saves no "
                           "other name), e.g. --output export/model.keras.")  # fmt: skip
+    if fmt == "lora" and not output.endswith(".lora.h5"):
+        raise TpurunError(f"--output {output}: a lora export is a .lora.h5 file (KerasHub loads "
+                          "no other name), e.g. --output export/adapter.lora.h5.")  # fmt: skip
     if fmt == "onnx" and importlib.util.find_spec("onnxruntime") is None:
         raise TpurunError("--format onnx: onnxruntime is not installed, and export loads the "
                           "artifact with it to check it: pip install 'tpurun[export]'.")  # fmt: skip
@@ -351,6 +303,20 @@ class _Reference:
     backend: str
     precision: str
     notes: list[str]
+    hub: Any = None  # a preset run's: hub_export.HubReference
+
+
+def _hub_reference(trained: Any, found: Any, fmt: str, precision: str) -> _Reference:
+    """A preset run's task, checked on the text of the first records (token ids for a
+    SavedModel): :func:`tpurun.infer.hub_export.reference`."""
+    from tpurun.infer import loading
+
+    keras = frameworks.keras()
+    task = loading.build(trained, found)
+    with _highest_precision():
+        ref = hub_export.reference(trained, task, fmt, reference_inputs(trained))
+    return _Reference(ref.model, ref.inputs, ref.source, ref.expected, keras.backend.backend(),
+                      precision, ref.notes, ref)  # fmt: skip
 
 
 def _reference(trained: Any, found: Any, fmt: str, precision: str) -> _Reference:
@@ -398,8 +364,12 @@ def _sidecar(
         "format": fmt,
         "artifact": name,
         "loader": os.path.basename(loader) if loader else None,
-        "usage": _usage(fmt, name, loader),
-        "inputs": _described_inputs(report, trained.config.data),
+        "usage": hub_export.usage(fmt, name, trained, type(ref.model).__name__)
+        if ref.hub is not None
+        else _usage(fmt, name, loader),
+        "inputs": hub_export.described_inputs(fmt, report, trained.config.data)
+        if ref.hub is not None
+        else _described_inputs(report, trained.config.data),
         "outputs": report["outputs"],
         "class_names": trained.class_names,
         # How a record decodes into those inputs (tf.io.parse_example, then decode).

@@ -31,14 +31,18 @@ def _input_signature(model: Any) -> Any:
     return get_input_signature(model)
 
 
-def write_saved_model(model: Any, path: str, platforms: Sequence[str]) -> None:
+def write_saved_model(model: Any, path: str, platforms: Sequence[str],
+                      signature: Any = None) -> None:  # fmt: skip
+    """``signature``: the serving function's inputs (default: the model's own, as
+    ``model.export`` takes them)."""
     keras = frameworks.keras()
     tf = frameworks.tensorflow()
     kwargs = {}
     if keras.backend.backend() == "jax":
         kwargs["jax2tf_kwargs"] = {"native_serialization_platforms": tuple(platforms)}
     archive = keras.export.ExportArchive()
-    archive.track_and_add_endpoint("serve", model, _input_signature(model), **kwargs)
+    signature = signature if signature is not None else _input_signature(model)
+    archive.track_and_add_endpoint("serve", model, signature, **kwargs)
     # The variables are written from the host: a TPU cannot reach the local disk.
     options = tf.saved_model.SaveOptions(experimental_io_device="/job:localhost")
     archive.write_out(path, options=options, verbose=False)

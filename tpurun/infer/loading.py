@@ -4,7 +4,9 @@ to run it on. Shared by ``tpurun evaluate``, ``predict`` and ``export`` and by :
 The model is built by the run's own factory (``config.yaml`` names it, and every ``file.py:name``
 import, by an absolute path) and the checkpoint's weights are loaded into it, as a resume does. So
 custom layers are the user's code, found where training found them, and a ``.weights.h5`` resume
-point loads as a ``.keras`` file does.
+point loads as a ``.keras`` file does. A run that fine-tuned a ``model.preset`` is the KerasHub
+task with its preprocessor instead (:mod:`tpurun.infer.preset`: the preset and a LoRA adapter, or
+the task's ``model.keras``).
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from tpurun import frameworks
 from tpurun.config import Config, DataConfig
 from tpurun.data import files as datafiles
 from tpurun.errors import DataError, ModelError, TpurunError
+from tpurun.infer import preset
 from tpurun.storage import fileio
-from tpurun.storage.rundir import BEST_MODEL, CHECKPOINTS, MODEL, RunDir
+from tpurun.storage.rundir import ADAPTER_SUFFIX, BEST_ADAPTER, BEST_MODEL, CHECKPOINTS, RunDir
 
 CHECKPOINT_HELP = (
-    "best (checkpoints/best.keras, else the final model.keras), latest (the resume point), or a "
-    ".keras / .weights.h5 file (a name in the run's checkpoints/ folder works too)"
+    "best (checkpoints/best.keras or a LoRA run's best.adapter.h5, else the final model.keras or "
+    "model.lora.h5), latest (the resume point), or a .keras / .weights.h5 / .adapter.h5 / "
+    ".lora.h5 file (a name in the run's checkpoints/ folder works too)"
 )
 
 
@@ -50,7 +54,7 @@ class Checkpoint:
 class Loaded(NamedTuple):
     """What :func:`tpurun.load` returns: ``model, spec = tpurun.load(RUN_DIR)``."""
 
-    model: Any  # a keras.Model with the checkpoint's weights
+    model: Any  # a keras.Model with the checkpoint's weights (a preset run's: the KerasHub task)
     spec: dict  # feature_spec(): how records decode into the model's inputs, the class names
 
 
@@ -93,10 +97,13 @@ def find_checkpoint(trained: TrainedRun, which: str = "best") -> Checkpoint:
 
     run = trained.run
     if which == "best":
-        if fileio.exists(run.checkpoint(BEST_MODEL)):
-            return Checkpoint(run.checkpoint(BEST_MODEL), "best")
-        if run.has_model():
-            return Checkpoint(run.file(MODEL), "final (model.keras; the run kept no best model)")
+        for name in (BEST_MODEL, BEST_ADAPTER):
+            if fileio.exists(run.checkpoint(name)):
+                return Checkpoint(run.checkpoint(name), "best")
+        final = run.model_file()
+        if final is not None:
+            name = fileio.basename(final)
+            return Checkpoint(final, f"final ({name}; the run kept no best model)")
     elif which == "latest":
         point = resume.latest(run)
         if point is not None:
@@ -104,7 +111,7 @@ def find_checkpoint(trained: TrainedRun, which: str = "best") -> Checkpoint:
             at = f"epoch {epoch}, step {step}" if step else f"end of epoch {epoch}"
             return Checkpoint(point.weights, f"latest ({at})")
     else:
-        for path in (which, run.checkpoint(which)):
+        for path in (which, run.checkpoint(which), run.file(which)):
             if fileio.exists(path) and not fileio.isdir(path):
                 if path.endswith(".json"):  # a checkpoint's state file names its weights
                     return Checkpoint(resume.from_path(path).weights, path)
@@ -120,13 +127,15 @@ def available(run: RunDir) -> list[str]:
     from tpurun.training.checkpoints import resume
 
     found = ["latest"] if resume.latest(run) is not None else []
-    if fileio.exists(run.checkpoint(BEST_MODEL)) or run.has_model():
+    final = run.model_file()
+    bests = [n for n in (BEST_MODEL, BEST_ADAPTER) if fileio.exists(run.checkpoint(n))]
+    if bests or final:
         found.insert(0, "best")
     if fileio.isdir(run.checkpoints):
-        found += [f"{CHECKPOINTS}/{name}" for name in run.checkpoint_files("*.keras")]
-    if run.has_model():
-        found.append(run.file(MODEL))
-    return found
+        for pattern in ("*.keras", f"*{ADAPTER_SUFFIX}"):
+            found += [f"{CHECKPOINTS}/{name}" for name in run.checkpoint_files(pattern)
+                      if not name.startswith("latest-")]  # fmt: skip
+    return found + ([final] if final else [])
 
 
 # ------------------------------------------------------------------------------------- the model
@@ -163,11 +172,15 @@ def activate_for(trained: TrainedRun, machine: Any = None):
 
 
 def build(trained: TrainedRun, checkpoint: Checkpoint, runtime: Any = None) -> Any:
-    """The run's model, built by its factory in the runtime's scope, with the checkpoint's weights.
+    """The run's model, built by its factory in the runtime's scope, with the checkpoint's weights;
+    for a preset run, the KerasHub task with its preprocessor (:func:`tpurun.infer.preset.build`).
 
     Raises:
-        ModelError: the factory fails, or the weights do not fit the model it builds now.
+        ModelError: the factory fails (a preset is gone), or the weights do not fit the model it
+            builds now.
     """
+    if preset.is_preset(trained.config):
+        return preset.build(trained, checkpoint.path, runtime)
     keras = frameworks.keras()
 
     from tpurun.training.model import build_model

@@ -244,76 +244,132 @@ def predict(
     *,
     id_feature: str | None = None,
     checkpoint: str = "best",
+    max_length: int | None = None,
+    sampler: str = "greedy",
+    top_k: int | None = None,
+    seed: int | None = None,
     machine: Any = None,
 ) -> dict[str, Any]:
-    """Predict every record of ``data`` once, in file order, and stream the rows to ``output``.
+    """Predict every record of ``data`` once, in file order, and stream the rows to ``output``;
+    on a causal LM, the completion of every prompt (:mod:`tpurun.infer.generate`).
 
     Args:
         run_dir: the run directory ``train`` made.
         data: a glob (or globs) of records with the model's input features; targets may be absent.
-        output: a ``.csv``, ``.npy`` or ``.npz`` file.
+        output: a ``.csv``, ``.npy`` or ``.npz`` file; a causal LM's: ``.csv`` or ``.jsonl``.
         id_feature: a feature written as the first column (``.csv``) or array (``.npz``); it need
             not be one of data.features.
         checkpoint: best, latest, or a checkpoint file.
+        max_length, sampler, top_k, seed: a causal LM's generation (see
+            :func:`tpurun.infer.generate.check_sampling`); the seed defaults to the run's.
         machine: facts about the machine (tests inject them); probed when None.
 
     Raises:
         TpurunError: no such run or checkpoint, no records, records that do not match the inputs,
-            or an output that cannot be written.
+            an output that cannot be written, generation options for a model that does not
+            generate.
     """
-    from tpurun.config import DataConfig
-    from tpurun.data import pipeline
-    from tpurun.infer import loading
+    from tpurun.infer import generate, loading
 
     started = time.monotonic()
-    kind = output_kind(output)
+    sampling = generate.check_sampling(sampler, top_k, seed, max_length)
+    if not str(output).lower().endswith(generate.OUTPUTS):
+        output_kind(output)  # neither kind: the message names both
     output = loading.writable_output(output)
     trained = loading.open_run(run_dir)
-    config = trained.config
     found_checkpoint = loading.find_checkpoint(trained, checkpoint)
     runtime = loading.activate_for(trained, machine)
     try:
-        features = {n: config.data.features[n] for n in DataConfig.names(config.data.inputs)}
-        found = loading.find_records(data, features, "--data")
-        if id_feature:
-            features[id_feature] = id_spec(config.data, id_feature, loading.first_record(found),
-                                           found.files[0])  # fmt: skip
-        batch = loading.global_batch(config, runtime.replicas)
-        dataset = pipeline.make_ordered_dataset(
-            found.files, found.compression, batch, records=found.records, features=features,
-            inputs=config.data.inputs, extra=[id_feature] if id_feature else [],
-        )  # fmt: skip
-        model = loading.build(trained, found_checkpoint, runtime)
-        writer = _WRITERS[kind](output, found.records, id_feature, trained.class_names)
-        with writer:
-            _run(model, dataset, writer, found.records, config.data.targets, id_feature)
+        causal = _generates(trained, sampling, output)
+        kind = generate.output_kind(output) if causal else output_kind(output)
+        result = _predict(trained, found_checkpoint, runtime, data, output, kind, id_feature,
+                          sampling if causal else None)  # fmt: skip
     finally:
         runtime.release()
     return {
         "output": output,
         "format": kind.lstrip("."),
-        "rows": writer.written,
-        "columns": writer.header,
+        **result,
         "id_feature": id_feature,
-        "data": found.source,
-        "files": len(found.files),
         "checkpoint": found_checkpoint.path,
         "checkpoint_label": found_checkpoint.label,
         "run_dir": trained.run.path,
         "replicas": runtime.replicas,
-        "global_batch_size": batch,
         "seconds": round(time.monotonic() - started, 3),
     }
 
 
+def _generates(trained: Any, sampling: Any, output: str) -> bool:
+    """Whether the run's model is a causal LM (it completes prompts); generation options and a
+    ``.jsonl`` output are refused for any other."""
+    from tpurun.infer import preset
+
+    causal = preset.is_preset(trained.config) and preset.is_causal_lm(trained.config)
+    if causal:
+        return True
+    options = [f"--{k.replace('_', '-')}" for k, v in (("sampler", sampling.sampler != "greedy"),
+               ("top_k", sampling.top_k is not None), ("seed", sampling.seed is not None),
+               ("max_length", sampling.max_length is not None)) if v]  # fmt: skip
+    if options:
+        raise TpurunError(f"{', '.join(options)}: generation options, and {trained.run.path} "
+                          "holds no causal LM (it predicts; it does not generate text). Leave "
+                          "them out.")  # fmt: skip
+    if str(output).lower().endswith(".jsonl"):
+        raise TpurunError(f"--output {output}: .jsonl holds a causal LM's completions; this "
+                          "run's predictions go to a .csv, .npy or .npz file.")  # fmt: skip
+    return False
+
+
+def _predict(trained: Any, checkpoint: Any, runtime: Any, data: Any, output: str, kind: str,
+             id_feature: str | None, sampling: Any) -> dict[str, Any]:  # fmt: skip
+    """Read the records, build the model, write the rows: the part of :func:`predict` that runs
+    with the process set up."""
+    from tpurun.config import DataConfig
+    from tpurun.data import files as datafiles
+    from tpurun.data import pipeline
+    from tpurun.infer import generate, loading, preset
+
+    config = trained.config
+    features = {n: config.data.features[n] for n in DataConfig.names(config.data.inputs)}
+    if sampling is not None:
+        files = sorted(datafiles.expand(data, None, "--data"))
+        generate.check_prompts(files, config.data, datafiles.detect_compression(files[0]))
+    found = loading.find_records(data, features, "--data")
+    if id_feature:
+        features[id_feature] = id_spec(config.data, id_feature, loading.first_record(found),
+                                       found.files[0])  # fmt: skip
+    batch = loading.global_batch(config, runtime.replicas)
+    dataset = pipeline.make_ordered_dataset(
+        found.files, found.compression, batch, records=found.records, features=features,
+        inputs=config.data.inputs, extra=[id_feature] if id_feature else [],
+    )  # fmt: skip
+    model = loading.build(trained, checkpoint, runtime)
+    done = {"data": found.source, "files": len(found.files), "global_batch_size": batch}
+    if sampling is not None:
+        written = generate.complete(model, dataset, found.records, output, kind, sampling,
+                                    id_feature, config.seed)  # fmt: skip
+        return {**written, **done}
+    scores = None
+    if preset.is_preset(config) and model.preprocessor is not None:
+        dataset, scores = preset.preprocessed(model, dataset), preset.probabilities(model)
+    writer = _WRITERS[kind](output, found.records, id_feature, trained.class_names)
+    with writer:
+        _run(model, dataset, writer, found.records, config.data.targets, id_feature, scores)
+    return {"rows": writer.written, "columns": writer.header, **done}
+
+
 def _run(model: Any, dataset: Any, writer: _Writer, records: int, targets: Any,
-         id_feature: str | None) -> None:  # fmt: skip
+         id_feature: str | None, scores: Any = None) -> None:  # fmt: skip
+    """``scores``: what turns the model's outputs into probabilities (a KerasHub classifier's
+    logits), or None."""
     keras = frameworks.keras()
     import numpy as np
 
     remaining, names = records, None
     for inputs, extra in dataset.as_numpy_iterator():
         outputs = model.predict_on_batch(inputs)
+        if scores is not None:
+            outputs = scores(outputs)
         keep = min(remaining, len(keras.tree.flatten(inputs)[0]))
         if names is None:
             names = output_names(outputs, model, targets)
