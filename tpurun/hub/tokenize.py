@@ -7,14 +7,15 @@ tokenised every epoch (:mod:`tpurun.hub.batches` reads either). What a record ho
   response, end token, padding, as the preset's packer lays them out), ``padding_mask`` (0/1
   ``[N + 1]``) and ``weights`` (``[N + 1]``, the weight of predicting token ``i``; 0 at the start
   token). One text: the padding mask again, stored 0/1 and read as the preprocessor's boolean
-  sample weights. Prompt and response: float, 1 for the response and its end token only. A batch
-  is ``x = {token_ids[:-1], padding_mask[:-1]}``, ``y = token_ids[1:]``, ``weights[1:]``, which
-  is what ``CausalLMPreprocessor`` makes of ``N + 1`` tokens.
+  sample weights. Prompt and response: float32 weights, 1 for the response and its end token
+  only. A batch is ``x = {token_ids[:-1], padding_mask[:-1]}``, ``y = token_ids[1:]``,
+  ``weights[1:]``, which is what ``CausalLMPreprocessor`` makes of ``N + 1`` tokens.
 - a text classifier: the preprocessor's outputs (``token_ids``, ``padding_mask``, and
   ``segment_ids`` where the task takes them; ``[N]`` each) beside the source's label, as it was.
 
-Each feature is stored as int64 (or float) and declared with the ``cast`` back to the dtype the
-preprocessor made (int32 ids, boolean masks). The schema file's ``tokenized`` entry records the
+Each feature is stored as int64 (the weights too: 0 or 1) and declared with the ``cast`` back to
+the dtype the preprocessor made (int32 ids, boolean masks, float32 weights). The schema file's
+``tokenized`` entry records the
 preset, its task, a fingerprint of its tokenizer and the sequence length; a run whose
 preprocessor differs is refused (:func:`check`).
 """
@@ -263,24 +264,21 @@ class _Tokenizing:
         return x
 
     def mapped(self) -> Source:
-        source, tf = self.source, frameworks.tensorflow()
+        source = self.source
         spec = self._run({name: [b""] for name in self.used}, spec_only=True)
         features = {}
         for name, tensor in spec.items():
-            dtype = tensor.dtype.name
-            entry = {"type": "float" if dtype.startswith("float") else "int64",
-                     "shape": tensor.shape.as_list()[1:]}  # fmt: skip
-            if dtype not in ("float32", "int64"):
-                entry["cast"] = dtype
-            features[name] = entry
+            # Ids, masks and 0/1 weights alike: int64 (a varint of a byte or two each, where a
+            # float takes four), read back as the dtype the preprocessor made.
+            features[name] = {"type": "int64", "shape": tensor.shape.as_list()[1:]}
+            if tensor.dtype.name != "int64":
+                features[name]["cast"] = tensor.dtype.name
         if not self.causal:
             features[self.targets] = dict(source.features[self.targets])
         positions = spec["token_ids"].shape[-1]
         vocabulary = self.preprocessor.tokenizer.vocabulary_size()
         id_bytes = max(1, -(-max(1, vocabulary - 1).bit_length() // 7))  # a varint's length
-        per_record = positions * (id_bytes + 1 + (4 if spec.get("weights", tf.bool) == tf.float32
-                                                   else 1))  # fmt: skip
-        per_record += OVERHEAD_PER_FEATURE * len(features)
+        per_record = positions * (id_bytes + len(spec) - 1) + OVERHEAD_PER_FEATURE * len(features)
         if not self.causal:
             per_record += source.nbytes // max(1, source.records) // len(source.features)
         self.entry.update(
@@ -296,7 +294,7 @@ class _Tokenizing:
 
         out = {}
         for name, column in self._run({name: chunk[name] for name in self.used}).items():
-            out[name] = column if column.dtype == np.float32 else column.astype(np.int64)
+            out[name] = column.astype(np.int64)  # the weights too: 0 or 1, exactly
         if not self.causal:
             out[self.targets] = chunk[self.targets]
         return out
