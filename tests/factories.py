@@ -10,6 +10,15 @@ def mlp(units: int = 16) -> keras.Model:
     return keras.Model(inputs, outputs)
 
 
+def mlp_dropout(units: int = 16) -> keras.Model:
+    """An MLP with dropout: its masks come from a seed generator's state, which a resume must
+    carry on from."""
+    inputs = keras.Input(shape=(8,), name="x")
+    hidden = keras.layers.Dropout(0.3)(keras.layers.Dense(units, activation="relu")(inputs))
+    outputs = keras.layers.Dense(1, activation="sigmoid", dtype="float32")(hidden)
+    return keras.Model(inputs, outputs)
+
+
 def two_inputs() -> keras.Model:
     a = keras.Input(shape=(8,), name="a")
     b = keras.Input(shape=(1,), name="b")

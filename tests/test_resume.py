@@ -29,15 +29,16 @@ def config_for(toy_data, tmp_path, name, **train) -> dict:
     return toy_config(toy_data, tmp_path / "runs", name=name, train=train)
 
 
-@pytest.mark.parametrize("replicas", [1, 8])
+@pytest.mark.parametrize(("replicas", "factory"), [(1, "mlp"), (8, "mlp"), (1, "mlp_dropout")])
 def test_a_mid_epoch_stop_resumes_at_that_step_and_matches_an_unbroken_run(
-    toy_data, tmp_path, replicas
+    toy_data, tmp_path, replicas, factory
 ):
     def config_for(toy_data, tmp_path, name):  # a global batch of 32 either way: 16 steps
         config = toy_config(toy_data, tmp_path / "runs", name=name,
                             train={"epochs": 3, "steps_per_execution": 2,
                                    "per_core_batch_size": 32 // replicas},
                             runtime={"cpu_devices": replicas})  # fmt: skip
+        config["model"]["factory"] = f"{FACTORIES}:{factory}"  # with dropout: its seed state too
         return config
 
     unbroken = tpurun.train(config_for(toy_data, tmp_path, "a"), verbose=False)

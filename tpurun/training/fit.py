@@ -227,6 +227,7 @@ def _resume(job: TrainJob, model, inputs, checkpoint) -> None:
     point, config, plan = job.point, job.prepared.config, job.prepared.plan
     _restore(model, inputs, point.weights, job, str(point.source))
     checkpoint.restore(point.state, point.folder)
+    checkpoint.restore_seed_states(model, point.state)
     _apply_lr_scale(model, config, plan, checkpoint.lr_scale, saved=checkpoint.lr_scale)
     if point.state.get("warm_start"):
         job.reporter.message(f"starting from the weights in {point.source} (no resume state "

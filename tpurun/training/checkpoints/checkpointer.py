@@ -39,6 +39,15 @@ from tpurun.storage.rundir import (
 from tpurun.training.checkpoints import adapter
 
 
+def seed_states(model: Any) -> list[Any]:
+    """The model's variables that are not weights: its seed generators' states (a Dropout
+    layer's), which draw the masks. Keras' ``.weights.h5`` leaves them out (a SeedGenerator is
+    not saved), so a resume would draw other masks than the unbroken run: the state file keeps
+    them (a few integers each)."""
+    weights = {id(w) for w in model.weights}
+    return [v for v in model.non_trainable_variables if id(v) not in weights]
+
+
 def step_offset(resume_at: tuple[int, int], epoch: int) -> int:
     """Steps already done in (0-based) ``epoch`` before this ``fit`` began: a mid-epoch resume."""
     return resume_at[1] if epoch == resume_at[0] else 0
@@ -95,6 +104,14 @@ class Checkpointer:
         self.metrics_state = state.get("metrics") if self.resume_at[1] else None
         self._last_save = (self._global_step(*self.resume_at), time.monotonic())
 
+    def restore_seed_states(self, model: Any, state: Mapping[str, Any]) -> None:
+        """The dropout layers' random state as it was saved (none in older checkpoints)."""
+        saved = state.get("seed_states")
+        variables = seed_states(model)
+        if saved is not None and len(saved) == len(variables):
+            for variable, value in zip(variables, saved, strict=True):
+                variable.assign(np.asarray(value, dtype=variable.dtype))
+
     def restore_metrics(self, model: Any, epoch: int) -> None:
         """At a resumed epoch's start (Keras has just reset the metrics), go on from the saved
         running sums, so the epoch's log row is the whole epoch's."""
@@ -142,6 +159,8 @@ class Checkpointer:
         }
         if step:
             state["metrics"] = [np.asarray(v).tolist() for v in model.metrics_variables]
+        if not self.adapter_files(model):  # an adapter file holds them itself
+            state["seed_states"] = [np.asarray(v).tolist() for v in seed_states(model)]
         if self.adapter_files(model):
             state["preset"] = self._preset
         return state
