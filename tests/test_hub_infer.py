@@ -155,8 +155,6 @@ def test_load_a_lora_runs_best_and_latest_checkpoints(lm_run):
     prompt = ["question: what finds a fox?"]
 
     def logits(checkpoint: str) -> np.ndarray:
-        # Used at once: each load sets the process up again, and TensorFlow's re-seeding frees
-        # the SentencePiece resources of tokenizers made before it.
         task, _ = tpurun.load(str(lm_run.run), checkpoint)
         return np.asarray(task.predict(prompt, verbose=0))
 

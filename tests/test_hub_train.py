@@ -285,3 +285,26 @@ def test_early_stopping_keeps_a_lora_runs_adapter_not_the_base(tiny_presets, tmp
     adapter.load_lora(task, str(run / "model.lora.h5"), "model.lora.h5")
     for variable, best in zip(task.trainable_variables, kept, strict=True):
         np.testing.assert_array_equal(np.asarray(variable.value), best)
+
+
+def test_a_tokenizer_loaded_earlier_survives_the_next_commands_seeding(tiny_presets):
+    """TensorFlow's set_seed clears its kernel caches, freeing a SentencePiece tokenizer's
+    resource as a tf.data map (predict, generate) uses it: a notebook's `tpurun.load` result
+    broke at the next command's seeding."""
+    from tpurun.runtime.activate import seed_everything
+
+    keras, tf = frameworks.keras(), frameworks.tensorflow()
+    keras_hub = frameworks.keras_hub()
+    seed_everything(keras, 42)  # a command sets the process up, then loads the model
+    tokenizer = keras_hub.models.GemmaTokenizer.from_preset(str(tiny_presets.gemma))
+
+    def tokenised() -> list:
+        ds = tf.data.Dataset.from_tensor_slices(["the cat eats", "a dog"]).map(tokenizer)
+        return [np.asarray(t).tolist() for t in ds]
+
+    first = tokenised()
+    seed_everything(keras, 42)  # another command with the run's seed
+    assert tokenised() == first
+    keras.utils.set_random_seed(42)  # Keras' own sets TensorFlow's again: the resource is gone
+    with pytest.raises(tf.errors.NotFoundError, match="SentencepieceOp"):
+        tokenised()

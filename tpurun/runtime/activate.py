@@ -13,6 +13,7 @@ import os
 import sys
 from dataclasses import dataclass
 from typing import Any
+from unittest import mock
 
 from tpurun import frameworks
 from tpurun.errors import EnvironmentSetupError
@@ -219,12 +220,29 @@ def activate(choice: Choice, seed: int) -> ActiveRuntime:
         else:
             runtime = ActiveRuntime(choice, strategy.num_replicas_in_sync, strategy=strategy)
     keras.mixed_precision.set_global_policy(choice.precision)
-    keras.utils.set_random_seed(seed)
-    if seed == 0:
-        # TF compares (global seed, op seed) with (0, 0), which fails on tf.data's per-pass seeds
-        # (tensors): keep TF's global seed non-zero. Still a function of the config's seed.
-        frameworks.tensorflow().random.set_seed(_SEED_ZERO)
+    seed_everything(keras, seed)
     return runtime
+
+
+def seed_everything(keras: Any, seed: int) -> None:
+    """Keras' ``set_random_seed`` (Python, NumPy, Keras, TensorFlow), TensorFlow's only when its
+    global seed changes.
+
+    ``tf.random.set_seed`` clears TensorFlow's kernel caches, and with them the resources other
+    objects hold: in a notebook, a KerasHub SentencePiece tokenizer loaded earlier
+    (``tpurun.load``) fails at its next call ("Resource ... SentencepieceOp does not exist") once
+    another command has set the seed again. Set to the same value, there is nothing to change.
+    """
+    tf = frameworks.tensorflow()
+    # TF compares (global seed, op seed) with (0, 0), which fails on tf.data's per-pass seeds
+    # (tensors): its global seed stays non-zero. Still a function of the config's seed.
+    tf_seed = _SEED_ZERO if seed == 0 else seed
+    with contextlib.ExitStack() as stack:
+        if tf.compat.v1.get_seed(None)[0] == tf_seed:
+            stack.enter_context(mock.patch.object(tf.random, "set_seed", lambda _: None))
+        keras.utils.set_random_seed(seed)
+    if seed == 0 and tf.compat.v1.get_seed(None)[0] != tf_seed:
+        tf.random.set_seed(tf_seed)
 
 
 def _check_keras_backend(keras: Any, choice: Choice) -> None:
