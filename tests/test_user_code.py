@@ -89,6 +89,9 @@ def test_a_factory_compile_is_kept_where_the_config_leaves_it_out(toy_data, tmp_
     assert model.optimizer.__class__.__name__ == "SGD"
     assert model.optimizer.get_config()["momentum"] == pytest.approx(0.9)  # the factory's setting
     assert float(model.optimizer.learning_rate) == pytest.approx(0.01)  # tpurun's learning rate
+    # evaluate reloads the run's config.yaml, which writes `metrics: []`: the factory's stay
+    scores = tpurun.evaluate(str(tmp_path / "runs" / "toy"))
+    assert "mae" in scores["metrics"], scores
 
 
 def test_what_the_config_sets_replaces_the_factory_compile(toy_data, tmp_path, capsys):

@@ -357,7 +357,10 @@ def compile_model(model: Any, config: Config, plan: Plan) -> str | None:
         )
     else:
         optimizer = build_optimizer(config, plan)
-    if factory is not None and "metrics" not in given:
+    # An empty list adds nothing: a run's config.yaml writes `metrics: []` for a factory's (or a
+    # preset's) own, and evaluate, predict and export reload that file.
+    metrics_given = bool(config.model.metrics)
+    if factory is not None and not metrics_given:
         metrics = [*(factory.get("metrics") or []), *(factory.get("weighted_metrics") or []),
                    *_task_metrics(model, config)]  # fmt: skip
     else:
@@ -380,7 +383,7 @@ def compile_model(model: Any, config: Config, plan: Plan) -> str | None:
     if factory is None:
         return None
     kept = [k for k, set_ in (("optimizer", "optimizer" in given), ("loss", config.model.loss is not None),
-                              ("metrics", "metrics" in given)) if not set_]  # fmt: skip
+                              ("metrics", metrics_given)) if not set_]  # fmt: skip
     replaced = [k for k in ("optimizer", "loss", "metrics") if k not in kept]
     parts = []
     whose = "KerasHub's" if config.model.preset else "the factory's"
