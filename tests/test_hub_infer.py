@@ -263,6 +263,9 @@ def test_greedy_completions_repeat_and_answer_as_trained(lm_run, tmp_path):
     )
     learned = [r["completion"].startswith("answer:") for r in first]
     assert np.mean(learned) >= 0.9, [r["completion"] for r in first[:8]]
+    said = runner.invoke(app, ["predict", str(lm_run.run), "--data", glob,
+                               "--output", str(tmp_path / "c.jsonl")]).output  # fmt: skip
+    assert "columns" in said and "arrays" not in said, said  # a .jsonl's are columns too
 
 
 def test_max_length_is_the_whole_sequence(lm_run, tmp_path):

@@ -274,7 +274,7 @@ def show_predicted(result: dict[str, Any], as_json: bool = False) -> None:
     shown = ", ".join(columns[:8]) + (f", ... ({len(columns)} in all)" if len(columns) > 8 else "")
     rows = [
         ("rows", f"{result['rows']:,} (every record once, in file order; {result['files']} files)"),
-        ("columns" if result["format"] == "csv" else "arrays", shown),
+        ("columns" if result["format"] in ("csv", "jsonl") else "arrays", shown),
         ("data", result["data"]),
         ("checkpoint", f"{result['checkpoint_label']}: {result['checkpoint']}"),
         ("time", f"{result['seconds']:.1f}s"),
