@@ -71,7 +71,8 @@ def train(
             "--resume",
             metavar="PATH",
             help="Continue from this checkpoint: a run directory, a checkpoint's .json, or a "
-            ".keras / .weights.h5 file (default: this run's latest).",
+            ".keras / .weights.h5 file (a LoRA run's .adapter.h5 / .lora.h5) (default: this "
+            "run's latest).",
         ),
     ] = None,
     time_limit: Annotated[
