@@ -11,6 +11,9 @@ Every command block runs as written. The convention, read page by page:
   before the commands after it run (a config, a model factory).
 - ``<!-- docs-test: after-quickstart -->`` on a page: its commands run in the folder the README's
   quickstart leaves (data, model, config and the trained ``runs/tabular``), restored for each page.
+- ``<!-- docs-test: tiny-presets -->`` on a page: its folder starts with the tiny KerasHub presets
+  of tests/hub_presets.py in ``presets/`` (``presets/gemma``, ``presets/bert``): a pretrained
+  model's walk-through runs against a preset of the same architecture.
 - Every other block (``bash``, ``python``, ``text``, a ``yaml`` block with no file marker) is not run;
   a ``bash`` block says in the prose beside it why (it installs, needs a TPU, a bucket, a notebook,
   or serves a page until stopped).
@@ -36,6 +39,7 @@ README = ROOT / "README.md"
 REFERENCE = DOCS / "config-reference.md"
 PAGES = [README, ROOT / "CONTRIBUTING.md", *sorted(DOCS.glob("*.md"))]
 AFTER_QUICKSTART = "<!-- docs-test: after-quickstart -->"
+TINY_PRESETS = "<!-- docs-test: tiny-presets -->"
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<ticks>`{3,})(?P<tag>[\w-]*)\s*$")
 FILE_MARKER = re.compile(r"^<!-- file: (?P<path>\S+) -->$")
 EXPECTED_EXIT = re.compile(r"#\s*exit (\d+)\s*$")
@@ -313,13 +317,18 @@ def test_the_readme_quickstart_runs_as_written(quickstart):
 @pytest.mark.parametrize(
     "page", pages_with_commands(), ids=lambda p: str(p.relative_to(ROOT))
 )  # fmt: skip
-def test_the_commands_of_each_page_run_as_written(page, quickstart, tmp_path):
-    if AFTER_QUICKSTART in page.read_text():
+def test_the_commands_of_each_page_run_as_written(page, quickstart, tmp_path, request):
+    text = page.read_text()
+    if AFTER_QUICKSTART in text:
         _, restore = quickstart
         folder = restore()
     else:
         folder = tmp_path / "page"
         folder.mkdir()
+    if TINY_PRESETS in text:
+        presets = request.getfixturevalue("tiny_presets")
+        shutil.copytree(presets.gemma, folder / "presets" / "gemma")
+        shutil.copytree(presets.bert, folder / "presets" / "bert")
     run_steps(page, folder, tmp_path / "cache")
 
 
