@@ -308,3 +308,47 @@ def test_a_tokenizer_loaded_earlier_survives_the_next_commands_seeding(tiny_pres
     keras.utils.set_random_seed(42)  # Keras' own sets TensorFlow's again: the resource is gone
     with pytest.raises(tf.errors.NotFoundError, match="SentencepieceOp"):
         tokenised()
+
+
+@pytest.mark.slow
+def test_an_image_classifier_preset_learns_from_an_image_folder(tiny_presets, tmp_path):
+    """Images for a KerasHub classifier use the image feature: fed 0..255, which the preset's
+    image converter scales as it was pretrained (a [0, 1] image would be scaled twice)."""
+    from helpers import encode_image
+
+    rng = np.random.default_rng(0)
+    for name, level in (("dark", 40), ("bright", 210)):
+        (tmp_path / "pics" / name).mkdir(parents=True)
+        for i in range(32):
+            pixels = np.clip(rng.normal(level, 25, (32, 32, 3)), 0, 255)
+            (tmp_path / "pics" / name / f"{i}.png").write_bytes(encode_image(pixels))
+    result = runner.invoke(app, ["data", "write", str(tmp_path / "pics"),
+                                 str(tmp_path / "data" / "pics"), "--validation-fraction", "0.25"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    config = {
+        "name": "pics",
+        "model": {"preset": str(tiny_presets.resnet), "metrics": ["sparse_categorical_accuracy"]},
+        "data": {"train": str(tmp_path / "data" / "pics-train-*"),
+                 "validation": str(tmp_path / "data" / "pics-validation-*")},
+        "train": {"per_core_batch_size": 8, "epochs": 4, "learning_rate": {"base": 1e-2}},
+        "runtime": {"cpu_devices": 2},
+        "output": {"dir": str(tmp_path / "runs")},
+    }  # fmt: skip
+    result = runner.invoke(app, ["train", str(write_config(tmp_path, config, "pics"))])
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "runs" / "pics"
+    written = yaml.safe_load((run / "config.yaml").read_text())["data"]
+    assert written["features"]["image"]["scale"] is False
+    assert (written["inputs"], written["targets"]) == ("image", "label")
+    assert float(read_log(run)[-1]["val_sparse_categorical_accuracy"]) >= 0.9
+
+
+def test_a_presets_images_refuse_scale_true():
+    import tpurun
+
+    config = {"name": "p", "model": {"preset": "presets/tiny"},
+              "data": {"train": "x-*", "features": {
+                  "image": {"type": "image", "shape": [32, 32, 3], "scale": True},
+                  "label": {"type": "int64"}}}}  # fmt: skip
+    with pytest.raises(ConfigError, match="data.features.image.scale: a preset's image converter"):
+        tpurun.load_config(config)

@@ -138,7 +138,11 @@ class ImageFeature(_FeatureBase):
     shape: Annotated[list[Positive], Field(min_length=3, max_length=3)] = Field(
         description="`[height, width, channels]` (channels 1, 3 or 4); images are resized to it."
     )
-    scale: bool = Field(True, description="Scale pixels to [0, 1] floats; `false` keeps 0..255.")
+    scale: bool = Field(
+        True,
+        description="Scale pixels to [0, 1] floats; `false` keeps 0..255. A preset's images are "
+        "always fed 0..255: its image converter scales them as the model was pretrained.",
+    )
     cast: CastDType | None = Field(None, description="A dtype to cast to after decoding.")
 
     @field_validator("shape")

@@ -233,6 +233,12 @@ def _cross_checks(config: Config, located: _Located) -> list[str]:
     # factory's model needs both named; a preset's may take them from the features.
     if config.model.preset is not None:
         for name, feature in config.data.features.items():
+            if feature.type == "image" and "scale" in feature.model_fields_set and feature.scale:
+                problems.append(
+                    f"{located.at(('data', 'features', name, 'scale'))}data.features.{name}.scale: "
+                    "a preset's image converter scales the pixels itself, from 0..255, as the "
+                    "model was pretrained; remove scale (tpurun feeds a preset 0..255)"
+                )
             if getattr(feature, "normalize", False):
                 problems.append(
                     f"{located.at(('data', 'features', name, 'normalize'))}data.features.{name}"

@@ -115,6 +115,11 @@ def resolve(config: Config) -> ResolvedData:
         compression = (first_schema or {}).get("compression") or datafiles.detect_compression(
             train_files[0]
         )
+    if config.model.preset is not None:
+        # KerasHub's image converters take pixels as 0..255 and scale them as the model was
+        # pretrained: a preset's images are fed unscaled (the config refuses `scale: true`).
+        features = {name: {**f, "scale": False} if f.get("type") == "image" else f
+                    for name, f in features.items()}  # fmt: skip
     inputs, targets = data.inputs, data.targets
     if inputs is None or targets is None:  # a preset's: the config checked a factory names both
         inputs, targets = preset_refs(features, inputs, targets)
