@@ -352,3 +352,16 @@ def test_a_presets_images_refuse_scale_true():
                   "label": {"type": "int64"}}}}  # fmt: skip
     with pytest.raises(ConfigError, match="data.features.image.scale: a preset's image converter"):
         tpurun.load_config(config)
+
+
+def test_a_causal_lm_fed_numbers_is_told_to_write_text(tiny_presets, toy_data, tmp_path):
+    from helpers import toy_config
+
+    config = toy_config(toy_data, tmp_path / "runs")
+    config["model"] = {"preset": str(tiny_presets.gemma)}
+    result = runner.invoke(app, ["train", str(write_config(tmp_path, config, "numbers"))])
+    assert result.exit_code == 2, result.output
+    assert "data.inputs: a causal LM takes one text feature" in result.output
+    assert "tpurun data write FILE.jsonl OUT_PREFIX" in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "runs" / "toy").exists()  # nothing trained, nothing left behind
