@@ -151,11 +151,11 @@ def resolve(config: Config) -> ResolvedData:
         class_names=(first_schema or {}).get("class_names"),
         train_counts=train.counts,
         validation_counts=validation.counts if validation else [],
-        tokenized=_tokenized(schemas),
+        tokenized=tokenized_entry(schemas),
     )
 
 
-def _tokenized(schemas: dict[str, tuple[str, dict]]) -> dict[str, Any] | None:
+def tokenized_entry(schemas: dict[str, tuple[str, dict]]) -> dict[str, Any] | None:
     """What the records were tokenised with, the same for every schema file (train and
     validation), with the first file's path; None when they hold no token ids.
 

@@ -38,7 +38,7 @@ def _one_step(prepared: Any, runtime: Any) -> tuple[Any, dict[str, Any], float] 
     transform = None
     if cfg.model.preset is not None and model.preprocessor is not None:
         # As train feeds a preset's task: tokenised in the pipeline, not again by the task.
-        transform = batches.transform(batches.detach(model), cfg.data)
+        transform = batches.transform(batches.detach(model), cfg.data, prepared.data.tokenized)
     ds = pipeline.make_dataset(prepared.data.train_files, cfg.data, plan.global_batch_size,
                                training=True, seed=cfg.seed, transform=transform)  # fmt: skip
     batch = next(iter(ds.take(1)))

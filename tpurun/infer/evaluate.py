@@ -136,7 +136,7 @@ def _score(trained: Any, checkpoint: Any, runtime: Any, data: str | None) -> dic
     batches = -(-found.records // batch)
     distributed = runtime.strategy is not None  # see make_dataset(repeat_eval=...)
     model = loading.build(trained, checkpoint, runtime)
-    preprocessor, transform = _preprocessing(model, config)
+    preprocessor, transform = _preprocessing(model, config, found.tokenized)
     dataset = pipeline.make_dataset(
         found.files, config.data.model_copy(update={"compression": found.compression}),
         batch, training=False, score_records=found.records, repeat_eval=distributed,
@@ -173,7 +173,7 @@ def _score(trained: Any, checkpoint: Any, runtime: Any, data: str | None) -> dic
     }
 
 
-def _preprocessing(model: Any, config: Any) -> tuple[Any, Any]:
+def _preprocessing(model: Any, config: Any, tokenized: dict | None) -> tuple[Any, Any]:
     """A preset task's preprocessor, taken off the task (``Task.evaluate`` would apply it again
     to batches the pipeline tokenised), and the pipeline's transform that applies it, as training
     does (:mod:`tpurun.hub.batches`); (None, None) for a factory's model."""
@@ -182,7 +182,7 @@ def _preprocessing(model: Any, config: Any) -> tuple[Any, Any]:
     if config.model.preset is None or model.preprocessor is None:
         return None, None
     preprocessor = batches.detach(model)
-    return preprocessor, batches.transform(preprocessor, config.data)
+    return preprocessor, batches.transform(preprocessor, config.data, tokenized)
 
 
 def _with_perplexity(model: Any) -> str | None:

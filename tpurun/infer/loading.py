@@ -267,6 +267,7 @@ class Records:
     records: int
     compression: str  # "none" | "gzip"
     source: str  # the glob(s), for reports
+    tokenized: dict | None = None  # what data write --tokenize recorded (tpurun.data.resolve)
 
 
 def find_records(
@@ -285,6 +286,7 @@ def find_records(
     """
     from tpurun.data import records
     from tpurun.data import schema_file as schema_lib
+    from tpurun.data.resolve import tokenized_entry
 
     files = sorted(datafiles.expand(patterns, resolve, key))
     schemas = schema_lib.find_for(files)
@@ -292,7 +294,7 @@ def find_records(
     compression = first.get("compression") or datafiles.detect_compression(files[0])
     checked = records.check_split(files, key, schemas, features, compression, skip_corrupt=False)
     source = patterns if isinstance(patterns, str) else " ".join(patterns)
-    return Records(checked.files, checked.records, compression, source)
+    return Records(checked.files, checked.records, compression, source, tokenized_entry(schemas))
 
 
 def global_batch(config: Config, replicas: int) -> int:
