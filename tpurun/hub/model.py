@@ -101,13 +101,7 @@ def build_preprocessor(config: Config) -> Any:
     preprocessor_cls = getattr(cls, "preprocessor_cls", None)
     if preprocessor_cls is None:
         raise ModelError(f"model.preset: {cls.__name__} has no preprocessor class in KerasHub.")
-    try:
-        preprocessor = preprocessor_cls.from_preset(preset.location)
-    except Exception as exc:
-        raise ModelError(
-            f"model.preset: {preprocessor_cls.__name__}.from_preset({preset.location}) failed: "
-            f"{describe(exc)}"
-        ) from None
+    preprocessor = preprocessor_from_preset(preprocessor_cls, preset.location, "model.preset")
     if config.model.sequence_length is not None:
         if not hasattr(preprocessor, "sequence_length"):
             raise ModelError(
@@ -116,6 +110,16 @@ def build_preprocessor(config: Config) -> Any:
             )
         preprocessor.sequence_length = config.model.sequence_length
     return preprocessor
+
+
+def preprocessor_from_preset(cls: type, location: str, key: str) -> Any:
+    """``cls.from_preset(location)``; its failure a ModelError naming ``key``."""
+    try:
+        return cls.from_preset(location)
+    except Exception as exc:
+        raise ModelError(
+            f"{key}: {cls.__name__}.from_preset({location}) failed: {describe(exc)}"
+        ) from None
 
 
 def load(cls: type, preset: Preset, kwargs: dict, load_weights: bool = True,

@@ -181,6 +181,7 @@ def load(preset: str, sequence_length: int | None) -> tuple[Any, dict[str, Any]]
         ModelError: no such preset or an incomplete one (naming the file), a sequence length over
             the backbone's maximum, a task that takes no text.
     """
+    from tpurun.hub.model import preprocessor_from_preset
     from tpurun.hub.preset import check_sequence_length, is_handle, read_folder, read_handle
     from tpurun.hub.task import concrete, task_class
 
@@ -203,13 +204,7 @@ def load(preset: str, sequence_length: int | None) -> tuple[Any, dict[str, Any]]
             "and text classifiers. Write the records without --tokenize: the preset's "
             "preprocessor reads them in the pipeline."
         )
-    try:
-        preprocessor = preprocessor_cls.from_preset(found.location)
-    except Exception as exc:
-        raise ModelError(
-            f"--tokenize: {preprocessor_cls.__name__}.from_preset({found.location}) failed: "
-            f"{type(exc).__name__}: {exc}"
-        ) from None
+    preprocessor = preprocessor_from_preset(preprocessor_cls, found.location, "--tokenize")
     if sequence_length is not None:
         preprocessor.sequence_length = sequence_length
     entry = {
