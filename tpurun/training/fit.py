@@ -222,11 +222,8 @@ def _first_inputs(job: TrainJob, model, transform: Any = None) -> Any:
 
     tf = frameworks.tensorflow()
     prepared = job.prepared
-    config, share, batch = (
-        prepared.config,
-        prepared.train_share,
-        prepared.plan.per_process_batch_size,
-    )
+    config, share = prepared.config, prepared.train_share
+    batch = prepared.plan.per_process_batch_size
     data = config.data.model_copy(
         update={"shuffle_buffer": min(config.data.shuffle_buffer, 4 * batch)}
     )
