@@ -365,3 +365,16 @@ def test_a_causal_lm_fed_numbers_is_told_to_write_text(tiny_presets, toy_data, t
     assert "tpurun data write FILE.jsonl OUT_PREFIX" in result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "runs" / "toy").exists()  # nothing trained, nothing left behind
+
+
+def test_a_text_classifier_fed_numbers_is_told_what_it_takes(tiny_presets, toy_data, tmp_path):
+    from helpers import toy_config
+
+    config = toy_config(toy_data, tmp_path / "runs")
+    config["model"] = {"preset": str(tiny_presets.bert)}
+    result = runner.invoke(app, ["train", str(write_config(tmp_path, config, "numbers"))])
+    assert result.exit_code == 2, result.output
+    assert "data.inputs: BertTextClassifierPreprocessor takes text features, and 'x' is a raw" in (
+        result.output
+    )
+    assert "Traceback" not in result.output

@@ -72,6 +72,7 @@ def transform(
         else:
             step = _prompt_response(preprocessor)
     else:
+        _check_kind(preprocessor, data)
         step = _labelled(preprocessor)
 
     def apply(inputs, targets, weights=None):
@@ -96,6 +97,27 @@ def _check_text(data: DataConfig) -> None:
                     "(prompt/response or text keys)."
                 ]
             )
+
+
+def _check_kind(preprocessor: Any, data: DataConfig) -> None:
+    """A text classifier's inputs are text features, an image classifier's images: anything
+    else would fail inside the pipeline at the first batch, in TensorFlow's words."""
+    keras_hub = frameworks.keras_hub()
+    takes = [(keras_hub.models.TextClassifierPreprocessor, "text", "a JSONL or CSV file"),
+             (keras_hub.models.ImageClassifierPreprocessor, "image", "an image folder")]  # fmt: skip
+    for cls, wanted, source in takes:
+        if not isinstance(preprocessor, cls):
+            continue
+        for name in DataConfig.names(data.inputs):
+            found = data.features[name].type
+            if found != wanted:
+                raise ConfigError(
+                    [
+                        f"data.inputs: {type(preprocessor).__name__} takes {wanted} features, and "
+                        f"'{name}' is a {found} feature. Feed it {wanted} (`tpurun data write` "
+                        f"from {source}), or choose another preset."
+                    ]
+                )
 
 
 def _whole_text(preprocessor: Any) -> Callable:
