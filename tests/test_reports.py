@@ -41,7 +41,7 @@ def test_data_write_report_honours_plain_on_a_terminal(terminal):
     report = SimpleNamespace(
         splits={"train": [("a-00000-of-00002.tfrecord", 6, 600), ("b", 4, 400)]},
         features={"x": {"type": "raw"}, "y": {"type": "int64"}}, class_names=["cat", "dog"],
-        schema_path="out/a.schema.json", records=10, seconds=2.0, warnings=[],
+        schema_path="out/a.schema.json", records=10, seconds=2.0, warnings=[], layout={},
     )  # fmt: skip
     terminal = terminal()
     reports.show_written(report, "arrays.npz", plain=True)
