@@ -93,3 +93,14 @@ def test_durations():
     assert format_duration(65) == "1m05s"
     assert format_duration(3725) == "1h02m05s"
     assert format_duration(None) == "?"
+
+
+def test_the_start_line_says_the_effective_batch_under_gradient_accumulation():
+    out = io.StringIO()
+    PlainReporter(out).start(
+        plan(gradient_accumulation_steps=4, effective_global_batch_size=512), "runs/x", 2, 0
+    )
+    assert ", 4 accumulated: 512 an update, lr " in out.getvalue().splitlines()[0]
+    out = io.StringIO()
+    PlainReporter(out).start(plan(), "runs/x", 2, 0)
+    assert "accumulated" not in out.getvalue()

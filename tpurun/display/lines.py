@@ -109,7 +109,7 @@ class PlainReporter(Reporter):
         self.epochs = epochs
         self._line(
             f"training {epochs - initial_epoch} epoch(s) x {plan.steps_per_epoch} steps, global batch "
-            f"{plan.global_batch_size} ({plan.per_core_batch_size} x {plan.replicas}), lr "
+            f"{plan.global_batch_size} ({plan.per_core_batch_size} x {plan.replicas}){_accumulated(plan)}, lr "
             f"{plan.learning_rate:.4g}, steps_per_execution {plan.steps_per_execution} -> {run_dir}"
         )
         self._compiling_note()
@@ -220,3 +220,9 @@ class TaskProgress:
                 f"[tpurun] {self.label}: {self._done:,} {self.unit} in {format_duration(elapsed)}\n"
             )
             self.stream.flush()
+
+
+def _accumulated(plan: Any) -> str:
+    """``, 4 accumulated: 512 an update`` under gradient accumulation; nothing without it."""
+    n = getattr(plan, "gradient_accumulation_steps", 1)
+    return f", {n} accumulated: {plan.effective_global_batch_size} an update" if n > 1 else ""
