@@ -378,3 +378,19 @@ def test_a_text_classifier_fed_numbers_is_told_what_it_takes(tiny_presets, toy_d
         result.output
     )
     assert "Traceback" not in result.output
+
+
+def test_a_cross_entropy_without_from_logits_is_refused_for_a_preset(
+    tiny_presets, toy_data, tmp_path
+):
+    from helpers import toy_config
+
+    config = toy_config(toy_data, tmp_path / "runs")
+    config["model"] = {"preset": str(tiny_presets.bert), "loss": "sparse_categorical_crossentropy"}
+    result = runner.invoke(app, ["train", str(write_config(tmp_path, config, "logits"))])
+    assert result.exit_code == 2, result.output
+    assert (
+        "model.loss: sparse_categorical_crossentropy on a preset's task, which outputs logits"
+        in (result.output)
+    )
+    assert "from_logits: true" in result.output

@@ -321,6 +321,26 @@ def _task_metrics(model: Any, config: Config) -> list:
     return [keras_hub.metrics.Perplexity(from_logits=True, name="perplexity")]
 
 
+def _check_logits_loss(config: Config) -> None:
+    """A KerasHub task outputs logits: a cross-entropy named without ``from_logits: true`` would
+    read them as probabilities and train on a wrong loss without a word.
+
+    Raises:
+        ModelError: naming the loss and the two ways out.
+    """
+    spec = config.model.loss
+    if config.model.preset is None or not isinstance(spec, NamedObject):
+        return
+    if spec.name.replace("_", "").lower().endswith("crossentropy") and not spec.kwargs.get(
+        "from_logits"
+    ):
+        raise ModelError(
+            f"model.loss: {spec.name} on a preset's task, which outputs logits: write "
+            f"`loss: {{name: {spec.name}, from_logits: true}}`, or leave model.loss out for "
+            "the task's own loss."
+        )
+
+
 def compile_model(model: Any, config: Config, plan: Plan) -> str | None:
     """Compile with the config's optimizer (at tpurun's learning rate), loss and metrics.
 
@@ -336,6 +356,7 @@ def compile_model(model: Any, config: Config, plan: Plan) -> str | None:
     factory = model._compile_config.config if getattr(model, "compiled", False) else None
     theirs_optimizer = getattr(model, "optimizer", None)
     if config.model.loss is not None:
+        _check_logits_loss(config)
         loss = build_loss(config)
     elif factory is not None:
         loss = factory["loss"]
