@@ -132,7 +132,7 @@ def _imports(value: Any) -> list[str]:
 def write_keras(model: Any, path: str, config: Any) -> str | None:
     """The ``.keras`` file, for inference (no training setup). When the model uses code of its
     own, that code is copied beside it with a loader module; returns the loader's path."""
-    from tpurun.training.model import inference_saver
+    from tpurun.training.final_model import inference_saver
 
     save = inference_saver(model) if getattr(model, "compiled", False) else model.save
     save(path)

@@ -301,7 +301,7 @@ def _function(metric: Any) -> bool:
     return inspect.isfunction(metric)
 
 
-def _name(obj: Any) -> str:
+def short_name(obj: Any) -> str:
     """How to call a loss, metric or optimizer in one line."""
     if isinstance(obj, str):
         return obj
@@ -341,6 +341,24 @@ def _check_logits_loss(config: Config) -> None:
         )
 
 
+def _loss(config: Config, factory: dict | None) -> Any:
+    """The config's loss, else the factory's (or KerasHub's) compiled one.
+
+    Raises:
+        ModelError: neither, or a cross-entropy that would read a preset's logits wrongly.
+    """
+    if config.model.loss is not None:
+        _check_logits_loss(config)
+        return build_loss(config)
+    if factory is not None:
+        return factory["loss"]
+    raise ModelError(
+        "model.loss is not set, and the factory returned a model it did not compile: name a "
+        "Keras loss (binary_crossentropy, sparse_categorical_crossentropy, mse, ...), or "
+        "compile the model in the factory."
+    )
+
+
 def compile_model(model: Any, config: Config, plan: Plan) -> str | None:
     """Compile with the config's optimizer (at tpurun's learning rate), loss and metrics.
 
@@ -355,17 +373,7 @@ def compile_model(model: Any, config: Config, plan: Plan) -> str | None:
     given = config.model.model_fields_set
     factory = model._compile_config.config if getattr(model, "compiled", False) else None
     theirs_optimizer = getattr(model, "optimizer", None)
-    if config.model.loss is not None:
-        _check_logits_loss(config)
-        loss = build_loss(config)
-    elif factory is not None:
-        loss = factory["loss"]
-    else:
-        raise ModelError(
-            "model.loss is not set, and the factory returned a model it did not compile: name a "
-            "Keras loss (binary_crossentropy, sparse_categorical_crossentropy, mse, ...), or "
-            "compile the model in the factory."
-        )
+    loss = _loss(config, factory)
     if factory is not None and "optimizer" not in given:
         theirs = theirs_optimizer.get_config()
         settings = {
@@ -374,7 +382,10 @@ def compile_model(model: Any, config: Config, plan: Plan) -> str | None:
             "gradient_accumulation_steps": _accumulation(config, theirs, "the factory's optimizer"),
         }
         optimizer = _call(
-            type(theirs_optimizer), settings, "the factory's optimizer", _name(theirs_optimizer)
+            type(theirs_optimizer),
+            settings,
+            "the factory's optimizer",
+            short_name(theirs_optimizer),
         )
     else:
         optimizer = build_optimizer(config, plan)
@@ -416,55 +427,8 @@ def compile_model(model: Any, config: Config, plan: Plan) -> str | None:
     who = own if config.model.preset else "the factory compiled its model"
     return (
         f"{who} ({type(theirs_optimizer).__name__}, loss "
-        f"{_name(factory.get('loss'))}): " + "; ".join(parts) + "; the learning rate is tpurun's "
+        f"{short_name(factory.get('loss'))}): "
+        + "; ".join(parts)
+        + "; the learning rate is tpurun's "
         "(train.learning_rate)"
     )
-
-
-# ------------------------------------------------------------------------- the final model file
-def _flat(value: Any) -> list[Any]:
-    if isinstance(value, dict):
-        return [x for v in value.values() for x in _flat(v)]
-    if isinstance(value, (list, tuple)):
-        return [x for v in value for x in _flat(v)]
-    return [] if value is None else [value]
-
-
-def _user_code(obj: Any) -> bool:
-    """Whether a compiled loss, metric or optimizer is the user's code rather than Keras' own."""
-    if isinstance(obj, str):
-        return False
-    target = getattr(obj, "fn", obj)  # Keras wraps loss and metric functions
-    module = getattr(target, "__module__", None) or type(target).__module__
-    return not module.startswith("keras")
-
-
-def custom_training_code(model: Any) -> list[str]:
-    """The compiled loss, metrics and optimizer that are the user's code (from the config by
-    import path, or from the factory's own compile): plain ``keras.saving.load_model`` cannot
-    find them in another process."""
-    compiled = model._compile_config.config
-    objs = [model.optimizer, *_flat(compiled.get("loss")), *_flat(compiled.get("metrics")),
-            *_flat(compiled.get("weighted_metrics"))]  # fmt: skip
-    return [_name(o) for o in objs if _user_code(o)]
-
-
-def inference_saver(model: Any):
-    """How to write ``model.keras`` so that plain ``keras.saving.load_model`` opens it anywhere.
-
-    With a custom loss, metric or optimizer, Keras would store the training setup (its compile
-    config) and then fail to load it without that code ("Could not locate function"). The final
-    model is for inference: it is then saved without its training setup, and training goes on
-    from the checkpoints, which keep everything.
-    """
-    if not custom_training_code(model):
-        return model.save
-
-    def save(path: str) -> None:
-        model.get_compile_config = lambda: None  # this save only
-        try:
-            model.save(path)
-        finally:
-            del model.get_compile_config
-
-    return save

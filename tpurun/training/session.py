@@ -37,7 +37,7 @@ from tpurun.storage.summary import Summary, steady_rate
 from tpurun.training import fit
 from tpurun.training.checkpoints import adapter
 from tpurun.training.checkpoints import resume as resume_lib
-from tpurun.training.model import custom_training_code, inference_saver
+from tpurun.training.final_model import custom_training_code, inference_saver
 from tpurun.training.signals import Stop, stop_on_signals
 
 
