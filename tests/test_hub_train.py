@@ -245,6 +245,12 @@ def test_doctor_steps_a_preset_on_its_tokenised_batch(tiny_presets, tmp_path):
     model = checks["model"]
     assert model.status == "ok", model
     assert np.isfinite(model.data["loss"]) and model.data["params"] > 0
+    # LoRA's effect, as tpurun config shows it: only the adapter trains.
+    assert 0 < model.data["trainable"] < model.data["params"] / 10
+    assert f"({model.data['trainable']:,} trainable)" in model.finding
+    preset = checks["model.preset"]
+    assert preset.status == "ok" and preset.data["sequence_length"] == 24
+    assert "task GemmaCausalLM" in preset.finding and "sequence length 24" in preset.finding
 
 
 @pytest.mark.slow

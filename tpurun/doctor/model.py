@@ -74,11 +74,13 @@ def check_model(prepared: Any, runtime: Any) -> tuple[Check, int | None]:
     finally:
         runtime.release()
     params = int(model.count_params())
+    trainable = sum(math.prod(v.shape) for v in model.trainable_weights)
     per_replica = params * BYTES_PER_PARAM * SLOTS
     loss = float(np.asarray(logs.get("loss", np.nan)))
-    data = {"params": params, "bytes_per_replica": per_replica, "loss": loss,
+    data = {"params": params, "trainable": trainable, "bytes_per_replica": per_replica, "loss": loss,
             "step_seconds": round(step, 3), "batch": plan.global_batch_size}  # fmt: skip
-    finding = (f"{model.name}: {params:,} parameters, ~{per_replica / 1e6:.1f} MB per replica "
+    frozen = f" ({trainable:,} trainable)" if trainable != params else ""
+    finding = (f"{model.name}: {params:,} parameters{frozen}, ~{per_replica / 1e6:.1f} MB per replica "
                f"(weights + optimizer slots); one step on a batch of {plan.global_batch_size} "
                f"took {step:.2f} s, loss {loss:.4g}")  # fmt: skip
     if not math.isfinite(loss):

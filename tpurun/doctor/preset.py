@@ -36,11 +36,14 @@ def check_preset(cfg: Any) -> Check:
         return Check(NAME, "fail", exc.message, FIX)
     data = {"location": preset.location, "remote": preset.remote, "backbone": preset.backbone,
             "saved_task": preset.saved_task, "task": task,
-            "max_sequence_length": preset.max_sequence_length}  # fmt: skip
+            "max_sequence_length": preset.max_sequence_length,
+            "sequence_length": cfg.model.sequence_length}  # fmt: skip
     found = "reachable, its weights downloaded when train starts" if preset.remote else "complete"
     fit = "fits it" if checked else "is checked by the model check"
+    length = cfg.model.sequence_length or "the preset's own"
     return Check(NAME, "ok", f"{preset.location}: {found} ({preset.backbone}, saved as "
-                 f"{preset.saved_task or 'a backbone'}); task {task} {fit}", None, data)  # fmt: skip
+                 f"{preset.saved_task or 'a backbone'}); task {task} {fit}; sequence length "
+                 f"{length}", None, data)  # fmt: skip
 
 
 __all__ = ["check_preset"]
