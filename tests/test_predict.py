@@ -157,6 +157,8 @@ def test_user_errors_exit_2_with_a_clear_message(run, tmp_path):
          "--format tflite: expected one of keras, saved_model, onnx", ""),
         (["predict", str(run_dir), "--data", no_targets, "--output",
           str(tmp_path / "a-file" / "out.csv")], "cannot make its folder", "a-file is a file"),
+        (["predict", str(run_dir), "--data", no_targets, "--output", str(tmp_path / "o.txt")],
+         "o.txt: name a .csv file", "a causal LM's completions: .csv or .jsonl"),
     ]  # fmt: skip
     for args, message, detail in cases:
         result = runner.invoke(app, args)

@@ -32,6 +32,7 @@ import os
 import re
 import sys
 import tempfile
+from collections.abc import Callable
 from types import ModuleType
 
 #: TF's GCS client reads these once, at a process's first gs:// use. Its own defaults retry a
@@ -115,7 +116,9 @@ def tensorflow(submodule: str | None = None) -> ModuleType:
     """TensorFlow (or ``tensorflow.<submodule>``), imported quietly. Allowed at any time."""
     apply_gcs_defaults()
     usable_matplotlib_backend()
-    tf = sys.modules.get("tensorflow") or _quiet_import("tensorflow")
+    tf = sys.modules.get("tensorflow") or _quiet_import(
+        "tensorflow", then=lambda module: module.config.list_physical_devices()
+    )
     return importlib.import_module(f"tensorflow.{submodule}") if submodule else tf
 
 
@@ -192,11 +195,12 @@ def _check_order(name: str, module: str) -> None:
 _NOTICE = re.compile(r"^([IW]\d{4} |WARNING: All log messages before absl::InitializeLog)")
 
 
-def _quiet_import(name: str) -> ModuleType:
-    """Import ``name`` with file descriptor 2 captured; on failure, replay what it wrote.
+def _quiet_import(name: str, then: Callable[[ModuleType], object] | None = None) -> ModuleType:
+    """Import ``name`` with file descriptor 2 captured, then call ``then(module)`` inside the
+    capture too; on failure, replay what they wrote.
 
-    TensorFlow's devices are listed inside the capture too: a full (CUDA) build looks for a GPU
-    when devices are first listed and logs ``failed call to cuInit`` on a machine without one
+    :func:`tensorflow` lists TensorFlow's devices there: a full (CUDA) build looks for a GPU when
+    devices are first listed and logs ``failed call to cuInit`` on a machine without one
     (Kaggle's CPU sessions; here, the full build keras-hub's tensorflow-text pulls in). Listing
     physical devices initializes no GPU memory, so JAX can still be given the GPUs after it.
     """
@@ -209,8 +213,8 @@ def _quiet_import(name: str) -> ModuleType:
         os.dup2(capture.fileno(), 2)
         try:
             module = importlib.import_module(name)
-            if name == "tensorflow":
-                module.config.list_physical_devices()
+            if then is not None:
+                then(module)
             return module
         except BaseException:
             os.dup2(saved, 2)

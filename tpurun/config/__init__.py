@@ -24,6 +24,7 @@ from tpurun.config.features import (
     Int64Feature,
     RawDType,
     RawFeature,
+    TextFeature,
 )
 from tpurun.config.loader import (
     apply_overrides,
@@ -46,7 +47,7 @@ __all__ = [
     "WRITTEN_KEYS", "BytesFeature", "CallbacksConfig", "CheckpointConfig", "Config", "CsvLogConfig",
     "DataConfig", "EarlyStoppingConfig", "Feature", "FeatureRef", "FloatFeature", "ImageFeature",
     "Int64Feature", "LearningRateConfig", "ModelConfig", "NamedObject", "OutputConfig", "RawDType",
-    "RawFeature", "ReduceLROnPlateauConfig", "RuntimeConfig", "Section", "TrainConfig",
+    "RawFeature", "ReduceLROnPlateauConfig", "RuntimeConfig", "Section", "TextFeature", "TrainConfig",
     "apply_overrides", "load_config", "parse_duration", "parse_override", "reference_problems",
     "validate",
 ]  # fmt: skip

@@ -29,8 +29,8 @@ from tpurun.config import (
     ImageFeature,
     Int64Feature,
     RawFeature,
+    TextFeature,
 )
-from tpurun.config.features import TextFeature
 from tpurun.errors import DataError
 
 _ITEMSIZE = {

@@ -181,8 +181,6 @@ def tokenized_entry(schemas: dict[str, tuple[str, dict]]) -> dict[str, Any] | No
 
 #: Feature types a pretrained model takes as its inputs (its preprocessor turns them into numbers).
 _PRESET_INPUT_TYPES = ("text", "image")
-#: The features of tokenised records (``tpurun data write --tokenize``) that feed the model.
-TOKEN_INPUTS = ("token_ids", "padding_mask", "segment_ids")
 
 
 def preset_refs(features: dict[str, dict], inputs: Any, targets: Any) -> tuple[Any, Any]:
@@ -226,7 +224,7 @@ def preset_refs(features: dict[str, dict], inputs: Any, targets: Any) -> tuple[A
 def _token_refs(features: dict[str, dict], targets: Any) -> tuple[Any, Any]:
     """Tokenised records' inputs (their token features, by the names the task takes) and
     targets (``{token_ids, weights}`` for a causal LM, else the one feature left)."""
-    inputs = {name: name for name in TOKEN_INPUTS if name in features}
+    inputs = {name: name for name in schema_lib.TOKEN_INPUTS if name in features}
     if targets is None:
         rest = [name for name in features if name not in inputs]
         if rest == ["weights"]:

@@ -64,6 +64,8 @@ from tpurun.errors import DataError
 
 #: What tokenised records were made with (``tpurun data write --tokenize``; see above).
 TOKENIZED = "tokenized"
+#: The features of tokenised records that feed the model (a text preprocessor's outputs).
+TOKEN_INPUTS = ("token_ids", "padding_mask", "segment_ids")
 FORMAT = "tpurun.schema"
 VERSION = 1
 SUFFIX = ".schema.json"

@@ -31,14 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from tpurun import frameworks
-from tpurun.data.schema_file import TOKENIZED
+from tpurun.data.schema_file import TOKEN_INPUTS, TOKENIZED
 from tpurun.data.sources.base import OVERHEAD_PER_FEATURE, MappedSource, Source
 from tpurun.errors import ConfigError, DataError, ModelError
 
 #: The features a tokenised causal LM record holds, in order.
 CAUSAL_FEATURES = ("token_ids", "padding_mask", "weights")
-#: Which of a text preprocessor's outputs tokenised records may hold (the model's inputs).
-MODEL_INPUTS = ("token_ids", "padding_mask", "segment_ids")
 CAUSAL_LM, CLASSIFIER = "causal_lm", "classifier"
 #: Records tokenised per call of the preprocessor (a chunk is split into batches of this size).
 BATCH = 256
@@ -278,7 +276,7 @@ class _Tokenizing:
             per_record += source.nbytes // max(1, source.records) // len(source.features)
         self.entry.update(
             source={"inputs": self.inputs, "targets": self.targets},
-            features=[name for name in features if name in (*CAUSAL_FEATURES, *MODEL_INPUTS)],
+            features=[name for name in features if name in (*CAUSAL_FEATURES, *TOKEN_INPUTS)],
             mask="padding_mask",
         )
         return MappedSource(source, self._tokenized, features, per_record * source.records,
@@ -308,7 +306,7 @@ class _Tokenizing:
                     batch[self.inputs], batch[self.targets]]  # fmt: skip
                 return dict(zip(CAUSAL_FEATURES, self.step(*args), strict=True))
             return {k: v for k, v in self.step(*[batch[n] for n in _names(self.inputs)]).items()
-                    if k in MODEL_INPUTS}  # fmt: skip
+                    if k in TOKEN_INPUTS}  # fmt: skip
 
         ds = tf.data.Dataset.from_tensor_slices(tensors).batch(BATCH)
         ds = ds.map(step, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

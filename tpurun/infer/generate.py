@@ -67,17 +67,22 @@ def check_sampling(sampler: str = "greedy", top_k: int | None = None, seed: int 
     return Sampling(sampler, top_k, seed, max_length)
 
 
-def output_kind(path: str) -> str:
-    """``.csv`` or ``.jsonl``, from the output's name.
+def suffix_of(path: str, kinds: tuple[str, ...], what: str) -> str:
+    """The one of ``kinds`` that ``path`` ends with.
 
     Raises:
-        TpurunError: any other suffix.
+        TpurunError: none: ``--output PATH: what``.
     """
-    for kind in OUTPUTS:
+    for kind in kinds:
         if str(path).lower().endswith(kind):
             return kind
-    raise TpurunError(f"--output {path}: a causal LM's completions go to a .csv or a .jsonl file "
-                      "(one row per prompt: id, prompt, completion).")  # fmt: skip
+    raise TpurunError(f"--output {path}: {what}")
+
+
+def output_kind(path: str) -> str:
+    """``.csv`` or ``.jsonl``, from the output's name."""
+    return suffix_of(path, OUTPUTS, "a causal LM's completions go to a .csv or a .jsonl file "
+                     "(one row per prompt: id, prompt, completion).")  # fmt: skip
 
 
 def check_prompts(files: list[str], data: Any, compression: str) -> None:

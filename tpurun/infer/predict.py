@@ -20,21 +20,25 @@ from tpurun import frameworks
 from tpurun.errors import DataError, TpurunError
 
 KINDS = (".csv", ".npy", ".npz")
+_KINDS_SAID = ("name a .csv file (an id column and one column per output, or class names and "
+               "probabilities), or .npy / .npz for arrays")  # fmt: skip
 
 
-def output_kind(path: str) -> str:
-    """``.csv``, ``.npy`` or ``.npz``, from the output's name.
+def output_kind(path: str, generates: bool | None = False) -> str:
+    """``.csv``, ``.npy`` or ``.npz`` from the output's name; a causal LM's (``generates``):
+    ``.csv`` or ``.jsonl``; not known yet (None): any of them.
 
     Raises:
-        TpurunError: any other suffix.
+        TpurunError: another suffix.
     """
-    for kind in KINDS:
-        if str(path).lower().endswith(kind):
-            return kind
-    raise TpurunError(
-        f"--output {path}: name a .csv file (an id column and one column per output, or class "
-        "names and probabilities), or .npy / .npz for arrays."
-    )
+    from tpurun.infer import generate
+
+    if generates:
+        return generate.output_kind(path)
+    if generates is None:
+        return generate.suffix_of(path, (*KINDS, *generate.OUTPUTS), f"{_KINDS_SAID}; a causal "
+                                  "LM's completions: .csv or .jsonl.")  # fmt: skip
+    return generate.suffix_of(path, KINDS, f"{_KINDS_SAID}.")
 
 
 def id_spec(data: Any, name: str, serialized: bytes, filename: str) -> Any:
@@ -273,15 +277,14 @@ def predict(
 
     started = time.monotonic()
     sampling = generate.check_sampling(sampler, top_k, seed, max_length)
-    if not str(output).lower().endswith(generate.OUTPUTS):
-        output_kind(output)  # neither kind: the message names both
+    output_kind(output, generates=None)  # before the run is opened: any kind will do here
     output = loading.writable_output(output)
     trained = loading.open_run(run_dir)
     found_checkpoint = loading.find_checkpoint(trained, checkpoint)
     runtime = loading.activate_for(trained, machine)
     try:
         causal = _generates(trained, sampling, output)
-        kind = generate.output_kind(output) if causal else output_kind(output)
+        kind = output_kind(output, causal)
         result = _predict(trained, found_checkpoint, runtime, data, output, kind, id_feature,
                           sampling if causal else None)  # fmt: skip
     finally:

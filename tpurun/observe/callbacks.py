@@ -106,10 +106,9 @@ class Withdraw(keras.callbacks.Callback):
             logs.pop(KEY, None)
 
 
-def next_update_rate(optimizer: Any, read: Callable[[Any, int], Any] | None = None) -> float | None:
+def next_update_rate(optimizer: Any, read: Callable[[Any, int], Any]) -> float | None:
     """The learning rate of the optimizer's next update (a schedule's current value); None for an
-    optimizer without one learning rate. ``read(schedule, batch)`` evaluates a schedule (default:
-    calls it).
+    optimizer without one learning rate. ``read(schedule, batch)`` evaluates a schedule.
 
     ``optimizer.learning_rate`` reads a schedule at the count of batches. Under gradient
     accumulation (N batches an update) Keras applies update ``k`` at batch ``k*N + N-1``, with the
@@ -123,16 +122,12 @@ def next_update_rate(optimizer: Any, read: Callable[[Any, int], Any] | None = No
         schedule = getattr(inner, "_learning_rate", None)
         if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
             updates = int(keras.ops.convert_to_numpy(inner.iterations))  # Keras': batches // N
-            value = (read or _call)(schedule, updates * n + n - 1)
+            value = read(schedule, updates * n + n - 1)
         else:
             value = inner.learning_rate
         return float(keras.ops.convert_to_numpy(value))
     except (AttributeError, TypeError, ValueError):
         return None
-
-
-def _call(schedule: Any, batch: int) -> Any:
-    return schedule(batch)
 
 
 class LearningRateLog(keras.callbacks.Callback):

@@ -237,11 +237,9 @@ def seed_everything(keras: Any, seed: int) -> None:
     # TF compares (global seed, op seed) with (0, 0), which fails on tf.data's per-pass seeds
     # (tensors): its global seed stays non-zero. Still a function of the config's seed.
     tf_seed = _SEED_ZERO if seed == 0 else seed
-    with contextlib.ExitStack() as stack:
-        if tf.compat.v1.get_seed(None)[0] == tf_seed:
-            stack.enter_context(mock.patch.object(tf.random, "set_seed", lambda _: None))
+    with mock.patch.object(tf.random, "set_seed", lambda _: None):  # set below, if it changes
         keras.utils.set_random_seed(seed)
-    if seed == 0 and tf.compat.v1.get_seed(None)[0] != tf_seed:
+    if tf.compat.v1.get_seed(None)[0] != tf_seed:
         tf.random.set_seed(tf_seed)
 
 

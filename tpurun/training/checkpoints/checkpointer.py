@@ -159,10 +159,10 @@ class Checkpointer:
         }
         if step:
             state["metrics"] = [np.asarray(v).tolist() for v in model.metrics_variables]
-        if not self.adapter_files(model):  # an adapter file holds them itself
-            state["seed_states"] = [np.asarray(v).tolist() for v in seed_states(model)]
-        if self.adapter_files(model):
+        if self.adapter_files(model):  # an adapter file holds the seed states itself
             state["preset"] = self._preset
+        else:
+            state["seed_states"] = [np.asarray(v).tolist() for v in seed_states(model)]
         return state
 
     def adapter_files(self, model: Any) -> bool:
