@@ -35,10 +35,8 @@ def _one_step(prepared: Any, runtime: Any) -> tuple[Any, dict[str, Any], float] 
     with runtime.scope():
         model = build_model(cfg, plan.backend)
         compile_model(model, cfg, plan)
-    transform = None
-    if cfg.model.preset is not None and model.preprocessor is not None:
-        # As train feeds a preset's task: tokenised in the pipeline, not again by the task.
-        transform = batches.transform(batches.detach(model), cfg.data, prepared.data.tokenized)
+    # As train feeds a preset's task: tokenised in the pipeline, not again by the task.
+    _, transform = batches.take_preprocessing(model, cfg, prepared.data.tokenized)
     ds = pipeline.make_dataset(prepared.data.train_files, cfg.data, plan.global_batch_size,
                                training=True, seed=cfg.seed, transform=transform)  # fmt: skip
     batch = next(iter(ds.take(1)))

@@ -150,6 +150,20 @@ def _classifier_tokens(inputs, targets):
     return inputs, targets, None
 
 
+def take_preprocessing(model: Any, config: Config, tokenized: dict | None) -> tuple[Any, Any]:
+    """A preset task's preprocessor, taken off the task (:func:`detach`), and the pipeline's
+    transform that does its work on the host instead, as train, evaluate and doctor feed the
+    task; ``(None, None)`` for a factory's model.
+
+    Raises:
+        as :func:`transform`.
+    """
+    if config.model.preset is None or getattr(model, "preprocessor", None) is None:
+        return None, None
+    preprocessor = detach(model)
+    return preprocessor, transform(preprocessor, config.data, tokenized)
+
+
 def pipeline_preprocessing(config: Config) -> Callable[[DataConfig, dict | None], Callable]:
     """For ``tpurun data bench`` on a preset config: ``(data, tokenized) ->`` the transform a
     run maps over its records. Sets this process up on the CPU and loads the preset's

@@ -120,6 +120,7 @@ def _score(trained: Any, checkpoint: Any, runtime: Any, data: str | None) -> dic
     from tpurun.config import DataConfig
     from tpurun.data import pipeline
     from tpurun.data.resolve import path_resolver
+    from tpurun.hub.batches import take_preprocessing
     from tpurun.infer import loading
     from tpurun.runtime.plan import auto_steps_per_execution
     from tpurun.training.model import compile_model
@@ -136,7 +137,7 @@ def _score(trained: Any, checkpoint: Any, runtime: Any, data: str | None) -> dic
     batches = -(-found.records // batch)
     distributed = runtime.strategy is not None  # see make_dataset(repeat_eval=...)
     model = loading.build(trained, checkpoint, runtime)
-    preprocessor, transform = _preprocessing(model, config, found.tokenized)
+    preprocessor, transform = take_preprocessing(model, config, found.tokenized)
     dataset = pipeline.make_dataset(
         found.files, config.data.model_copy(update={"compression": found.compression}),
         batch, training=False, score_records=found.records, repeat_eval=distributed,
@@ -173,37 +174,17 @@ def _score(trained: Any, checkpoint: Any, runtime: Any, data: str | None) -> dic
     }
 
 
-def _preprocessing(model: Any, config: Any, tokenized: dict | None) -> tuple[Any, Any]:
-    """A preset task's preprocessor, taken off the task (``Task.evaluate`` would apply it again
-    to batches the pipeline tokenised), and the pipeline's transform that applies it, as training
-    does (:mod:`tpurun.hub.batches`); (None, None) for a factory's model."""
-    from tpurun.hub import batches
-
-    if config.model.preset is None or model.preprocessor is None:
-        return None, None
-    preprocessor = batches.detach(model)
-    return preprocessor, batches.transform(preprocessor, config.data, tokenized)
-
-
 def _with_perplexity(model: Any) -> str | None:
-    """For a causal LM whose loss is the token cross-entropy, make sure KerasHub's Perplexity is
-    compiled (it sums the loss and the weights of the weighted tokens over every batch, so it is
-    exact over the split; Keras' loss is a mean per batch that counts every position). Returns
-    the metric's name when the loss is then reported per token, as log(perplexity); else None.
-
-    Keras keeps the arguments of the last compile (``_compile_config``): compiled again with the
-    metric added, the rest as it was.
-    """
+    """For a causal LM whose loss is the token cross-entropy, the name of the KerasHub Perplexity
+    that compile_model gives it (it sums the loss and the weights of the weighted tokens over
+    every batch, so it is exact over the split; Keras' loss is a mean per batch that counts every
+    position): the loss is then reported per token, as log(perplexity). Else None."""
     keras_hub = frameworks.keras_hub()
     if not isinstance(model, keras_hub.models.CausalLM):
         return None
-    settings = dict(model._compile_config.config)
-    weighted = list(settings.get("weighted_metrics") or [])
+    weighted = model._compile_config.config.get("weighted_metrics") or []
     found = [m for m in weighted if isinstance(m, keras_hub.metrics.Perplexity)]
-    if not found:
-        found = [keras_hub.metrics.Perplexity(from_logits=True, name="perplexity")]
-        model.compile(**{**settings, "weighted_metrics": [*weighted, *found]})
     loss = model.loss
     name = getattr(getattr(loss, "fn", None), "__name__", None) or getattr(loss, "__name__", loss)
     logits = bool(getattr(loss, "_fn_kwargs", {}).get("from_logits", False))
-    return found[0].name if name == "sparse_categorical_crossentropy" and logits else None
+    return found[0].name if found and name == "sparse_categorical_crossentropy" and logits else None

@@ -85,7 +85,7 @@ def train(job: TrainJob) -> TrainResult:
     prepared, run, reporter = job.prepared, job.run, job.reporter
     config, plan = prepared.config, prepared.plan
     model = _compiled_model(job)
-    preprocessor, transform = _preprocessing(job, model)
+    preprocessor, transform = batches.take_preprocessing(model, config, prepared.data.tokenized)
     train_data, val_ds = _datasets(job, transform)
     callbacks, progress, control = cbs.build_callbacks(
         config, plan, run, reporter, job.stop, job.identity
@@ -153,17 +153,6 @@ class _Fitting:
     checkpoint: Any  # checkpoints.Checkpointer
     inputs: Any  # the first batch's inputs: they build the model before weights are loaded
     val_steps: int | None = None
-
-
-def _preprocessing(job: TrainJob, model) -> tuple[Any, Any]:
-    """A preset task's preprocessor, taken off the task for the fit, and the pipeline's
-    transform that does its work on the host (:mod:`tpurun.hub.batches`); (None, None) for a
-    factory's model."""
-    if job.prepared.config.model.preset is None or model.preprocessor is None:
-        return None, None
-    preprocessor = batches.detach(model)
-    data = job.prepared.config.data
-    return preprocessor, batches.transform(preprocessor, data, job.prepared.data.tokenized)
 
 
 def _datasets(job: TrainJob, transform: Any = None) -> tuple[Callable[[int, int], Any], Any]:

@@ -308,15 +308,18 @@ def short_name(obj: Any) -> str:
     return getattr(obj, "name", None) or getattr(obj, "__name__", None) or type(obj).__name__
 
 
-def _task_metrics(model: Any, config: Config) -> list:
-    """What tpurun adds to a preset task's own metrics: a causal LM's perplexity. KerasHub's
-    metric sums the loss and the weights over the weighted tokens of every batch, so it is exact
-    over a validation set (padding records and prompt tokens weigh 0), where the loss, a mean per
-    batch that counts every position, is not a token mean."""
+def _task_metrics(model: Any, config: Config, metrics: list) -> list:
+    """What tpurun adds to a preset task's metrics (its own or the config's): a causal LM's
+    perplexity, unless one is there. KerasHub's metric sums the loss and the weights over the
+    weighted tokens of every batch, so it is exact over a validation set (padding records and
+    prompt tokens weigh 0), where the loss, a mean per batch that counts every position, is not a
+    token mean; evaluate reports the loss per token from it."""
     if config.model.preset is None:
         return []
     keras_hub = frameworks.keras_hub()
-    if not isinstance(model, keras_hub.models.CausalLM):
+    if not isinstance(model, keras_hub.models.CausalLM) or any(
+        isinstance(m, keras_hub.metrics.Perplexity) for m in metrics
+    ):
         return []
     return [keras_hub.metrics.Perplexity(from_logits=True, name="perplexity")]
 
@@ -393,10 +396,10 @@ def compile_model(model: Any, config: Config, plan: Plan) -> str | None:
     # preset's) own, and evaluate, predict and export reload that file.
     metrics_given = bool(config.model.metrics)
     if factory is not None and not metrics_given:
-        metrics = [*(factory.get("metrics") or []), *(factory.get("weighted_metrics") or []),
-                   *_task_metrics(model, config)]  # fmt: skip
+        metrics = [*(factory.get("metrics") or []), *(factory.get("weighted_metrics") or [])]
     else:
         metrics = build_metrics(config)
+    metrics += _task_metrics(model, config, metrics)
     try:
         model.compile(
             optimizer=optimizer,
