@@ -41,6 +41,13 @@ TF_START_UP = re.compile(
 )
 
 
+def signal_at(marker: Path, epoch: int, step: int, signal: str = "SIGTERM") -> dict:
+    """A ``callbacks.extra`` entry that sends the training process ``signal`` once, after that
+    step of that epoch (1-based; tests/factories.py SignalAt): ``marker`` records that it fired."""
+    return {"name": f"{FACTORIES}:SignalAt", "epoch": epoch, "step": step, "signal": signal,
+            "marker": str(marker)}  # fmt: skip
+
+
 def make_records(n: int, seed: int = 0) -> list[dict]:
     """Separable toy data: x is 8 float32 values stored raw; y = 1 when their sum is positive."""
     rng = np.random.default_rng(seed)

@@ -20,6 +20,7 @@ from helpers import (
     read_log,
     read_summary,
     run_cli,
+    signal_at,
     toy_config,
     write_config,
 )
@@ -224,8 +225,7 @@ def test_sigkill_mid_epoch_with_gradients_half_accumulated_then_resume_is_exact(
 
     def config(name: str, kill: bool) -> dict:
         config = accumulating(toy_data, tmp_path, name, 32, 3, steps_per_execution=1)
-        extra = [{"name": f"{FACTORIES}:SignalAt", "epoch": 2, "step": 7, "signal": "SIGKILL",
-                  "marker": str(tmp_path / "fired")}] if kill else []  # fmt: skip
+        extra = [signal_at(tmp_path / "fired", 2, 7, "SIGKILL")] if kill else []
         config["callbacks"] = {"checkpoint": {"every_steps": 4}, "extra": extra}
         return config
 

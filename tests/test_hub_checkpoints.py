@@ -14,7 +14,7 @@ import h5py
 import keras
 import numpy as np
 import pytest
-from helpers import FACTORIES, read_latest, read_log, read_summary, run_cli, write_config
+from helpers import read_latest, read_log, read_summary, run_cli, signal_at, write_config
 from hub_presets import sentences
 from test_hub_train import chat_data, write_jsonl
 from typer.testing import CliRunner
@@ -201,8 +201,7 @@ def test_sigkill_mid_epoch_then_resume_gives_the_unbroken_adapter_and_optimizer(
     the resume point is step 4 of epoch 2: 13 batches, 6 updates and one gradient accumulated."""
 
     def config(name: str, kill: bool) -> dict:
-        extra = [{"name": f"{FACTORIES}:SignalAt", "epoch": 2, "step": 5, "signal": "SIGKILL",
-                  "marker": str(tmp_path / "fired")}] if kill else []  # fmt: skip
+        extra = [signal_at(tmp_path / "fired", 2, 5, "SIGKILL")] if kill else []
         return lm_config(tmp_path, tiny_presets.gemma, data, name,
                          train={"epochs": 3, "gradient_accumulation_steps": 2},
                          callbacks={"checkpoint": {"every_steps": 2}, "extra": extra})  # fmt: skip
@@ -238,8 +237,7 @@ def test_bfloat16_lora_keeps_float32_adapters_and_resumes_exactly(tiny_presets, 
     def config(name: str, kill: bool) -> dict:
         extra = [{"name": f"{HERE}:KeepWeights", "out": str(tmp_path / f"{name}.pkl")}]
         if kill:
-            extra.append({"name": f"{FACTORIES}:SignalAt", "epoch": 2, "step": 4,
-                          "marker": str(tmp_path / "fired")})  # fmt: skip
+            extra.append(signal_at(tmp_path / "fired", 2, 4))
         return lm_config(tmp_path, tiny_presets.gemma, data, name, train={"epochs": 3},
                          runtime={"precision": "bfloat16"}, callbacks={"extra": extra})  # fmt: skip
 
@@ -279,8 +277,7 @@ def test_a_bert_classifier_with_lora_resumes_its_head_biases_and_dropout_exactly
     assert written.exit_code == 0, written.output
 
     def config(name: str, kill: bool) -> dict:
-        extra = [{"name": f"{FACTORIES}:SignalAt", "epoch": 2, "step": 3,
-                  "marker": str(tmp_path / "fired")}] if kill else []  # fmt: skip
+        extra = [signal_at(tmp_path / "fired", 2, 3)] if kill else []
         return {
             "name": name,
             "model": {"preset": str(tiny_presets.bert), "lora": {"rank": 2}},

@@ -13,7 +13,7 @@ import keras
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import FACTORIES, read_latest, read_log, toy_config, write_config
+from helpers import read_latest, read_log, signal_at, toy_config, write_config
 
 import tpurun
 from tpurun.errors import Interrupted
@@ -60,8 +60,7 @@ def test_a_bfloat16_fit_trains_bfloat16_variables_and_its_loss_falls(toy_data, t
 def test_a_mid_epoch_resume_continues_on_the_bfloat16_weights_exactly(toy_data, tmp_path):
     unbroken = tpurun.train(bf16_config(toy_data, tmp_path, "a"), verbose=False)
     config = bf16_config(toy_data, tmp_path, "b")
-    config["callbacks"] = {"extra": [{"name": f"{FACTORIES}:SignalAt", "epoch": 2, "step": 4,
-                                      "marker": str(tmp_path / "fired")}]}  # fmt: skip
+    config["callbacks"] = {"extra": [signal_at(tmp_path / "fired", 2, 4)]}
     with pytest.raises(Interrupted, match="stopped at epoch 2, step 4"):
         tpurun.train(config, verbose=False)
     resumed = tpurun.train(config, verbose=False)
