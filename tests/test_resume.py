@@ -9,19 +9,13 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import keras
 import pytest
-from helpers import FACTORIES, logged_epochs, read_latest, read_log, toy_config
+from helpers import FACTORIES, logged_epochs, read_latest, read_log, signal_at, toy_config
 
 import tpurun
 from tpurun.errors import Interrupted, ModelError, TpurunError
-
-
-def stopping_at(marker: Path, epoch: int, step: int) -> dict:
-    """A user callback that sends SIGTERM once, after that step (see tests/factories.py)."""
-    return {"name": f"{FACTORIES}:SignalAt", "epoch": epoch, "step": step, "marker": str(marker)}
 
 
 def config_for(toy_data, tmp_path, name, **train) -> dict:
@@ -45,7 +39,7 @@ def test_a_mid_epoch_stop_resumes_at_that_step_and_matches_an_unbroken_run(
     assert unbroken["replicas"] == replicas
 
     config = config_for(toy_data, tmp_path, "b")
-    config["callbacks"] = {"extra": [stopping_at(tmp_path / "fired", epoch=2, step=4)]}
+    config["callbacks"] = {"extra": [signal_at(tmp_path / "fired", epoch=2, step=4)]}
     # The stop path runs after the user callbacks, so a signal sent after step 4 stops at step 4.
     with pytest.raises(Interrupted, match=r"SIGTERM: stopped at epoch 2, step 4"):
         tpurun.train(config, verbose=False)
@@ -69,11 +63,11 @@ def test_a_mid_epoch_stop_resumes_at_that_step_and_matches_an_unbroken_run(
 def test_a_stop_inside_the_resumed_rest_of_an_epoch_stops_there(toy_data, tmp_path):
     """Stopped at epoch 2, step 4; resumed, and stopped again at step 8 of that same epoch."""
     config = config_for(toy_data, tmp_path, "twice", steps_per_execution=1)
-    config["callbacks"] = {"extra": [stopping_at(tmp_path / "first", epoch=2, step=4)]}
+    config["callbacks"] = {"extra": [signal_at(tmp_path / "first", epoch=2, step=4)]}
     with pytest.raises(Interrupted, match=r"stopped at epoch 2, step 4"):
         tpurun.train(config, verbose=False)
     # In the resumed session Keras counts the rest of epoch 2 from its own batch 1 (step 5).
-    config["callbacks"] = {"extra": [stopping_at(tmp_path / "second", epoch=2, step=4)]}
+    config["callbacks"] = {"extra": [signal_at(tmp_path / "second", epoch=2, step=4)]}
     with pytest.raises(Interrupted) as info:
         tpurun.train(config, verbose=False)
     run_dir = tmp_path / "runs" / "twice"
@@ -254,6 +248,32 @@ def test_the_first_signal_asks_and_the_second_interrupts():
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(5)  # not reached: the handler raises
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers restored
+
+
+def test_a_signal_during_the_processes_exchange_is_kept_for_the_next_step():
+    """With several processes every step's stop is agreed in an all-gather; a SIGTERM whose
+    handler runs inside it was not sent. It must not stop this process alone (the others would
+    wait for it), nor be lost under the exchange's answer: the next exchange sends it. (A lost
+    SIGTERM let a two-process run train to its end, once in CI.)"""
+    import os
+    import signal
+
+    from tpurun.training.signals import Stop, stop_on_signals
+
+    sent = []
+
+    def exchange(reason, save_by_clock):  # another process said nothing; the signal lands now
+        sent.append(reason)
+        if len(sent) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return reason, save_by_clock
+
+    stop = Stop(agree=exchange)
+    with stop_on_signals(stop):
+        assert stop.agreed(0.0) == (False, False)  # the exchange answered "go on"
+        assert stop.reason == "SIGTERM"  # kept
+        assert stop.agreed(0.0) == (True, False)  # and sent at the next step
+    assert sent == [None, "SIGTERM"]
 
 
 def test_restart_and_resume_from_inside_the_run_directory_are_refused_together(toy_data, tmp_path):

@@ -87,8 +87,13 @@ class Stop:
         requested = self.requested(now)
         if self.agree is None:
             return requested, save_by_clock
-        self.reason, save_by_clock = self.agree(self.reason, save_by_clock)
-        return self.reason is not None, save_by_clock
+        agreed, save_by_clock = self.agree(self.reason, save_by_clock)
+        # A signal can land during the exchange (its handler runs between the exchange's Python
+        # lines): it was not sent, so this process does not stop alone; it keeps the reason and
+        # sends it at the next step. Assigning the answer over it would lose the signal.
+        if self.reason is None:
+            self.reason = agreed
+        return agreed is not None, save_by_clock
 
 
 # ---------------------------------------------------------------------------------- the route
