@@ -2,6 +2,10 @@
 
 * ``gemma``: a SentencePiece vocabulary trained on generated text, a 2-layer Gemma backbone
   (hidden size 64, one key/value head as Gemma 2B has) and ``GemmaCausalLM`` with its preprocessor.
+* ``gemma_mesh``: the same vocabulary and sizes with 8 query and 4 key/value heads, for a device
+  mesh: a model axis of 2 or 4 divides every head count (Gemma's own layout shards heads), one of
+  8 does not divide the 4 key/value heads (the grouped-query case users hit); ``gemma``'s single
+  key/value head is indivisible by any model axis above 1.
 * ``bert``: a WordPiece vocabulary of the same text's words and a 2-layer ``BertTextClassifier``
   (2 classes, position embeddings for 32 tokens).
 * ``resnet``: a one-block ``ResNetImageClassifier`` on 32x32 images: a task whose backbone has no
@@ -43,6 +47,7 @@ class TinyPresets:
     """The folders :func:`build` wrote."""
 
     gemma: Path  # GemmaCausalLM
+    gemma_mesh: Path  # GemmaCausalLM, 8 query and 4 key/value heads
     bert: Path  # BertTextClassifier, 2 classes
     resnet: Path  # ResNetImageClassifier, 2 classes
 
@@ -102,14 +107,14 @@ def _sentencepiece_proto(text: list[str]) -> bytes:
     return buffer.getvalue()
 
 
-def _gemma(keras_hub, text: list[str], folder: Path) -> None:
-    tokenizer = keras_hub.models.GemmaTokenizer(proto=_sentencepiece_proto(text))
+def _gemma(keras_hub, proto: bytes, folder: Path, query_heads: int = 4, kv_heads: int = 1) -> None:
+    tokenizer = keras_hub.models.GemmaTokenizer(proto=proto)
     preprocessor = keras_hub.models.GemmaCausalLMPreprocessor(
         tokenizer, sequence_length=GEMMA_SEQUENCE_LENGTH
     )
     backbone = keras_hub.models.GemmaBackbone(
-        vocabulary_size=tokenizer.vocabulary_size(), num_layers=2, num_query_heads=4,
-        num_key_value_heads=1, hidden_dim=64, intermediate_dim=128, head_dim=16,
+        vocabulary_size=tokenizer.vocabulary_size(), num_layers=2, num_query_heads=query_heads,
+        num_key_value_heads=kv_heads, hidden_dim=64, intermediate_dim=128, head_dim=16,
     )  # fmt: skip
     keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=preprocessor).save_to_preset(
         str(folder)
@@ -156,9 +161,12 @@ def build(folder: Path) -> TinyPresets:
     keras = frameworks.keras()
     keras_hub = frameworks.keras_hub()
     keras.utils.set_random_seed(0)
-    presets = TinyPresets(folder / "tiny_gemma", folder / "tiny_bert", folder / "tiny_resnet")
+    presets = TinyPresets(folder / "tiny_gemma", folder / "tiny_gemma_mesh", folder / "tiny_bert",
+                          folder / "tiny_resnet")  # fmt: skip
     text = corpus()
-    _gemma(keras_hub, text, presets.gemma)
+    proto = _sentencepiece_proto(text)
+    _gemma(keras_hub, proto, presets.gemma)
+    _gemma(keras_hub, proto, presets.gemma_mesh, query_heads=8, kv_heads=4)
     _bert(keras_hub, text, presets.bert)
     _resnet(keras_hub, presets.resnet)
     return presets
@@ -172,4 +180,4 @@ if __name__ == "__main__":
 
     frameworks.activated(os.environ["KERAS_BACKEND"])
     built = build(Path(sys.argv[1] if len(sys.argv) > 1 else "tiny-presets"))
-    print("\n".join(str(p) for p in (built.gemma, built.bert, built.resnet)))
+    print("\n".join(str(p) for p in (built.gemma, built.gemma_mesh, built.bert, built.resnet)))

@@ -21,6 +21,14 @@ from pydantic import (
 from tpurun.config.base import NamedObject, Section
 from tpurun.config.callbacks_config import CallbacksConfig
 from tpurun.config.features import Feature, FeatureRef
+from tpurun.config.mesh_config import (
+    DEVICE_MEMORY_DESCRIPTION,
+    LAYOUT_DESCRIPTION,
+    PEAK_TFLOPS_DESCRIPTION,
+    DeviceMemory,
+    Layout,
+    MeshConfig,
+)
 from tpurun.config.train_config import TrainConfig
 
 #: Keys tpurun writes into a run directory's config.yaml; ignored when that file is loaded again.
@@ -79,6 +87,14 @@ class RuntimeConfig(Section):
         description="Several hosts: this process's number, 0 to `num_processes - 1` (0 on the "
         "coordinator). Unset: `KERAS_DISTRIBUTION_PROCESS_ID`, `TPU_WORKER_ID` or `SLURM_PROCID`.",
     )
+    mesh: MeshConfig | None = Field(
+        None,
+        description="A device mesh `{data, model}` for a model bigger than one device (JAX "
+        "only): `data x model` must be the devices of all processes. Unset: data parallel.",
+    )
+    layout: Layout | None = Field(None, description=LAYOUT_DESCRIPTION)
+    device_memory: DeviceMemory | None = Field(None, description=DEVICE_MEMORY_DESCRIPTION)
+    peak_tflops: float | None = Field(None, gt=0, description=PEAK_TFLOPS_DESCRIPTION)
 
 
 # ----------------------------------------------------------------------------------------- model
