@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpurun.config import Config
-from tpurun.errors import ModelError, describe
+from tpurun.errors import ModelError, TpurunError, describe
 from tpurun.hub import handles
 from tpurun.hub.preset import Preset, check_sequence_length, max_sequence_length, read
 from tpurun.hub.task import concrete, task_class
@@ -128,6 +128,8 @@ def load(cls: type, preset: Preset, kwargs: dict, load_weights: bool = True,
     extra = {} if compile else {"compile": False}
     try:
         return cls.from_preset(preset.location, load_weights=load_weights, **kwargs, **extra)
+    except TpurunError:  # the mesh's layout refused a variable as it was created
+        raise
     except FileNotFoundError as exc:
         raise ModelError(
             f"model.preset: {describe(exc)}. Copy the whole preset folder again, or attach the "

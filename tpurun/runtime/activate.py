@@ -28,6 +28,14 @@ class ActiveRuntime:
     replicas: int
     strategy: Any = None  # tf.distribute strategy (TF backend, several devices or a TPU)
     distribution: Any = None  # keras.distribution (JAX backend)
+    mesh: tuple[int, int] | None = None  # (data, model) under runtime.mesh
+    devices: list | None = None  # JAX's devices of all processes, the mesh's
+    placer: Any = None  # the layout (tpurun.runtime.layout.Placer), once mesh.install set it
+
+    @property
+    def sharded(self) -> bool:
+        """Whether weights are split over a model axis (then checkpoints are sharded too)."""
+        return self.mesh is not None and self.mesh[1] > 1
 
     def scope(self):
         return self.strategy.scope() if self.strategy is not None else contextlib.nullcontext()
@@ -200,8 +208,14 @@ def activate(choice: Choice, seed: int) -> ActiveRuntime:
         keras = frameworks.keras()
 
         _check_keras_backend(keras, choice)
-        distribution = None
-        if len(devices) > 1 or choice.accelerator != "cpu":
+        distribution, mesh = None, None
+        if choice.mesh is not None:
+            from tpurun.runtime import mesh as meshes
+
+            # The mesh's distribution needs the model's layout: set by mesh.install before the
+            # model is built. Resolved here, where a TPU's device count is first known.
+            mesh = meshes.resolve(choice.mesh_config, len(devices), choice.cluster.num_processes)
+        elif len(devices) > 1 or choice.accelerator != "cpu":
             # Each process feeds its own share of every global batch (tpurun.multihost.cluster): Keras must
             # not shard the dataset again.
             distribution = keras.distribution.DataParallel(
@@ -209,7 +223,8 @@ def activate(choice: Choice, seed: int) -> ActiveRuntime:
             )
         # Set (or clear) it every time: a notebook kernel keeps the previous run's distribution.
         keras.distribution.set_distribution(distribution)
-        runtime = ActiveRuntime(choice, len(devices), distribution=distribution)
+        runtime = ActiveRuntime(choice, len(devices), distribution=distribution, mesh=mesh,
+                                devices=devices)  # fmt: skip
     else:
         strategy = _tf_strategy(choice)
         keras = frameworks.keras()

@@ -13,6 +13,7 @@ Two steps, kept apart so that the decision can be tested anywhere:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from tpurun.config import RuntimeConfig
 from tpurun.errors import EnvironmentSetupError
@@ -39,6 +40,16 @@ class Choice:
     max_steps_per_execution: int | None = None  # 1 where keras#19246 applies
     warnings: tuple[str, ...] = ()
     cluster: Cluster = Cluster()
+    mesh_config: Any = None  # runtime.mesh as written (MeshConfig); resolved at activation
+    mesh: tuple[int, int] | None = None  # (data, model), where the device count is known
+
+    @property
+    def mesh_text(self) -> str:
+        if self.mesh_config is None:
+            return ""
+        if self.mesh is not None:
+            return f"mesh {self.mesh[0]}x{self.mesh[1]}"
+        return f"mesh {self.mesh_config.data}x{self.mesh_config.model}"
 
     @property
     def summary(self) -> str:
@@ -48,8 +59,9 @@ class Choice:
             if self.cluster.multi
             else ""
         )
+        mesh = f" {self.mesh_text}" if self.mesh_config is not None else ""
         return (
-            f"{self.accelerator.upper()} via {self.backend} ({self.distribution}, {replicas}"
+            f"{self.accelerator.upper()} via {self.backend} ({self.distribution}{mesh}, {replicas}"
             f"{hosts}, {self.precision}): {self.reason}"
         )
 
@@ -157,13 +169,22 @@ def choose(cfg: RuntimeConfig, steps_per_execution: int | str, machine: Machine)
     spe = steps_per_execution if isinstance(steps_per_execution, int) else 1
     backend, backend_why = _backend(cfg, machine, accelerator, drivers, hits_19246, spe, replicas)
     precision, warnings = _precision(cfg, accelerator, backend, machine)
+    mesh = None
+    if cfg.mesh is not None:
+        from tpurun.runtime import mesh as meshes
+
+        meshes.check_backend(cfg.mesh, backend)
+        if replicas is not None:  # a TPU's devices are counted when it starts (activate)
+            mesh = meshes.resolve(cfg.mesh, replicas, hosts.num_processes)
     tpu_address = None
     if accelerator == "tpu" and backend == "tensorflow":
         tpu_address = resolve_tpu_address(cfg.tpu, machine)
     return Choice(
         backend=backend,
         accelerator=accelerator,
-        distribution=_distribution(accelerator, backend, multi),
+        distribution="model_parallel"
+        if cfg.mesh is not None and cfg.mesh.model > 1
+        else _distribution(accelerator, backend, multi),
         replicas=replicas,
         precision=precision,
         reason=f"{why}; backend {backend}: {backend_why}",
@@ -173,6 +194,8 @@ def choose(cfg: RuntimeConfig, steps_per_execution: int | str, machine: Machine)
         max_steps_per_execution=1 if hits_19246(backend) else None,
         warnings=tuple(warnings),
         cluster=hosts,
+        mesh_config=cfg.mesh,
+        mesh=mesh,
     )
 
 

@@ -185,13 +185,16 @@ def _datasets(job: TrainJob, transform: Any = None) -> tuple[Callable[[int, int]
 
 def _compiled_model(job: TrainJob) -> Any:
     """The config's model, built and compiled in the runtime's scope."""
+    from tpurun.runtime import mesh
     from tpurun.training.model import build_model, compile_model
     from tpurun.training.normalize import for_session
 
     config, plan = job.prepared.config, job.prepared.plan
     numbers = for_session(job.prepared, job.point, job.effective, job.reporter)
+    mesh.install(job.runtime, config)  # a mesh's layout, before any variable exists
     with job.runtime.scope():
         model = build_model(config, plan.backend, numbers)
+        mesh.check(job.runtime, model, config)  # before anything is compiled
         note = compile_model(model, config, plan)
     if note:
         job.reporter.message(note, "note")

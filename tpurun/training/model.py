@@ -14,7 +14,7 @@ from typing import Any
 
 from tpurun import frameworks
 from tpurun.config import Config, NamedObject
-from tpurun.errors import ModelError, describe
+from tpurun.errors import ModelError, TpurunError, describe
 from tpurun.multihost.collectives import lost_peer
 from tpurun.runtime.plan import Plan
 
@@ -102,6 +102,8 @@ def build_model(config: Config, backend: str, normalization: dict | None = None)
             ) from None
     try:
         model = factory(**config.model.kwargs)
+    except TpurunError:  # the mesh's layout refused a variable as it was created
+        raise
     except Exception as exc:
         if lost_peer(exc):  # building the variables is a collective: another process is gone
             raise

@@ -1,0 +1,198 @@
+"""A device mesh with a model axis (runtime.mesh, runtime.layout) on 8 simulated CPU devices: the
+weights land where the layout says (read back from their shardings), and what would silently
+replicate a large weight or crash deep in JAX is one message before anything is compiled.
+
+The model is tests/hub_presets.py's tiny Gemma with 8 query and 4 key/value heads: a model axis
+of 4 divides every head count; one of 8 does not divide the key/value heads (grouped-query
+attention, the case users hit on Gemma and Llama)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import FACTORIES, read_summary, run_cli, toy_config, write_config
+from test_hub_train import chat_data
+
+import tpurun
+from tpurun.config import RuntimeConfig
+from tpurun.errors import ConfigError
+from tpurun.runtime.layout import Placer, auto_axes
+from tpurun.runtime.mesh import resolve
+
+
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory) -> Path:
+    return chat_data(tmp_path_factory.mktemp("mesh-chat"), n=64)
+
+
+def mesh_config(root: Path, preset: Path, data: Path, mesh: dict, **runtime) -> dict:
+    """A full fine-tune (no LoRA: every weight trains) of one epoch, 6 steps of 8 records."""
+    return {
+        "name": "mesh",
+        "model": {"preset": str(preset), "sequence_length": 16},
+        "data": {"train": str(data / "chat-train-*"), "validation": str(data / "chat-validation-*")},
+        "train": {"per_core_batch_size": 1, "epochs": 1, "steps_per_execution": 2,
+                  "learning_rate": {"base": 1e-3}},
+        "runtime": {"cpu_devices": 8, "mesh": mesh, **runtime},
+        "callbacks": {"checkpoint": None},
+        "output": {"dir": str(root / "runs")},
+    }  # fmt: skip
+
+
+def shardings(model) -> dict[str, tuple]:
+    """Each variable's partition spec as JAX holds it."""
+    return {v.path: tuple(v.value.sharding.spec) for v in model.variables}
+
+
+def _pad(spec: tuple, n: int) -> tuple:
+    return tuple(spec) + (None,) * (n - len(spec))
+
+
+# ------------------------------------------------------------------------------ the mesh's shape
+@pytest.mark.parametrize(
+    ("mesh", "devices", "processes", "expected"),
+    [({"model": 4}, 8, 1, (2, 4)), ({"data": 2, "model": 4}, 8, 1, (2, 4)),
+     ({"data": "auto", "model": 8}, 8, 1, (1, 8)), ({"model": 2}, 8, 2, (4, 2))],
+)  # fmt: skip
+def test_the_mesh_fills_the_devices(mesh, devices, processes, expected):
+    assert resolve(RuntimeConfig(mesh=mesh).mesh, devices, processes) == expected
+
+
+@pytest.mark.parametrize(
+    ("mesh", "devices", "processes", "message"),
+    [({"data": 2, "model": 2}, 8, 1, r"data 2 x model 2 = 4 devices, and this run has 8"),
+     ({"model": 3}, 8, 1, r"model: 3 does not divide the 8 devices.*\(1, 2, 4, 8\)"),
+     ({"data": 1, "model": 8}, 8, 2, r"data axis \(1\) must be a multiple of the 2 processes")],
+)  # fmt: skip
+def test_a_mesh_that_does_not_fit_the_devices_is_refused(mesh, devices, processes, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve(RuntimeConfig(mesh=mesh).mesh, devices, processes)
+
+
+def test_the_auto_rule_splits_the_largest_dimension_the_model_axis_divides():
+    assert auto_axes((64, 256), 4) == (None, "model")
+    assert auto_axes((256, 64), 4) == ("model", None)
+    assert auto_axes((3, 3, 16, 30), 4) == (None, None, "model", None)
+    assert auto_axes((30,), 4) == (None,)  # vectors stay whole
+    assert auto_axes((6, 10), 4) == (None, None)  # nothing divides: whole (checked later)
+
+
+def test_two_rules_matching_one_variable_are_refused():
+    placer = Placer([("dense.*", (None, "model")), (".*kernel", ("model", None))],
+                    {"data": 2, "model": 4}, "runtime.layout")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"dense/kernel matches 2 rules"):
+        placer.place("dense/kernel", (8, 8), 4)
+
+
+# ------------------------------------------------------------------------- a fine-tune on 2 x 4
+def test_a_preset_under_2x4_is_sharded_as_its_layout_says_and_trains(tiny_presets, chat, tmp_path):
+    config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, {"data": 2, "model": 4})
+    summary = tpurun.train(config, verbose=False)
+    assert summary["status"] == "completed"
+    model = tpurun.load(tmp_path / "runs" / "mesh")
+    assert model is not None
+    run = read_summary(tmp_path / "runs" / "mesh")
+    assert run["replicas"] == 8 and run["global_batch_size"] == 8
+
+
+def test_under_the_mesh_the_variables_have_the_layouts_shardings(tiny_presets, chat, tmp_path):
+    """Read back from JAX: Gemma's own map splits the embedding's vocabulary and the attention
+    heads over `model`; norms stay whole; the layout summary counts them."""
+    from tpurun.training import fit
+
+    captured = {}
+    original = fit.train
+
+    def spy(job):
+        result = original(job)
+        captured["model"], captured["placer"] = result.model, job.runtime.placer
+        return result
+
+    fit.train = spy
+    try:
+        config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, {"data": 2, "model": 4})
+        tpurun.train(config, verbose=False)
+    finally:
+        fit.train = original
+    specs = shardings(captured["model"])
+    assert _pad(specs["token_embedding/embeddings"], 2) == ("model", "data")
+    assert _pad(specs["decoder_block_0/attention/query/kernel"], 3) == ("model", "data", None)
+    assert _pad(specs["decoder_block_0/attention/key/kernel"], 3) == ("model", "data", None)
+    assert _pad(specs["decoder_block_0/ffw_gating/kernel"], 2) == ("data", "model")
+    assert _pad(specs["decoder_block_0/pre_attention_norm/scale"], 1) == (None,)
+    placements = captured["placer"].placements
+    for variable in captured["model"].variables:  # every one, as the placer placed it
+        placement = placements[variable.path]
+        assert _pad(specs[variable.path], len(placement.shape)) == placement.axes, variable.path
+
+
+# ------------------------------------------------------------------------------ bad layouts
+def test_grouped_query_heads_the_model_axis_does_not_divide_are_named(tiny_presets, chat, tmp_path):
+    config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, {"data": 1, "model": 8})
+    with pytest.raises(ConfigError) as info:
+        tpurun.train(config, verbose=False)
+    text = str(info.value)
+    assert "decoder_block_0/attention/key/kernel has shape [4, 64, 16]" in text, text
+    assert "model axis of 8 devices (grouped-query attention" in text, text
+    assert "Model axis sizes that divide it: 2, 4." in text, text
+    assert not (tmp_path / "runs" / "mesh" / "checkpoints").exists()  # nothing trained
+
+
+def test_a_single_key_value_head_is_indivisible_by_any_model_axis(tiny_presets, chat, tmp_path):
+    config = mesh_config(tmp_path, tiny_presets.gemma, chat, {"model": 2})
+    with pytest.raises(ConfigError, match=r"key/kernel has shape \[1, 64, 16\].*divide it: 1\."):
+        tpurun.train(config, verbose=False)
+
+
+def test_a_large_variable_left_replicated_is_refused_with_the_rule_that_splits_it(
+    tiny_presets, chat, tmp_path
+):
+    """The config's own rules cover the attention only: the feed-forward kernels and the
+    embedding would sit whole on every device."""
+    rules = [{"pattern": r"decoder_block_\d+/attention/(query|key|value)/kernel",
+              "axes": ["model", None, None]},
+             {"pattern": r"decoder_block_\d+/attention/attention_output/kernel",
+              "axes": ["model", None, None]}]  # fmt: skip
+    config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, {"model": 4}, layout=rules)
+    with pytest.raises(ConfigError) as info:
+        tpurun.train(config, verbose=False)
+    text = str(info.value)
+    assert "leaves 7 large variable(s) whole on every device" in text, text
+    assert "token_embedding/embeddings [256, 64] (64.0 KiB)" in text, text
+    assert r'{pattern: "decoder_block_\d+/ffw_gating/kernel", axes: [null, model]}' in text, text
+
+
+def test_a_rule_that_matches_nothing_is_refused(tiny_presets, chat, tmp_path):
+    config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, {"model": 4},
+                         layout=[{"pattern": "decoder/ffn/kernel", "axes": [None, "model"]}])  # fmt: skip
+    with pytest.raises(ConfigError, match=r"'decoder/ffn/kernel' matches no variable"):
+        tpurun.train(config, verbose=False)
+
+
+def test_auto_layout_shards_a_factory_model(toy_data, tmp_path):
+    config = toy_config(toy_data, tmp_path / "runs", name="auto",
+                        model={"factory": f"{FACTORIES}:mlp", "kwargs": {"units": 64}},
+                        runtime={"cpu_devices": 8, "mesh": {"model": 4}, "layout": "auto"},
+                        train={"epochs": 1})  # fmt: skip
+    summary = tpurun.train(config, verbose=False)
+    assert summary["status"] == "completed"
+
+
+def test_layout_preset_on_a_factory_model_is_refused(toy_data, tmp_path):
+    config = toy_config(toy_data, tmp_path / "runs", name="nolayout",
+                        runtime={"cpu_devices": 8, "mesh": {"model": 4}, "layout": "preset"})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"a model.factory model has no layout of its own"):
+        tpurun.train(config, verbose=False)
+
+
+@pytest.mark.slow
+def test_a_model_axis_on_the_tensorflow_backend_exits_2(toy_data, tmp_path):
+    config = toy_config(toy_data, tmp_path / "runs", name="tf",
+                        runtime={"backend": "tensorflow", "cpu_devices": 8,
+                                 "mesh": {"model": 4}})  # fmt: skip
+    path = write_config(tmp_path / "tf.yaml", config)
+    done = run_cli("train", str(path))
+    assert done.returncode == 2, done.stderr
+    assert "runtime.mesh: a model axis (4) needs the JAX backend" in done.stderr
+    assert "Traceback" not in done.stderr

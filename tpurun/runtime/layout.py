@@ -1,0 +1,268 @@
+"""Where each weight lives on the device mesh, and the checks that no weight lands where it should
+not: before the first step, never a silent replication or an indivisible shape deep in JAX.
+
+A layout is a list of rules, ``(pattern, axes)``: a variable whose path the pattern matches in full
+is split along each dimension over the mesh axis named there (``"data"``, ``"model"`` or None).
+Three sources (``runtime.layout``):
+
+- ``preset``: the backbone's own ``get_layout_map`` (KerasHub's Gemma, Llama, Qwen), read into rules;
+- ``auto``: tpurun's rule for any Keras model (:func:`auto_axes`);
+- the config's own list.
+
+:class:`Placer` is what the Keras distribution asks for each variable as it is created: it finds the
+rule, checks the shape divides, and remembers the placement. :func:`check_placements` then looks at
+the whole model: a rule of the config's that matched nothing, or a large variable left replicated
+(keras-hub#2806: a renamed variable stops matching its rule and the model loads fully replicated,
+then dies out of memory with no hint), is an error naming the variables and the rule that would
+split them.
+
+Imports no framework: the Keras side (the distribution) is :mod:`tpurun.runtime.mesh`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tpurun.errors import ConfigError
+
+Axes = tuple[str | None, ...]
+Rule = tuple[str, Axes]  # (pattern matched in full against the variable path, axes per dimension)
+
+#: A weight of 2 or more dimensions at least this big (bytes) must be split when the model axis
+#: is over 1 (vectors, biases and norms, stay whole: they are a hidden size, small)...
+LARGE_BYTES = 1024 * 1024
+#: ...or at least this share of the model's bytes (small models: a tiny preset in a rehearsal).
+LARGE_SHARE = 0.01
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One variable as the mesh holds it."""
+
+    path: str
+    shape: tuple[int, ...]
+    itemsize: int
+    axes: Axes  # per dimension: the mesh axis it is split over, or None
+    rule: str | None  # the pattern that placed it; None: no rule matched (replicated)
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.itemsize
+
+    @property
+    def replicated(self) -> bool:
+        return not any(self.axes)
+
+    def shard_bytes(self, mesh: dict[str, int]) -> int:
+        """Bytes one device holds."""
+        return self.nbytes // math.prod(mesh[a] for a in self.axes if a)
+
+
+def auto_axes(shape: Sequence[int], model: int) -> Axes:
+    """tpurun's ``auto`` rule: a weight of 2 or more dimensions is split over ``model`` along its
+    largest dimension the model axis divides (a Dense kernel's output units, an embedding's
+    vocabulary, a convolution's filters: Megatron's column split where it can); vectors (biases,
+    norms) and weights no dimension of which divides stay replicated."""
+    axes: list[str | None] = [None] * len(shape)
+    if len(shape) >= 2 and model > 1:
+        divisible = [i for i, n in enumerate(shape) if n % model == 0]
+        if divisible:
+            axes[max(divisible, key=lambda i: (shape[i], i))] = "model"
+    return tuple(axes)
+
+
+def _generalized(path: str) -> str:
+    """A pattern for a variable and its siblings: ``decoder_block_3/ffw/kernel`` ->
+    ``decoder_block_\\d+/ffw/kernel``."""
+    return re.sub(r"_\d+(?=/|$)", r"_\\d+", re.escape(path).replace(r"\/", "/"))
+
+
+def rule_text(pattern: str, axes: Axes) -> str:
+    """A rule as the config writes it."""
+    shown = ", ".join("null" if a is None else a for a in axes)
+    return f'{{pattern: "{pattern}", axes: [{shown}]}}'
+
+
+class Placer:
+    """The layout, asked once per variable as Keras creates it (see :mod:`tpurun.runtime.mesh`)."""
+
+    def __init__(self, rules: Sequence[Rule], mesh: dict[str, int], source: str,
+                 auto: bool = False):  # fmt: skip
+        self.rules = list(rules)
+        self.mesh = mesh  # {"data": d, "model": m}
+        self.source = source  # "preset (GemmaBackbone)", "auto", "runtime.layout"
+        self.auto = auto
+        self.placements: dict[str, Placement] = {}
+
+    def place(self, path: str, shape: Sequence[int], itemsize: int) -> Axes:
+        """The axes of the variable at ``path``.
+
+        Raises:
+            ConfigError: two rules match it, a rule's axes do not fit its dimensions, or a
+                dimension is not divisible by the axis it is split over.
+        """
+        shape = tuple(int(n) for n in shape)
+        matched = [(p, a) for p, a in self.rules if re.fullmatch(p, path)]
+        if len(matched) > 1:
+            raise ConfigError(
+                [
+                    f"runtime.layout: the variable {path} matches {len(matched)} rules "
+                    f"({', '.join(repr(p) for p, _ in matched)}); each variable may match one. "
+                    "Make the patterns narrower."
+                ]
+            )
+        if matched:
+            rule, axes = matched[0]
+        elif self.auto:
+            rule, axes = "auto", auto_axes(shape, self.mesh["model"])
+        else:
+            rule, axes = None, (None,) * len(shape)
+        if len(axes) != len(shape):
+            raise ConfigError(
+                [
+                    f"runtime.layout: the rule {rule!r} gives {len(axes)} axes, and the variable "
+                    f"{path} it matches has {len(shape)} dimensions {list(shape)}. Give one entry "
+                    "(data, model or null) per dimension."
+                ]
+            )
+        for dim, (n, axis) in enumerate(zip(shape, axes, strict=True)):
+            if axis and n % self.mesh[axis]:
+                raise ConfigError([_indivisible(path, shape, dim, axis, self.mesh, self.source)])
+        self.placements[path] = Placement(path, shape, itemsize, tuple(axes), rule)
+        return tuple(axes)
+
+
+def _indivisible(path: str, shape: tuple[int, ...], dim: int, axis: str, mesh: dict[str, int],
+                 source: str) -> str:  # fmt: skip
+    n = shape[dim]
+    sizes = [k for k in range(1, n + 1) if n % k == 0 and k > 1] or [1]
+    other = "data" if axis == "model" else "model"
+    gqa = (
+        " (grouped-query attention: fewer key/value heads than the model axis; keras-hub#1613)"
+        if re.search(r"(key|value)", path)
+        else ""
+    )
+    return (
+        f"runtime.mesh: {path} has shape {list(shape)}, and its dimension {dim} ({n}) does not "
+        f"split over the {axis} axis of {mesh[axis]} devices{gqa}; the layout is {source}. "
+        f"{axis.capitalize()} axis sizes that divide it: {', '.join(map(str, sizes))}. Set "
+        f"runtime.mesh.{axis} to one of them (the {other} axis takes the other devices), or give "
+        "runtime.layout a rule for this variable that leaves that dimension unsplit (null)."
+    )
+
+
+@dataclass(frozen=True)
+class LayoutSummary:
+    """What the layout did, for ``tpurun config`` and doctor."""
+
+    source: str
+    variables: int
+    bytes: int
+    split: dict[str, tuple[int, int]]  # axis -> (variables, bytes) split over it
+    replicated: tuple[int, int]  # (variables, bytes) on every device whole
+
+    def to_dict(self) -> dict:
+        return {
+            "source": self.source,
+            "variables": self.variables,
+            "bytes": self.bytes,
+            "split": {a: {"variables": v, "bytes": b} for a, (v, b) in self.split.items()},
+            "replicated": {"variables": self.replicated[0], "bytes": self.replicated[1]},
+        }
+
+
+def summarize(placer: Placer, paths: Sequence[str] | None = None) -> LayoutSummary:
+    """The layout of the variables at ``paths`` (the model's; None: all placed so far)."""
+    placements = _of(placer, paths)
+    split = {}
+    for axis in ("data", "model"):
+        over = [p for p in placements if axis in p.axes]
+        split[axis] = (len(over), sum(p.nbytes for p in over))
+    replicated = [p for p in placements if p.replicated]
+    return LayoutSummary(
+        placer.source, len(placements), sum(p.nbytes for p in placements), split,
+        (len(replicated), sum(p.nbytes for p in replicated)),
+    )  # fmt: skip
+
+
+def _of(placer: Placer, paths: Sequence[str] | None) -> list[Placement]:
+    if paths is None:
+        return list(placer.placements.values())
+    return [placer.placements[p] for p in paths if p in placer.placements]
+
+
+def check_placements(placer: Placer, paths: Sequence[str], exempt: Sequence[str] = (),
+                     config_rules: bool = False) -> LayoutSummary:  # fmt: skip
+    """After the model is built: every rule of the config's matched a variable, and no large
+    variable is left replicated while the model axis is over 1.
+
+    Args:
+        paths: the model's variables (an optimizer's counters are placed too, and do not count).
+        exempt: paths allowed to stay whole (LoRA adapters: rank-sized, trained, small).
+        config_rules: the rules are the config's own (``runtime.layout`` as a list): each must
+            match. A preset's map may name layers a smaller model of its family does not have.
+
+    Raises:
+        ConfigError: a rule matched nothing; large variables are replicated.
+    """
+    placements = _of(placer, paths)
+    if config_rules:
+        used = {p.rule for p in placements}
+        for pattern, _ in placer.rules:
+            if pattern not in used:
+                raise ConfigError([_unmatched(pattern, [p.path for p in placements])])
+    total = sum(p.nbytes for p in placements)
+    large = min(LARGE_BYTES, LARGE_SHARE * total)
+    whole = [
+        p for p in placements
+        if p.replicated and p.nbytes >= large and p.path not in set(exempt) and len(p.shape) >= 2
+    ]  # fmt: skip
+    if placer.mesh["model"] > 1 and whole:
+        raise ConfigError([_replicated(whole, placer, large)])
+    return summarize(placer, paths)
+
+
+def _unmatched(pattern: str, paths: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(pattern, paths, n=3, cutoff=0.3) or paths[:3]
+    return (
+        f"runtime.layout: the pattern {pattern!r} matches no variable of this model (a pattern "
+        f"must match a whole path). Paths look like: {', '.join(close)}. `tpurun config CONFIG "
+        "--layout` lists every variable with its shape and placement."
+    )
+
+
+def _replicated(whole: list[Placement], placer: Placer, large: float) -> str:
+    whole = sorted(whole, key=lambda p: -p.nbytes)
+    shown = "; ".join(f"{p.path} {list(p.shape)} ({_size(p.nbytes)})" for p in whole[:4])
+    more = f" and {len(whole) - 4} more" if len(whole) > 4 else ""
+    suggestions = []
+    for p in whole:
+        axes = auto_axes(p.shape, placer.mesh["model"])
+        rule = rule_text(_generalized(p.path), axes) if any(axes) else None
+        if rule and rule not in suggestions:
+            suggestions.append(rule)
+    fix = (
+        f"A rule that would split them: {'; '.join(suggestions[:3])} (runtime.layout as a list, "
+        "or runtime.layout: auto)."
+        if suggestions
+        else f"No dimension of theirs divides the model axis ({placer.mesh['model']}); choose a "
+        "model axis that divides one."
+    )
+    return (
+        f"runtime.layout ({placer.source}) leaves {len(whole)} large variable(s) whole on every "
+        f"device: {shown}{more}. Each is at least {_size(int(large))}: replicated, the model "
+        f"would not shrink with the model axis (a renamed layer no longer matching its rule does "
+        f"this, keras-hub#2806). {fix}"
+    )
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"

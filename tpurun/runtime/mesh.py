@@ -1,0 +1,195 @@
+"""The device mesh (``runtime.mesh``) and the Keras distribution that places every weight on it.
+
+Model parallelism is JAX only: Keras' distribution API on TensorFlow is marked as a prototype not to
+use. The mesh's axes are ``data`` (each row of devices takes a slice of every batch) and ``model``
+(each device in a row holds a slice of every weight the layout splits). The global batch stays
+``train.per_core_batch_size`` times all the devices whatever the mesh's shape, as MaxText counts
+it: a run's steps, learning rate and checkpoints do not depend on the shape, so a checkpoint written
+under 2x4 resumes under 4x2 or 8x1 as the same run.
+
+Several processes: each feeds its own share of every batch (``tpurun.multihost.shares``), so each
+must hold whole rows of the data axis: the data axis is a multiple of the process count.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tpurun import frameworks
+from tpurun.config import Config
+from tpurun.errors import ConfigError
+from tpurun.runtime.layout import Placer, Rule, check_placements
+
+AXES = ("data", "model")
+
+
+def check_backend(mesh: Any, backend: str) -> None:
+    """A model axis needs JAX."""
+    if mesh is not None and mesh.model > 1 and backend != "jax":
+        raise ConfigError(
+            [
+                f"runtime.mesh: a model axis ({mesh.model}) needs the JAX backend, and this run "
+                f"uses {backend}. Keras' distribution API on TensorFlow is a prototype not meant for "
+                "use, so tpurun splits models over devices on JAX only. Set runtime.backend: jax "
+                "(pip install jax), or drop runtime.mesh to train data parallel."
+            ]
+        )
+
+
+def resolve(mesh: Any, devices: int, processes: int = 1) -> tuple[int, int]:
+    """``(data, model)`` for ``devices`` devices (all processes').
+
+    Raises:
+        ConfigError: the product is not the device count, ``auto`` cannot fill it, or the data
+            axis does not give each process whole rows.
+    """
+    model = mesh.model
+    if mesh.data == "auto":
+        if devices % model:
+            raise ConfigError(
+                [
+                    f"runtime.mesh: model: {model} does not divide the {devices} devices, so `data: "
+                    f"auto` cannot fill the mesh. Use a model axis that divides {devices} "
+                    f"({', '.join(str(k) for k in range(1, devices + 1) if devices % k == 0)})."
+                ]
+            )
+        data = devices // model
+    else:
+        data = mesh.data
+    if data * model != devices:
+        raise ConfigError(
+            [
+                f"runtime.mesh: data {data} x model {model} = {data * model} devices, and this run "
+                f"has {devices}. The product must be the device count of all processes: set data: "
+                "auto (it takes the rest), or sizes whose product is "
+                f"{devices}."
+            ]
+        )
+    if processes > 1 and data % processes:
+        raise ConfigError(
+            [
+                f"runtime.mesh: the data axis ({data}) must be a multiple of the {processes} "
+                "processes: each process feeds its own slice of every batch, so each must hold whole "
+                f"rows of the mesh. Use data: {processes} or a multiple of it (with a model axis of "
+                f"{devices // processes} or less per process)."
+            ]
+        )
+    return data, model
+
+
+def rules_for(config: Config, mesh: Any) -> tuple[list[Rule], str, bool]:
+    """The layout's rules, where they come from, and whether ``auto`` places the rest.
+
+    Raises:
+        ConfigError: ``layout: preset`` on a model with no layout of its own.
+    """
+    layout = config.runtime.layout
+    if isinstance(layout, list):
+        return [(r.pattern, tuple(r.axes)) for r in layout], "runtime.layout", False
+    backbone = _backbone_class(config)
+    if layout == "auto" or (layout is None and not _has_layout(backbone)):
+        return [], "auto", True
+    if not _has_layout(backbone):
+        what = f"the backbone {backbone.__name__}" if backbone else "a model.factory model"
+        raise ConfigError(
+            [
+                f"runtime.layout: preset, and {what} has no layout of its own (KerasHub gives Gemma, "
+                "Llama and Qwen one). Set runtime.layout: auto (every large weight split along a "
+                "dimension the model axis divides), or give rules: [{pattern, axes}, ...]."
+            ]
+        )
+    return _preset_rules(backbone, mesh), f"preset ({backbone.__name__})", False
+
+
+def _backbone_class(config: Config) -> Any:
+    if config.model.preset is None:
+        return None
+    from tpurun.hub.preset import read
+    from tpurun.hub.task import concrete, task_class
+
+    preset = read(config)
+    cls = concrete(task_class(preset, config.model.task), preset)
+    return getattr(cls, "backbone_cls", None)
+
+
+def _has_layout(backbone: Any) -> bool:
+    return backbone is not None and hasattr(backbone, "get_layout_map")
+
+
+def _preset_rules(backbone: Any, mesh: Any) -> list[Rule]:
+    layout_map = backbone.get_layout_map(
+        mesh, model_parallel_dim_name="model", data_parallel_dim_name="data"
+    )
+    return [(pattern, tuple(layout.axes)) for pattern, layout in layout_map.items()]
+
+
+def _device_mesh(keras: Any, shape: tuple[int, int], devices: list) -> Any:
+    """Devices in the order the hardware links them (``mesh_utils`` on a TPU slice), so a
+    model-axis all-reduce stays between neighbours; on CPUs and GPUs, as JAX lists them."""
+    mesh_utils = frameworks.jax("experimental.mesh_utils")
+
+    try:
+        ordered = mesh_utils.create_device_mesh(shape, devices=devices).reshape(-1).tolist()
+    except (ValueError, NotImplementedError, AssertionError):
+        ordered = devices
+    return keras.distribution.DeviceMesh(shape, list(AXES), devices=ordered)
+
+
+_PLACING: Any = None
+
+
+def _placing_class(keras: Any) -> Any:
+    """A ``ModelParallel`` that asks the :class:`Placer` where each variable goes (made once:
+    Keras is imported only after the runtime is set up)."""
+    global _PLACING
+    if _PLACING is None:
+        jnp = frameworks.jax("numpy")
+
+        class PlacingModelParallel(keras.distribution.ModelParallel):
+            def __init__(self, *, placer: Placer, **kwargs):
+                super().__init__(**kwargs)
+                self.placer = placer
+
+            def get_variable_layout(self, variable):
+                if getattr(variable, "_layout", None) is not None:
+                    return variable._layout
+                itemsize = jnp.dtype(variable.dtype).itemsize
+                axes = self.placer.place(variable.path, variable.shape, itemsize)
+                return keras.distribution.TensorLayout(list(axes), self.device_mesh)
+
+        _PLACING = PlacingModelParallel
+    return _PLACING
+
+
+def install(runtime: Any, config: Config) -> Placer | None:
+    """Set the mesh's distribution for the model ``config`` describes (before it is built).
+    A run without a mesh keeps the distribution activate set."""
+    if runtime.mesh is None:
+        return None
+    keras = frameworks.keras()
+
+    data, model = runtime.mesh
+    keras_mesh = _device_mesh(keras, (data, model), runtime.devices)
+    rules, source, auto = rules_for(config, keras_mesh)
+    placer = Placer(rules, {"data": data, "model": model}, source, auto=auto)
+    distribution = _placing_class(keras)(
+        placer=placer,
+        layout_map=keras.distribution.LayoutMap(keras_mesh),
+        batch_dim_name="data",
+        auto_shard_dataset=not runtime.choice.cluster.multi,
+    )
+    keras.distribution.set_distribution(distribution)
+    runtime.distribution, runtime.placer = distribution, placer
+    return placer
+
+
+def check(runtime: Any, model: Any, config: Config) -> Any:
+    """After building under :func:`install`: the layout holds (see
+    :func:`tpurun.runtime.layout.check_placements`); its summary. LoRA adapters may stay whole."""
+    if runtime.placer is None:
+        return None
+    exempt = [v.path for v in model.trainable_variables if "lora_kernel" in v.path]
+    paths = [v.path for v in model.variables]
+    return check_placements(
+        runtime.placer, paths, exempt, config_rules=isinstance(config.runtime.layout, list)
+    )
