@@ -16,7 +16,7 @@ install: $(BIN)/tpurun $(KERNEL_VENV)/.installed
 $(BIN)/tpurun: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet $(PINS) -e '.[dev,export,viz,docs,hub]'
+	$(BIN)/pip install --quiet $(PINS) -e '.[dev,export,viz,docs,hub,sharded]'
 	@$(BIN)/tpurun --version
 
 # ipykernel exports MPLBACKEND=module://matplotlib_inline.backend_inline, which only this
