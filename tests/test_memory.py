@@ -1,0 +1,134 @@
+"""The memory estimate (tpurun/runtime/memory.py) and the check before compiling
+(tpurun/runtime/memory_check.py): parameters and optimizer state exact against the shards a 2x4
+mesh really holds, the device's limit found in order, a run too big for a small pretend device
+refused with its terms and fixes, and ``tpurun config`` / doctor reporting it.
+
+The test process has 8 simulated CPU devices (conftest); the 2x4 ``ModelParallel`` is set by hand.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import keras
+import pytest
+from helpers import FACTORIES, toy_config
+
+import tpurun
+from tpurun import frameworks
+from tpurun.runtime.choice import Choice
+from tpurun.runtime.memory_check import (
+    estimate_for_model,
+)
+from tpurun.runtime.plan import make_plan
+from tpurun.training.model import build_model, compile_model
+
+MESH = (2, 4)
+
+
+def loaded(tmp_path: Path, model: dict, **sections):
+    config = toy_config(tmp_path / "data", tmp_path / "runs", **sections)
+    config["model"] = model
+    return tpurun.load_config(config)
+
+
+def plan_for(config, replicas: int = 8, records: int = 10_000):
+    choice = Choice(backend="jax", accelerator="cpu", distribution="default", replicas=replicas,
+                    precision="float32", reason="test")  # fmt: skip
+    return make_plan(config, choice, replicas, [records], None)
+
+
+def set_mesh(layout=None):
+    """A hand-set 2x4 ``ModelParallel`` (until the lead's mesh lands): Gemma's layout map, or
+    ``layout``'s ``{pattern: axes}``."""
+    device_mesh = keras.distribution.DeviceMesh(MESH, ["data", "model"],
+                                                keras.distribution.list_devices())  # fmt: skip
+    if layout is None:
+        layout_map = frameworks.keras_hub().models.GemmaBackbone.get_layout_map(
+            device_mesh, data_parallel_dim_name="data", model_parallel_dim_name="model"
+        )
+    else:
+        layout_map = keras.distribution.LayoutMap(device_mesh)
+        for pattern, axes in layout.items():
+            layout_map[pattern] = axes
+    keras.distribution.set_distribution(
+        keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="data")
+    )
+
+
+@pytest.fixture
+def mesh_2x4():
+    set_mesh()
+    yield
+    keras.distribution.set_distribution(None)
+
+
+@pytest.fixture
+def dense_2x4():
+    set_mesh({".*dense.*/kernel": ("model", None)})
+    yield
+    keras.distribution.set_distribution(None)
+
+
+def resident(variables, device) -> int:
+    """Ground truth: bytes of the shards that live on ``device``."""
+    return sum(
+        s.data.nbytes for v in variables for s in v.value.addressable_shards if s.device == device
+    )
+
+
+def built(config):
+    """The model as train builds and compiles it, its optimizer built (what the estimate must
+    predict without building it)."""
+    plan = plan_for(config)
+    model = build_model(config, "jax")
+    compile_model(model, config, plan)
+    est = estimate_for_model(model, config, plan, MESH)
+    model.optimizer.build(model.trainable_variables)
+    return model, est
+
+
+def assert_exact(model, est):
+    device = frameworks.jax().devices()[0]
+    assert est.parameters == resident(model.weights, device)
+    assert est.gradients == resident(model.trainable_weights, device)
+    assert est.optimizer == resident(model.optimizer.variables, device)
+
+
+# ----------------------------------------------------------------------- exact against shards
+@pytest.mark.parametrize("lora", [None, {"rank": 4}], ids=["full", "lora"])
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_gemma_2x4_parameters_and_optimizer_are_exact(tmp_path, tiny_presets, mesh_2x4, lora,
+                                                      optimizer):  # fmt: skip
+    model = {"preset": str(tiny_presets.gemma_mesh), "optimizer": optimizer}
+    if lora:
+        model["lora"] = lora
+    config = loaded(tmp_path, model, train={"per_core_batch_size": 2, "epochs": 1,
+                                            "learning_rate": {"base": 1e-3}})  # fmt: skip
+    keras_model, est = built(config)
+    assert est.entries and any("model" in e.axes() for e in est.entries)  # really sharded
+    assert_exact(keras_model, est)
+    sharded = sum(e.nbytes for e in est.entries)
+    assert est.parameters < sharded  # a device holds less than the whole model
+    if lora:
+        # Only the adapters train: float32, replicated (no rule of Gemma's matches them).
+        assert est.trainable and all(e.lora and e.dtype == "float32" for e in est.trainable)
+        assert est.gradients == sum(e.nbytes for e in est.trainable)
+    if optimizer == "sgd":  # no momentum: only Keras' iteration counter and learning rate
+        assert est.optimizer == 8
+
+
+def test_plain_keras_model_2x4_with_accumulation_is_exact(tmp_path, dense_2x4):
+    config = loaded(
+        tmp_path,
+        {"factory": f"{FACTORIES}:mlp", "kwargs": {"units": 64}, "loss": "binary_crossentropy",
+         "optimizer": {"name": "rmsprop", "momentum": 0.9, "centered": True}},
+        train={"per_core_batch_size": 4, "gradient_accumulation_steps": 2, "epochs": 1,
+               "learning_rate": {"base": 1e-3, "warmup_epochs": 1}},
+    )  # fmt: skip
+    keras_model, est = built(config)
+    assert_exact(keras_model, est)
+    assert any("model" in e.axes() for e in est.entries)
+    assert est.slots.per_variable == 3  # velocity, momentum, average gradient
+    assert est.optimizer == 4 * est.gradients + 4  # + the accumulators; a schedule, no LR variable
+    assert est.activations is not None and est.activations.basis.startswith("every layer")

@@ -1,0 +1,272 @@
+"""The memory check: the estimate of :mod:`tpurun.runtime.memory` against one device's memory,
+before anything compiles, and what would fit when it does not.
+
+The device's memory, first found of: ``runtime.device_memory``; the runtime's own limit
+(``device.memory_stats()["bytes_limit"]``, None on a CPU); tpurun's table by ``device_kind``
+(:mod:`tpurun.runtime.devices`). A CPU has none: no check, the estimate is still shown.
+
+Imports no framework: the model, its optimizer and the device are passed in.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tpurun.config import Config
+from tpurun.errors import EnvironmentSetupError
+from tpurun.runtime import devices as device_table
+from tpurun.runtime.memory import (
+    Activations,
+    Entry,
+    Estimate,
+    activations_of,
+    counter_bytes,
+    entries_of,
+    estimate,
+    size,
+    slots_for,
+    slots_of,
+)
+
+#: The LoRA rank the fix suggests (KerasHub's examples use 4 to 16).
+LORA_RANK = 8
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One device's usable memory, and where the figure comes from."""
+
+    bytes: int
+    source: str  # "runtime.device_memory", "the runtime's memory_stats()", "tpurun's table (v5e)"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"bytes": self.bytes, "source": self.source}
+
+
+def device_limit(config: Config, device: Any = None, kind: str | None = None,
+                 reported: int | None = None) -> Limit | None:  # fmt: skip
+    """The device's memory: the config's, the runtime's, the table's; None where none is known.
+
+    Args:
+        device: a JAX device (its ``memory_stats()`` and ``device_kind`` are read), or None.
+        kind, reported: the device kind and ``bytes_limit`` found elsewhere (doctor's probe).
+    """
+    if config.runtime.device_memory is not None:
+        return Limit(int(config.runtime.device_memory), "runtime.device_memory")
+    if device is not None:
+        kind = getattr(device, "device_kind", kind)
+        try:
+            stats = device.memory_stats() or {}
+        except Exception:  # some plugins do not implement it
+            stats = {}
+        reported = stats.get("bytes_limit", reported)
+    if reported:
+        return Limit(int(reported), f"the runtime's memory_stats() on {kind or 'the device'}")
+    spec = device_table.spec(kind or "")
+    if spec is not None:
+        return Limit(spec.memory_bytes, f"tpurun's table ({spec.name})")
+    return None
+
+
+# ----------------------------------------------------------------------------------- estimate
+def config_slots(config: Config, model: Any) -> Any:
+    """The optimizer's slots: the compiled model's optimizer, else the config's (a preset left
+    without one: KerasHub compiles its tasks with Adam, tpurun's default name too)."""
+    optimizer = getattr(model, "optimizer", None)
+    given = "optimizer" in config.model.model_fields_set
+    if optimizer is not None and not given:
+        return slots_of(optimizer)
+    spec = config.model.optimizer
+    return slots_for(spec.name, spec.kwargs)
+
+
+def per_device_batch(plan: Any, mesh: tuple[int, int] | None) -> int:
+    """Examples each device's activations hold: the global batch over the data axis."""
+    data = mesh[0] if mesh else plan.replicas
+    return max(1, plan.global_batch_size // max(1, data))
+
+
+def estimate_for_model(model: Any, config: Config, plan: Any, mesh: tuple[int, int] | None,
+                       specs: dict[str, tuple] | None = None) -> Estimate:  # fmt: skip
+    """Bytes per device of ``model`` as ``config`` trains it on ``mesh`` (``(data, model)``, None
+    without one). A live model's shardings are read from its variables; a model built without
+    the devices (a stateless scope) takes ``specs`` (path -> axes per dimension). Builds nothing:
+    the optimizer may be compiled in but not built."""
+    lr = config.train.learning_rate
+    lr_variable = lr.schedule == "constant" and plan.warmup_steps == 0  # a float, not a schedule
+    sequence = config.model.sequence_length
+    return estimate(
+        entries_of(model, specs),
+        mesh,
+        config_slots(config, model),
+        accumulation=config.train.gradient_accumulation_steps,
+        counters=counter_bytes(plan.backend, lr_variable),
+        activations=activations_of(model, per_device_batch(plan, mesh), sequence),
+    )
+
+
+# --------------------------------------------------------------------------------------- check
+def check_fits(est: Estimate, limit: Limit | None, config: Config, plan: Any) -> str | None:
+    """Stop a run that cannot fit, before anything compiles.
+
+    Returns:
+        One line for the run's output (the estimate against the limit), or None without a limit.
+
+    Raises:
+        EnvironmentSetupError: the estimate is over the limit; the terms, the limit, and what
+            would fit (with its estimate).
+    """
+    if limit is None:
+        return None
+    if est.total <= limit.bytes:
+        return (f"memory: about {size(est.total)} per device of {size(limit.bytes)} "
+                f"({limit.source})")  # fmt: skip
+    raise EnvironmentSetupError(refusal(est, limit, config, plan))
+
+
+def refusal(est: Estimate, limit: Limit, config: Config, plan: Any) -> str:
+    """The paragraph a run too big for its devices stops with."""
+    mesh = est.mesh
+    where = f"on a {mesh['data']}x{mesh['model']} mesh" if config.runtime.mesh else "per replica"
+    head = (
+        f"The model does not fit in one device's memory: about {size(est.total)} per device "
+        f"{where} ({est.terms_text()}), and a device has {size(limit.bytes)} ({limit.source}). "
+    )
+    options = fixes(est, limit, config, plan)
+    fitting = [text for text, fits in options if fits]
+    if fitting:
+        return head + f"What would fit: {'; '.join(fitting)}. Nothing was compiled."
+    tried = "; ".join(text for text, _ in options)
+    others = f" Alone, none fits: {tried}; combine them." if tried else ""
+    return head + f"{others} Or use a device with more memory. Nothing was compiled."
+
+
+def fixes(est: Estimate, limit: Limit, config: Config, plan: Any) -> list[tuple[str, bool]]:
+    """What the config could change, each as ``(text with its estimate, fits)``."""
+    out = []
+    for fix in (_larger_model_axis, _lora, _bfloat16, _smaller_batch):
+        found = fix(est, limit, config, plan)
+        if found is not None:
+            out.append(found)
+    return out
+
+
+def _larger_model_axis(est: Estimate, limit: Limit, config: Config, plan: Any):
+    if plan.backend != "jax":
+        return None
+    devices = est.mesh["data"] * est.mesh["model"]
+    best = None
+    for model in range(est.mesh["model"] + 1, devices + 1):
+        if devices % model:
+            continue
+        data = devices // model
+        entries = est.entries if _splits(est) else [_auto(e, model) for e in est.entries]
+        if not all(_divides(e, {"data": data, "model": model}) for e in entries):
+            continue
+        acts = est.activations
+        if acts is not None:  # the global batch stays: each data row takes more of it
+            acts = replace(acts, batch=acts.batch * est.mesh["data"] // data)
+        trial = replace(est, entries=entries, mesh={"data": data, "model": model}, activations=acts)
+        best = (model, data, trial.total)
+        if trial.total <= limit.bytes:
+            return (f"runtime.mesh: {{data: {data}, model: {model}}} (about "
+                    f"{size(trial.total)} per device)", True)  # fmt: skip
+    if best is None:
+        return None
+    model, data, total = best
+    return f"runtime.mesh: {{data: {data}, model: {model}}} (about {size(total)})", False
+
+
+def _splits(est: Estimate) -> bool:
+    return any("model" in e.axes() for e in est.entries)
+
+
+def _auto(entry: Entry, model: int) -> Entry:
+    """A replicated run's variable as ``runtime.layout: auto`` would split it over ``model``:
+    along its largest dimension the axis divides, for 2 or more dimensions."""
+    if len(entry.shape) < 2 or entry.lora:
+        return entry
+    divisible = [i for i, n in enumerate(entry.shape) if n % model == 0]
+    if not divisible:
+        return entry
+    dim = max(divisible, key=lambda i: (entry.shape[i], i))
+    spec = tuple("model" if i == dim else None for i in range(len(entry.shape)))
+    return replace(entry, spec=spec)
+
+
+def _divides(entry: Entry, mesh: dict[str, int]) -> bool:
+    for n, part in zip(entry.shape, entry.spec, strict=False):
+        parts = math.prod(
+            mesh.get(a, 1) for a in ((part,) if isinstance(part, str) else part or ())
+        )
+        if n % parts:
+            return False
+    return True
+
+
+def _lora(est: Estimate, limit: Limit, config: Config, plan: Any):
+    """LoRA on a preset trained in full: the weights frozen, adapters of rank 8 on every
+    attention query and value kernel (float32, replicated), trained alone."""
+    if config.model.preset is None or config.model.lora is not None:
+        return None
+    adapters = []
+    for e in est.entries:
+        if e.path.endswith(("query/kernel", "value/kernel")) and len(e.shape) >= 2:
+            adapters.append(Entry(e.path + "_lora_a", (e.shape[0], LORA_RANK), "float32",
+                                  (None, None), True))  # fmt: skip
+            out = (LORA_RANK, *e.shape[1:])
+            adapters.append(Entry(e.path + "_lora_b", out, "float32", (None,) * len(out), True))
+    if not adapters:
+        return None
+    frozen = [replace(e, trainable=False) for e in est.entries]
+    trial = replace(est, entries=frozen + adapters, slots=replace(est.slots, factored=False))
+    text = f"model.lora: {{rank: {LORA_RANK}}} (about {size(trial.total)} per device)"
+    return text, trial.total <= limit.bytes
+
+
+def _bfloat16(est: Estimate, limit: Limit, config: Config, plan: Any):
+    """``runtime.precision: bfloat16``: float32 weights (not LoRA's) and their gradients and slots
+    halve, and so do float32 activations."""
+    if config.runtime.precision == "bfloat16":
+        return None
+    halved = [replace(e, dtype="bfloat16") if e.dtype == "float32" and not e.lora else e
+              for e in est.entries]  # fmt: skip
+    if halved == est.entries:
+        return None
+    acts = est.activations
+    if acts is not None and plan.precision == "float32":
+        acts = replace(acts, whole=acts.whole / 2, split=acts.split / 2)
+    trial = replace(est, entries=halved, activations=acts)
+    text = f"runtime.precision: bfloat16 (about {size(trial.total)} per device)"
+    return text, trial.total <= limit.bytes
+
+
+def _smaller_batch(est: Estimate, limit: Limit, config: Config, plan: Any):
+    """The largest per-core batch whose activations fit beside the rest; with the gradient
+    accumulation that keeps the effective batch, where its accumulators fit too."""
+    acts: Activations | None = est.activations
+    per_core = plan.per_core_batch_size
+    if acts is None or not acts.batch or per_core <= 1:
+        return None
+    model = est.mesh["model"]
+    per_example = acts.bytes(model, batch=1) or 1
+    fixed = est.total - est.activation_bytes
+    examples_per_core = acts.batch / per_core  # the device's slice grows with the per-core batch
+    fitting = int((limit.bytes - fixed) // (per_example * examples_per_core))
+    if fitting < 1:
+        return None
+    fitting = min(fitting, per_core - 1)
+    if config.train.global_batch_size is not None:
+        text = f"train.global_batch_size: {fitting * plan.global_batch_size // per_core}"
+    else:
+        text = f"train.per_core_batch_size: {fitting}"
+    steps = -(-per_core * config.train.gradient_accumulation_steps // fitting)
+    extra = est.gradients if config.train.gradient_accumulation_steps == 1 else 0
+    with_accumulation = fixed + extra + per_example * examples_per_core * fitting
+    if steps > 1 and with_accumulation <= limit.bytes:
+        text += (
+            f" with train.gradient_accumulation_steps: {steps} for about the same effective batch"
+        )
+    return text, True
