@@ -15,9 +15,10 @@ from helpers import FACTORIES, read_summary, run_cli, toy_config, write_config
 from test_hub_train import chat_data
 
 import tpurun
+from tpurun import frameworks
 from tpurun.config import RuntimeConfig
 from tpurun.errors import ConfigError
-from tpurun.runtime.layout import Placer, auto_axes
+from tpurun.runtime.layout import Placer, auto_axes, check_placements
 from tpurun.runtime.mesh import resolve
 
 
@@ -128,7 +129,12 @@ def test_under_the_mesh_the_variables_have_the_layouts_shardings(tiny_presets, c
 
 
 # ------------------------------------------------------------------------------ bad layouts
-def test_grouped_query_heads_the_model_axis_does_not_divide_are_named(tiny_presets, chat, tmp_path):
+def test_grouped_query_heads_the_model_axis_does_not_divide_are_named_and_the_fix_works(
+    tiny_presets, chat, tmp_path
+):
+    """1 x 8: Gemma's own layout splits the 4 key/value heads 8 ways. The message names the
+    variable, its shape, the axis and the sizes that divide it, and gives the rule that keeps the
+    heads whole; added as written, the run trains."""
     config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, {"data": 1, "model": 8})
     with pytest.raises(ConfigError) as info:
         tpurun.train(config, verbose=False)
@@ -136,7 +142,13 @@ def test_grouped_query_heads_the_model_axis_does_not_divide_are_named(tiny_prese
     assert "decoder_block_0/attention/key/kernel has shape [4, 64, 16]" in text, text
     assert "model axis of 8 devices (grouped-query attention" in text, text
     assert "Model axis sizes that divide it: 2, 4." in text, text
+    rule = r"{pattern: 'decoder_block_\d+/attention/(key|value)/kernel', axes: [null, data, null]}"
+    assert rule in text, text
     assert not (tmp_path / "runs" / "mesh" / "checkpoints").exists()  # nothing trained
+
+    config["runtime"]["layout"] = [{"pattern": r"decoder_block_\d+/attention/(key|value)/kernel",
+                                    "axes": [None, "data", None]}]  # fmt: skip
+    assert tpurun.train(config, verbose=False)["status"] == "completed"
 
 
 def test_a_single_key_value_head_is_indivisible_by_any_model_axis(tiny_presets, chat, tmp_path):
@@ -145,22 +157,36 @@ def test_a_single_key_value_head_is_indivisible_by_any_model_axis(tiny_presets, 
         tpurun.train(config, verbose=False)
 
 
-def test_a_large_variable_left_replicated_is_refused_with_the_rule_that_splits_it(
-    tiny_presets, chat, tmp_path
-):
-    """The config's own rules cover the attention only: the feed-forward kernels and the
-    embedding would sit whole on every device."""
-    rules = [{"pattern": r"decoder_block_\d+/attention/(query|key|value)/kernel",
-              "axes": ["model", None, None]},
-             {"pattern": r"decoder_block_\d+/attention/attention_output/kernel",
-              "axes": ["model", None, None]}]  # fmt: skip
-    config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, {"model": 4}, layout=rules)
+def test_a_renamed_weight_no_longer_matching_the_presets_rule_is_refused(tiny_presets):
+    """keras-hub#2806: a layer renamed in a new release stops matching its rule; the model would
+    load replicated and die out of memory. Gemma's own map, a renamed feed-forward kernel."""
+    keras = frameworks.keras()
+    keras_hub = frameworks.keras_hub()
+    mesh = keras.distribution.DeviceMesh(
+        (2, 4), ["data", "model"], keras.distribution.list_devices()
+    )
+    layout = keras_hub.models.GemmaBackbone.get_layout_map(mesh, data_parallel_dim_name="data")
+    preset = [(pattern, tuple(value.axes)) for pattern, value in layout.items()]
+    placer = Placer([], {"data": 2, "model": 4}, "the preset's (GemmaBackbone)", preset=preset)
+    placer.place("token_embedding/embeddings", (256, 64), 4)
+    placer.place("decoder_block_0/ffw_gating/kernel", (64, 256), 4)
+    placer.place("decoder_block_0/feedforward_gate/kernel", (64, 256), 4)  # renamed
+    paths = list(placer.placements)
     with pytest.raises(ConfigError) as info:
-        tpurun.train(config, verbose=False)
+        check_placements(placer, paths)
     text = str(info.value)
-    assert "leaves 7 large variable(s) whole on every device" in text, text
-    assert "token_embedding/embeddings [256, 64] (64.0 KiB)" in text, text
-    assert r'{pattern: "decoder_block_\d+/ffw_gating/kernel", axes: [null, model]}' in text, text
+    assert "leaves 1 large variable(s) whole on every device: " in text, text
+    assert "decoder_block_0/feedforward_gate/kernel [64, 256] (64.0 KiB)" in text, text
+    assert r"{pattern: 'decoder_block_\d+/feedforward_gate/kernel', axes: [null, model]}" in text
+
+
+def test_a_large_weight_no_dimension_of_which_divides_the_model_axis_is_refused(toy_data, tmp_path):
+    """auto on a factory model: the second kernel, [30, 1], has no dimension 4 divides."""
+    config = toy_config(toy_data, tmp_path / "runs", name="whole",
+                        model={"factory": f"{FACTORIES}:mlp", "kwargs": {"units": 30}},
+                        runtime={"cpu_devices": 8, "mesh": {"model": 4}})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"dense_1/kernel \[30, 1\].*No dimension of theirs"):
+        tpurun.train(config, verbose=False)
 
 
 def test_a_rule_that_matches_nothing_is_refused(tiny_presets, chat, tmp_path):

@@ -61,8 +61,10 @@ LAYOUT_DESCRIPTION = (
     "How the weights are split over the mesh's model axis. `preset`: the backbone's own "
     "`get_layout_map` (KerasHub's Gemma, Llama, Qwen). `auto`: tpurun's rule for any Keras "
     "model: every weight of 2 or more dimensions is split over `model` along its largest "
-    "dimension the axis divides. A list of `{pattern, axes}` rules: yours. Unset: `preset` where "
-    "the model has one, else `auto`. Either way, a weight of 2 or more dimensions and at least 1 "
+    "dimension the axis divides. A list of `{pattern, axes}` rules: yours, first; what they do not "
+    "match is placed by the preset's layout where the model has one, else by `auto` (a rule of "
+    "all nulls keeps a weight whole on purpose). Unset: `preset` where the model has one, else "
+    "`auto`. Either way, a weight of 2 or more dimensions and at least 1 "
     "MiB (or 1% of the model) left whole on every device is an error."
 )
 

@@ -83,19 +83,42 @@ def _generalized(path: str) -> str:
 def rule_text(pattern: str, axes: Axes) -> str:
     """A rule as the config writes it."""
     shown = ", ".join("null" if a is None else a for a in axes)
-    return f'{{pattern: "{pattern}", axes: [{shown}]}}'
+    return f"{{pattern: '{pattern}', axes: [{shown}]}}"  # single quotes: YAML keeps \\d as is
 
 
 class Placer:
-    """The layout, asked once per variable as Keras creates it (see :mod:`tpurun.runtime.mesh`)."""
+    """The layout, asked once per variable as Keras creates it (see :mod:`tpurun.runtime.mesh`).
+
+    Three layers, first match wins: the config's own rules (``runtime.layout`` as a list; two of
+    them matching one variable is an error), then the preset's map, then (``auto``) tpurun's rule.
+    So a config adds or overrides a rule or two on top of a preset's layout, and a rule whose axes
+    are all null keeps a variable whole on purpose.
+    """
 
     def __init__(self, rules: Sequence[Rule], mesh: dict[str, int], source: str,
-                 auto: bool = False):  # fmt: skip
-        self.rules = list(rules)
+                 preset: Sequence[Rule] = (), auto: bool = False):  # fmt: skip
+        self.rules = list(rules)  # the config's
+        self.preset = list(preset)  # the backbone's get_layout_map
         self.mesh = mesh  # {"data": d, "model": m}
-        self.source = source  # "preset (GemmaBackbone)", "auto", "runtime.layout"
+        self.source = source  # "the preset's (GemmaBackbone)", "auto", "runtime.layout"
         self.auto = auto
         self.placements: dict[str, Placement] = {}
+
+    def _rule(self, path: str, shape: tuple[int, ...]) -> tuple[str | None, Axes]:
+        for rules in (self.rules, self.preset):
+            matched = [(p, a) for p, a in rules if re.fullmatch(p, path)]
+            if len(matched) > 1:
+                key = "runtime.layout" if rules is self.rules else f"the layout {self.source}"
+                raise ConfigError([
+                    f"{key}: the variable {path} matches {len(matched)} rules "
+                    f"({', '.join(repr(p) for p, _ in matched)}); each variable may match one. "
+                    "Make the patterns narrower."
+                ])  # fmt: skip
+            if matched:
+                return matched[0]
+        if self.auto:
+            return "auto", auto_axes(shape, self.mesh["model"])
+        return None, (None,) * len(shape)
 
     def place(self, path: str, shape: Sequence[int], itemsize: int) -> Axes:
         """The axes of the variable at ``path``.
@@ -105,52 +128,44 @@ class Placer:
                 dimension is not divisible by the axis it is split over.
         """
         shape = tuple(int(n) for n in shape)
-        matched = [(p, a) for p, a in self.rules if re.fullmatch(p, path)]
-        if len(matched) > 1:
-            raise ConfigError(
-                [
-                    f"runtime.layout: the variable {path} matches {len(matched)} rules "
-                    f"({', '.join(repr(p) for p, _ in matched)}); each variable may match one. "
-                    "Make the patterns narrower."
-                ]
-            )
-        if matched:
-            rule, axes = matched[0]
-        elif self.auto:
-            rule, axes = "auto", auto_axes(shape, self.mesh["model"])
-        else:
-            rule, axes = None, (None,) * len(shape)
+        rule, axes = self._rule(path, shape)
         if len(axes) != len(shape):
-            raise ConfigError(
-                [
-                    f"runtime.layout: the rule {rule!r} gives {len(axes)} axes, and the variable "
-                    f"{path} it matches has {len(shape)} dimensions {list(shape)}. Give one entry "
-                    "(data, model or null) per dimension."
-                ]
-            )
+            raise ConfigError([
+                f"runtime.layout: the rule {rule!r} gives {len(axes)} axes, and the variable "
+                f"{path} it matches has {len(shape)} dimensions {list(shape)}. Give one entry "
+                "(data, model or null) per dimension."
+            ])  # fmt: skip
         for dim, (n, axis) in enumerate(zip(shape, axes, strict=True)):
             if axis and n % self.mesh[axis]:
-                raise ConfigError([_indivisible(path, shape, dim, axis, self.mesh, self.source)])
+                raise ConfigError([_indivisible(path, shape, dim, axes, rule, self)])
         self.placements[path] = Placement(path, shape, itemsize, tuple(axes), rule)
         return tuple(axes)
 
+    def deliberate(self, placement: Placement) -> bool:
+        """Whether the config's own rule placed it (whole on purpose, if its axes are null)."""
+        return placement.rule in {p for p, _ in self.rules}
 
-def _indivisible(path: str, shape: tuple[int, ...], dim: int, axis: str, mesh: dict[str, int],
-                 source: str) -> str:  # fmt: skip
-    n = shape[dim]
-    sizes = [k for k in range(1, n + 1) if n % k == 0 and k > 1] or [1]
-    other = "data" if axis == "model" else "model"
+
+def _indivisible(path: str, shape: tuple[int, ...], dim: int, axes: Axes, rule: str | None,
+                 placer: Placer) -> str:  # fmt: skip
+    n, axis, mesh = shape[dim], axes[dim], placer.mesh
+    sizes = [k for k in range(2, n + 1) if n % k == 0] or [1]
+    kv = re.search(r"/(key|value)/", path)
     gqa = (
         " (grouped-query attention: fewer key/value heads than the model axis; keras-hub#1613)"
-        if re.search(r"(key|value)", path)
+        if kv
         else ""
     )
+    unsplit = tuple(None if i == dim else a for i, a in enumerate(axes))
+    pattern = _generalized(path)
+    if kv:  # keys and values have the same heads: one rule for both
+        pattern = pattern.replace(f"/{kv.group(1)}/", "/(key|value)/")
     return (
         f"runtime.mesh: {path} has shape {list(shape)}, and its dimension {dim} ({n}) does not "
-        f"split over the {axis} axis of {mesh[axis]} devices{gqa}; the layout is {source}. "
+        f"split over the {axis} axis of {mesh[axis]} devices{gqa}; the layout is {placer.source}. "
         f"{axis.capitalize()} axis sizes that divide it: {', '.join(map(str, sizes))}. Set "
-        f"runtime.mesh.{axis} to one of them (the {other} axis takes the other devices), or give "
-        "runtime.layout a rule for this variable that leaves that dimension unsplit (null)."
+        f"runtime.mesh.{axis} to one of them, or add to runtime.layout a rule that leaves that "
+        f"dimension whole (runtime.layout's rules come first): [{rule_text(pattern, unsplit)}]."
     )
 
 
@@ -218,7 +233,8 @@ def check_placements(placer: Placer, paths: Sequence[str], exempt: Sequence[str]
     large = min(LARGE_BYTES, LARGE_SHARE * total)
     whole = [
         p for p in placements
-        if p.replicated and p.nbytes >= large and p.path not in set(exempt) and len(p.shape) >= 2
+        if p.replicated and p.nbytes >= large and len(p.shape) >= 2
+        and p.path not in set(exempt) and not placer.deliberate(p)
     ]  # fmt: skip
     if placer.mesh["model"] > 1 and whole:
         raise ConfigError([_replicated(whole, placer, large)])

@@ -77,28 +77,26 @@ def resolve(mesh: Any, devices: int, processes: int = 1) -> tuple[int, int]:
     return data, model
 
 
-def rules_for(config: Config, mesh: Any) -> tuple[list[Rule], str, bool]:
-    """The layout's rules, where they come from, and whether ``auto`` places the rest.
+def rules_for(config: Config, mesh: Any) -> tuple[list[Rule], list[Rule], str, bool]:
+    """The config's rules, the preset's, the layout's name, and whether ``auto`` places the rest.
 
     Raises:
         ConfigError: ``layout: preset`` on a model with no layout of its own.
     """
     layout = config.runtime.layout
-    if isinstance(layout, list):
-        return [(r.pattern, tuple(r.axes)) for r in layout], "runtime.layout", False
+    mine = [(r.pattern, tuple(r.axes)) for r in layout] if isinstance(layout, list) else []
     backbone = _backbone_class(config)
-    if layout == "auto" or (layout is None and not _has_layout(backbone)):
-        return [], "auto", True
-    if not _has_layout(backbone):
-        what = f"the backbone {backbone.__name__}" if backbone else "a model.factory model"
-        raise ConfigError(
-            [
-                f"runtime.layout: preset, and {what} has no layout of its own (KerasHub gives Gemma, "
-                "Llama and Qwen one). Set runtime.layout: auto (every large weight split along a "
-                "dimension the model axis divides), or give rules: [{pattern, axes}, ...]."
-            ]
-        )
-    return _preset_rules(backbone, mesh), f"preset ({backbone.__name__})", False
+    if layout == "auto" or not _has_layout(backbone):
+        if layout == "preset":
+            what = f"the backbone {backbone.__name__}" if backbone else "a model.factory model"
+            raise ConfigError([
+                f"runtime.layout: preset, and {what} has no layout of its own (KerasHub gives "
+                "Gemma, Llama and Qwen one). Set runtime.layout: auto (every large weight split "
+                "along a dimension the model axis divides), or give rules: [{pattern, axes}, ...]."
+            ])  # fmt: skip
+        return mine, [], "auto" if not mine else "runtime.layout, then auto", True
+    name = f"the preset's ({backbone.__name__})"
+    return mine, _preset_rules(backbone, mesh), name, False
 
 
 def _backbone_class(config: Config) -> Any:
@@ -170,8 +168,8 @@ def install(runtime: Any, config: Config) -> Placer | None:
 
     data, model = runtime.mesh
     keras_mesh = _device_mesh(keras, (data, model), runtime.devices)
-    rules, source, auto = rules_for(config, keras_mesh)
-    placer = Placer(rules, {"data": data, "model": model}, source, auto=auto)
+    rules, preset, source, auto = rules_for(config, keras_mesh)
+    placer = Placer(rules, {"data": data, "model": model}, source, preset=preset, auto=auto)
     distribution = _placing_class(keras)(
         placer=placer,
         layout_map=keras.distribution.LayoutMap(keras_mesh),

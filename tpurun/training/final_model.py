@@ -3,6 +3,8 @@ without the user's training code (a custom loss, metric or optimizer stays in th
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from tpurun.training.model import short_name
@@ -54,3 +56,31 @@ def inference_saver(model: Any):
             del model.get_compile_config
 
     return save
+
+
+@contextlib.contextmanager
+def on_the_host(model: Any) -> Iterator[None]:
+    """Every variable whole in this host's memory while the final model is written, for a model
+    split over several processes' devices (a model axis across hosts): Keras' savers read each
+    variable as one NumPy array, and no process holds another's shards.
+
+    A collective: every process enters it, in the same order (each gathers every variable);
+    only the writer then saves. The copies live in host memory (a TPU host has far more than a
+    chip), never whole on a device; single-process runs (every shard addressable) change nothing.
+    """
+    from tpurun import frameworks
+
+    split = [v for v in model.variables if not getattr(v.value, "is_fully_addressable", True)]
+    if not split:
+        yield
+        return
+    multihost_utils = frameworks.jax("experimental.multihost_utils")
+
+    kept = [(v, v._value) for v in split]
+    try:
+        for variable, value in kept:
+            variable._value = multihost_utils.process_allgather(value, tiled=True)
+        yield
+    finally:
+        for variable, value in kept:
+            variable._value = value

@@ -37,7 +37,7 @@ from tpurun.storage.summary import Summary, steady_rate
 from tpurun.training import fit
 from tpurun.training.checkpoints import adapter
 from tpurun.training.checkpoints import resume as resume_lib
-from tpurun.training.final_model import custom_training_code, inference_saver
+from tpurun.training.final_model import custom_training_code, inference_saver, on_the_host
 from tpurun.training.signals import Stop, stop_on_signals
 
 
@@ -106,6 +106,7 @@ def _new_summary(prepared: Prepared, run: RunDir, point, previous: dict) -> Summ
         steps_per_execution=plan.steps_per_execution,
         best=best,
         examples_per_sec=previous.get("examples_per_sec"),
+        throughput=previous.get("throughput"),
         final_metrics=previous.get("final_metrics", {}),
         resumes=list(previous.get("resumes", [])),
         nan_restores=list(previous.get("nan_restores", [])),
@@ -327,13 +328,16 @@ def _train(job: fit.TrainJob, ending: _Ending) -> fit.TrainResult:
 
 
 def _record(summary: Summary, result: fit.TrainResult) -> None:
-    """What the fit did, into the summary: epochs, timings, input wait, metrics, NaN restores."""
+    """What the fit did, into the summary: epochs, timings, throughput, input wait, metrics, NaN
+    restores."""
     summary.epochs_completed = result.position[0]
     summary.epoch_seconds = [round(s, 3) for s in result.epoch_seconds]
     summary.epoch_input_wait = input_wait.fractions(result.input_waits)
     wait = input_wait.overall(result.input_waits)
     summary.input_wait = None if wait is None else round(wait, 4)
     summary.examples_per_sec = round(steady_rate(result.epoch_rates), 1)
+    if result.throughput is not None:
+        summary.throughput = result.throughput
     if result.first_step_seconds is not None:
         summary.time_to_first_step = round(result.first_step_seconds, 3)
     summary.final_metrics = result.last_logs
@@ -374,7 +378,8 @@ def _save_final(run: RunDir, model: Any, reporter: Reporter) -> None:
     if adapter.is_lora(model):
         run.save_model(lambda path: adapter.save_lora(model, path), LORA_MODEL)
         return
-    run.save_model(inference_saver(model))
+    with on_the_host(model):  # every process gathers; the writer writes
+        run.save_model(inference_saver(model))
     custom = custom_training_code(model)
     if custom:
         reporter.message(
