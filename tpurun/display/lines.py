@@ -12,6 +12,9 @@ from typing import Any, TextIO
 from tpurun.display.reporter import PLAIN_PROGRESS_SECONDS, Reporter
 
 INPUT_WAIT = "input_wait"  # the key tpurun.observe puts into an epoch's logs for this line
+#: The key of the epoch's throughput figures (``tokens_per_second`` or ``examples_per_second``,
+#: ``tflops_per_device``, ``mfu``) in the logs the reporter gets (not the CSV's, nor Keras').
+THROUGHPUT = "throughput"
 
 
 def metric_parts(logs: Mapping[str, Any] | None) -> list[str]:
@@ -21,7 +24,7 @@ def metric_parts(logs: Mapping[str, Any] | None) -> list[str]:
         return []
 
     keys = sorted(  # stable: otherwise in the logs' order
-        (k for k in logs if k not in ("learning_rate", INPUT_WAIT)),
+        (k for k in logs if k not in ("learning_rate", INPUT_WAIT, THROUGHPUT)),
         key=lambda k: (k.startswith("val_"), k.removeprefix("val_") != "loss"),
     )
     parts = [f"{key} {_num(logs[key])}" for key in keys]
@@ -135,6 +138,13 @@ class PlainReporter(Reporter):
 
     def _epoch_parts(self, logs, seconds, rate) -> list[str]:
         parts = [*metric_parts(logs), f"{took(seconds)}  {rate:,.0f} ex/s"]
+        figures = (logs or {}).get(THROUGHPUT) or {}
+        if figures.get("tokens_per_second") is not None:  # what language-model users compare
+            parts[-1] = f"{took(seconds)}  {figures['tokens_per_second']:,.0f} tok/s"
+        if figures.get("tflops_per_device") is not None:
+            parts.append(f"{figures['tflops_per_device']:.3g} TFLOP/s/device")
+        if figures.get("mfu") is not None:  # absent where the device's peak is unknown (a CPU)
+            parts.append(f"MFU {figures['mfu']:.1%}")
         wait = (logs or {}).get(INPUT_WAIT)
         if wait is not None:  # a share of the epoch's time, not a metric: said as one
             parts.append(f"input wait {float(wait):.0%}")

@@ -3,7 +3,9 @@
 ``<run>/train`` and ``<run>/validation`` hold the same tags (``epoch_loss``,
 ``epoch_accuracy``...), so TensorBoard draws training and validation on one chart, as Keras'
 TensorBoard callback lays them out. ``train`` also holds ``learning_rate``, ``examples_per_sec``,
-``input_wait`` and ``batch_loss`` (the epoch's running loss every ``loss_every_steps`` steps).
+``input_wait``, ``batch_loss`` (the epoch's running loss every ``loss_every_steps`` steps), and
+the throughput figures (:mod:`tpurun.observe.throughput`): ``tokens_per_sec`` for token inputs,
+``tflops_per_device``, and ``mfu`` where the device's peak is known.
 
 Steps are global: ``epochs done x steps_per_epoch + step``, so a resumed run continues its curves.
 Events past the resume point (written after the last checkpoint by a session that was stopped or
@@ -193,6 +195,10 @@ class TensorBoardLog(keras.callbacks.Callback):
         rates = getattr(self.progress, "epoch_rates", None)
         if rates:
             train["examples_per_sec"] = rates[-1]
+        figures = getattr(self.progress, "epoch_throughput", None)
+        for key, value in (figures[-1] if figures else {}).items():
+            if value is not None and key != "examples_per_second":  # that one is examples_per_sec
+                train[key.replace("_per_second", "_per_sec")] = value
         wait = getattr(self.input_wait, "epoch_value", None)
         if wait is not None:
             train["input_wait"] = wait

@@ -33,6 +33,9 @@ class Summary:
     steps_per_execution: int | None = None
     best: dict = field(default_factory=lambda: {"monitor": None, "value": None, "epoch": None})
     examples_per_sec: float | None = None
+    # The steady epochs' tokens_per_second (token inputs) or examples_per_second, tflops_per_device
+    # and mfu (None where unknown), with the step's cost: see tpurun.observe.throughput.
+    throughput: dict | None = None
     seconds: float | None = None
     time_to_first_step: float | None = None
     epoch_seconds: list = field(default_factory=list)

@@ -15,10 +15,11 @@ from tpurun.config import Config
 from tpurun.display.reporter import Reporter
 from tpurun.errors import DataError, ModelError
 from tpurun.hub import batches
+from tpurun.observe import throughput
 from tpurun.runtime.activate import ActiveRuntime
 from tpurun.runtime.plan import Plan
 from tpurun.storage import fileio
-from tpurun.storage.rundir import ADAPTER_SUFFIX, LORA_SUFFIX, RunDir
+from tpurun.storage.rundir import ADAPTER_SUFFIX, LORA_SUFFIX, SHARDED_SUFFIX, RunDir
 from tpurun.storage.summary import Summary, steady_rate
 from tpurun.training import failures
 from tpurun.training.checkpoints import resume as resume_lib
@@ -58,6 +59,7 @@ class TrainResult:
     first_step_seconds: float | None
     nan_restores: list[dict] = field(default_factory=list)
     input_waits: list[tuple[float, float]] = field(default_factory=list)  # (waiting, training) s
+    throughput: dict | None = None  # tokens/s, TFLOP/s a device, MFU: see observe.throughput
 
 
 def _cache(config: Config, split: str) -> str | None:
@@ -88,15 +90,20 @@ def train(job: TrainJob) -> TrainResult:
     preprocessor, transform = batches.take_preprocessing(model, config, prepared.data.tokenized)
     train_data, val_ds = _datasets(job, transform)
     callbacks, progress, control = cbs.build_callbacks(
-        config, plan, run, reporter, job.stop, job.identity
+        config, plan, run, reporter, job.stop, job.identity, sharded=job.runtime.sharded
     )
     checkpoint = control.checkpointer
     control.committed = _keep_summary_current(job, progress, checkpoint)
-    inputs = _first_inputs(job, model, transform)
+    inputs, batch_spec = _first_inputs(job, model, transform)
     if job.point is not None:
         _resume(job, model, inputs, checkpoint)
     first_writes = _once(_first_writes(job, model, control))
-    callbacks = [cbs.keras.callbacks.LambdaCallback(on_train_begin=first_writes), *callbacks]
+    measure = throughput.measuring(model, progress, batch_spec, prepared, reporter)
+    callbacks = [
+        cbs.keras.callbacks.LambdaCallback(on_train_begin=first_writes),
+        measure,
+        *callbacks,
+    ]
     reporter.start(plan, run.path, config.train.epochs, checkpoint.position[0])
     fitting = _Fitting(
         model, train_data, val_ds, callbacks, progress, checkpoint, inputs,
@@ -105,9 +112,10 @@ def train(job: TrainJob) -> TrainResult:
         val_steps=plan.validation_steps if job.runtime.strategy is not None else None,
     )  # fmt: skip
     restores: list[dict] = []
-    _fit_once(job, fitting)
-    while _restore_after_nan(job, fitting, restores):
+    with checkpoint.closing():  # sharded saves still in flight at the end: committed
         _fit_once(job, fitting)
+        while _restore_after_nan(job, fitting, restores):
+            _fit_once(job, fitting)
     if preprocessor is not None:
         batches.attach(model, preprocessor)  # the saved model tokenises as the preset did
     return TrainResult(
@@ -120,6 +128,7 @@ def train(job: TrainJob) -> TrainResult:
         first_step_seconds=progress.first_step_seconds,
         nan_restores=restores,
         input_waits=epoch_waits(callbacks),
+        throughput=throughput.steady(progress.step_cost, progress.epoch_throughput),
     )
 
 
@@ -136,6 +145,7 @@ def _keep_summary_current(job: TrainJob, progress, checkpoint) -> Callable[[int,
             summary.best = checkpoint.best_record
         if progress.epoch_rates:
             summary.examples_per_sec = round(steady_rate(progress.epoch_rates), 1)
+        summary.throughput = throughput.steady(progress.step_cost, progress.epoch_throughput)
         job.run.write_summary(summary)
 
     return committed
@@ -202,7 +212,8 @@ def _compiled_model(job: TrainJob) -> Any:
 
 
 def _first_inputs(job: TrainJob, model, transform: Any = None) -> Any:
-    """The first batch's inputs, once its targets are checked against the model's loss.
+    """The first batch's inputs, once its targets are checked against the model's loss, and the
+    batches' element spec (the training step's cost is measured on it).
 
     Drawn from the training files as the fit's stream draws them (files shuffled, records
     shuffled), through a shuffle buffer of four batches instead of ``data.shuffle_buffer``: the
@@ -227,7 +238,7 @@ def _first_inputs(job: TrainJob, model, transform: Any = None) -> Any:
     except tf.errors.DataLossError as exc:  # a damaged record before the first step
         raise failures.damaged_while_training(job.prepared, exc) from None
     check_loss_fits(model, config, first_batch[1])
-    return first_batch[0]
+    return first_batch[0], ds.element_spec
 
 
 def _resume(job: TrainJob, model, inputs, checkpoint) -> None:
@@ -293,6 +304,7 @@ def _restore_after_nan(job: TrainJob, f: _Fitting, restores: list[dict]) -> bool
         return False
     if len(restores) + len(job.summary.nan_restores) >= config.callbacks.max_nan_restores:
         return False
+    checkpoint.finish()  # a sharded save from before the NaN, committed
     back = resume_lib.latest(job.run)
     if back is None:
         return False
@@ -389,7 +401,7 @@ def _restore(model, inputs, weights: str, job: TrainJob, source: str) -> None:
     A LoRA run's adapter checkpoint (or a ``.lora.h5`` to start from) goes into the model built
     from the preset with LoRA on: the base weights are the preset's.
     """
-    from tpurun.training.checkpoints import adapter
+    from tpurun.training.checkpoints import adapter, sharded
 
     with job.runtime.scope():
         if not model.built:
@@ -401,6 +413,9 @@ def _restore(model, inputs, weights: str, job: TrainJob, source: str) -> None:
             return
         if weights.endswith(LORA_SUFFIX):
             adapter.load_lora(model, weights, source)
+            return
+        if weights.endswith(SHARDED_SUFFIX):  # restored under this run's mesh, whatever it was
+            sharded.load(model, weights, source)
             return
         try:
             model.load_weights(weights)
