@@ -16,9 +16,14 @@ from helpers import FACTORIES, toy_config
 
 import tpurun
 from tpurun import frameworks
+from tpurun.errors import EnvironmentSetupError
 from tpurun.runtime.choice import Choice
 from tpurun.runtime.memory_check import (
+    Limit,
+    check_fits,
+    device_limit,
     estimate_for_model,
+    refusal,
 )
 from tpurun.runtime.plan import make_plan
 from tpurun.training.model import build_model, compile_model
@@ -132,3 +137,97 @@ def test_plain_keras_model_2x4_with_accumulation_is_exact(tmp_path, dense_2x4):
     assert est.slots.per_variable == 3  # velocity, momentum, average gradient
     assert est.optimizer == 4 * est.gradients + 4  # + the accumulators; a schedule, no LR variable
     assert est.activations is not None and est.activations.basis.startswith("every layer")
+
+
+# --------------------------------------------------------------------------- the device's limit
+class FakeDevice:
+    """A JAX device as the limit reads it: its kind and what ``memory_stats()`` reports."""
+
+    def __init__(self, kind: str, stats: dict | None):
+        self.device_kind, self._stats = kind, stats
+
+    def memory_stats(self):
+        return self._stats
+
+
+def test_device_limit_config_then_runtime_then_table_then_none(tmp_path):
+    factory = {"factory": f"{FACTORIES}:mlp", "loss": "binary_crossentropy"}
+    plain = loaded(tmp_path, factory)
+    v5e = FakeDevice("TPU v5 lite", None)
+    assert device_limit(plain, v5e) == Limit(int(15.75 * 1024**3), "tpurun's table (v5e)")
+    reported = device_limit(plain, FakeDevice("TPU v5 lite", {"bytes_limit": 123_000}))
+    assert reported.bytes == 123_000 and "memory_stats" in reported.source
+    set_ = loaded(tmp_path, factory, runtime={"device_memory": "64KB"})
+    assert device_limit(set_, v5e) == Limit(64_000, "runtime.device_memory")
+    assert device_limit(plain, frameworks.jax().devices()[0]) is None  # a CPU: no check
+    assert device_limit(plain, kind="TPU v4") == Limit(int(31.75 * 1024**3), "tpurun's table (v4)")
+
+
+# ---------------------------------------------------------------------------- refused, or not
+def gemma_estimate(tmp_path, tiny_presets, **train):
+    config = loaded(tmp_path, {"preset": str(tiny_presets.gemma_mesh)},
+                    train={"per_core_batch_size": 16, "epochs": 1, **train})  # fmt: skip
+    plan = plan_for(config)
+    model = build_model(config, "jax")
+    compile_model(model, config, plan)
+    return config, plan, estimate_for_model(model, config, plan, MESH)
+
+
+def test_too_big_is_refused_with_its_terms_and_what_would_fit(tmp_path, tiny_presets, mesh_2x4):
+    config, plan, est = gemma_estimate(tmp_path, tiny_presets)
+    limit = Limit(6_000_000, "runtime.device_memory")
+    assert est.total > limit.bytes
+    with pytest.raises(EnvironmentSetupError) as caught:
+        check_fits(est, limit, config, plan)
+    message = caught.value.message
+    for words in ("per device on a 2x4 mesh", "parameters 45.2 KiB", "gradients 45.2 KiB",
+                  "optimizer state 90.5 KiB (Adam: 2 slots per trainable variable)",
+                  "activations about", "a device has 5.7 MiB (runtime.device_memory)",
+                  "What would fit: ", "runtime.precision: bfloat16 (about 5.6 MiB per device)",
+                  "train.per_core_batch_size: 8 with train.gradient_accumulation_steps: 2",
+                  "Nothing was compiled."):  # fmt: skip
+        assert words in message, message
+    assert "model.lora" not in message  # LoRA would not lower it: activations dominate here
+    assert "runtime.mesh" not in message  # a model axis of 8 does not divide the 4 kv heads
+    assert "\n" not in message
+    fits = Limit(est.total, "runtime.device_memory")
+    assert check_fits(est, fits, config, plan).startswith("memory: about 11.2 MiB per device")
+    assert check_fits(est, None, config, plan) is None  # no known limit: no check
+
+
+def test_nothing_fits_alone_says_so(tmp_path, tiny_presets, mesh_2x4):
+    config, plan, est = gemma_estimate(tmp_path, tiny_presets)
+    message = refusal(est, Limit(64_000, "runtime.device_memory"), config, plan)
+    assert "Alone, none of these fits: runtime.precision: bfloat16" in message
+    assert "use a device with more memory" in message
+
+
+def test_a_larger_model_axis_is_the_smallest_that_fits(tmp_path):
+    config = loaded(
+        tmp_path,
+        {"factory": f"{FACTORIES}:mlp", "kwargs": {"units": 4096}, "loss": "binary_crossentropy"},
+        train={"per_core_batch_size": 1, "epochs": 1}, runtime={"precision": "bfloat16"},
+    )  # fmt: skip
+    plan = plan_for(config)
+    model = build_model(config, "jax")
+    compile_model(model, config, plan)
+    est = estimate_for_model(model, config, plan, None)  # data parallel: 8 replicas
+    assert est.mesh == {"data": 8, "model": 1}
+    assert est.parameters == sum(e.nbytes for e in est.entries)  # every weight whole
+    message = refusal(est, Limit(300_000, "runtime.device_memory"), config, plan)
+    assert "What would fit: runtime.mesh: {data: 2, model: 4} (about" in message, message
+    assert "runtime.precision" not in message  # already bfloat16
+
+
+def test_bfloat16_weights_with_float32_lora_slots_are_exact(tmp_path, tiny_presets, mesh_2x4):
+    config = loaded(tmp_path, {"preset": str(tiny_presets.gemma_mesh), "lora": {"rank": 4}},
+                    train={"per_core_batch_size": 2, "epochs": 1})  # fmt: skip
+    keras.config.set_dtype_policy("bfloat16")
+    try:
+        keras_model, est = built(config)
+    finally:
+        keras.config.set_dtype_policy("float32")
+    assert_exact(keras_model, est)
+    assert {e.dtype for e in est.entries if not e.trainable} == {"bfloat16"}
+    assert {e.dtype for e in est.trainable} == {"float32"}  # adapters, and so their slots
+    assert est.optimizer == 2 * est.gradients + 8  # 2 slots; the iteration, the learning rate

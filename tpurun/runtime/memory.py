@@ -135,9 +135,12 @@ class Slots:
     known: bool = True
 
     def describe(self) -> str:
-        what = "factored statistics and 1 slot" if self.factored else f"{self.per_variable} slot(s)"
-        guess = " (an optimizer tpurun does not know: assumed)" if not self.known else ""
-        return f"{self.name}: {what} a trainable variable{guess}"
+        n = self.per_variable
+        what = f"{n} slot{'s' if n != 1 else ''}"
+        if self.factored:
+            what = "factored statistics and 1 slot"
+        guess = ", assumed: tpurun does not know this optimizer" if not self.known else ""
+        return f"{self.name}: {what} per trainable variable{guess}"
 
 
 _TWO = ("adam", "adamw", "lamb", "adamax", "nadam", "adadelta", "ftrl", "muon",

@@ -82,10 +82,9 @@ def config_slots(config: Config, model: Any) -> Any:
     return slots_for(spec.name, spec.kwargs)
 
 
-def per_device_batch(plan: Any, mesh: tuple[int, int] | None) -> int:
+def per_device_batch(plan: Any, mesh: tuple[int, int]) -> int:
     """Examples each device's activations hold: the global batch over the data axis."""
-    data = mesh[0] if mesh else plan.replicas
-    return max(1, plan.global_batch_size // max(1, data))
+    return max(1, plan.global_batch_size // max(1, mesh[0]))
 
 
 def estimate_for_model(model: Any, config: Config, plan: Any, mesh: tuple[int, int] | None,
@@ -94,6 +93,7 @@ def estimate_for_model(model: Any, config: Config, plan: Any, mesh: tuple[int, i
     without one). A live model's shardings are read from its variables; a model built without
     the devices (a stateless scope) takes ``specs`` (path -> axes per dimension). Builds nothing:
     the optimizer may be compiled in but not built."""
+    mesh = mesh or (plan.replicas, 1)  # data parallel: every device a replica, weights whole
     lr = config.train.learning_rate
     lr_variable = lr.schedule == "constant" and plan.warmup_steps == 0  # a float, not a schedule
     sequence = config.model.sequence_length
@@ -129,27 +129,28 @@ def check_fits(est: Estimate, limit: Limit | None, config: Config, plan: Any) ->
 def refusal(est: Estimate, limit: Limit, config: Config, plan: Any) -> str:
     """The paragraph a run too big for its devices stops with."""
     mesh = est.mesh
-    where = f"on a {mesh['data']}x{mesh['model']} mesh" if config.runtime.mesh else "per replica"
+    where = f" on a {mesh['data']}x{mesh['model']} mesh" if mesh["model"] > 1 else ""
     head = (
-        f"The model does not fit in one device's memory: about {size(est.total)} per device "
-        f"{where} ({est.terms_text()}), and a device has {size(limit.bytes)} ({limit.source}). "
+        f"The model does not fit in one device's memory: about {size(est.total)} per device"
+        f"{where} ({est.terms_text()}), and a device has {size(limit.bytes)} ({limit.source})."
     )
     options = fixes(est, limit, config, plan)
     fitting = [text for text, fits in options if fits]
     if fitting:
-        return head + f"What would fit: {'; '.join(fitting)}. Nothing was compiled."
+        return head + f" What would fit: {'; '.join(fitting)}. Nothing was compiled."
     tried = "; ".join(text for text, _ in options)
-    others = f" Alone, none fits: {tried}; combine them." if tried else ""
-    return head + f"{others} Or use a device with more memory. Nothing was compiled."
+    others = f" Alone, none of these fits: {tried}; combine them, or" if tried else " Use"
+    return head + f"{others} use a device with more memory. Nothing was compiled."
 
 
 def fixes(est: Estimate, limit: Limit, config: Config, plan: Any) -> list[tuple[str, bool]]:
-    """What the config could change, each as ``(text with its estimate, fits)``."""
+    """What the config could change, each as ``(text with its estimate, fits)``: those that
+    lower the estimate (each fix answers ``(lowers, text, fits)`` or None)."""
     out = []
     for fix in (_larger_model_axis, _lora, _bfloat16, _smaller_batch):
         found = fix(est, limit, config, plan)
-        if found is not None:
-            out.append(found)
+        if found is not None and found[0]:
+            out.append(found[1:])
     return out
 
 
@@ -171,12 +172,13 @@ def _larger_model_axis(est: Estimate, limit: Limit, config: Config, plan: Any):
         trial = replace(est, entries=entries, mesh={"data": data, "model": model}, activations=acts)
         best = (model, data, trial.total)
         if trial.total <= limit.bytes:
-            return (f"runtime.mesh: {{data: {data}, model: {model}}} (about "
-                    f"{size(trial.total)} per device)", True)  # fmt: skip
+            return True, (f"runtime.mesh: {{data: {data}, model: {model}}} (about "
+                          f"{size(trial.total)} per device)"), True  # fmt: skip
     if best is None:
         return None
     model, data, total = best
-    return f"runtime.mesh: {{data: {data}, model: {model}}} (about {size(total)})", False
+    text = f"runtime.mesh: {{data: {data}, model: {model}}} (about {size(total)} per device)"
+    return total < est.total, text, False
 
 
 def _splits(est: Estimate) -> bool:
@@ -223,7 +225,7 @@ def _lora(est: Estimate, limit: Limit, config: Config, plan: Any):
     frozen = [replace(e, trainable=False) for e in est.entries]
     trial = replace(est, entries=frozen + adapters, slots=replace(est.slots, factored=False))
     text = f"model.lora: {{rank: {LORA_RANK}}} (about {size(trial.total)} per device)"
-    return text, trial.total <= limit.bytes
+    return trial.total < est.total, text, trial.total <= limit.bytes
 
 
 def _bfloat16(est: Estimate, limit: Limit, config: Config, plan: Any):
@@ -240,7 +242,7 @@ def _bfloat16(est: Estimate, limit: Limit, config: Config, plan: Any):
         acts = replace(acts, whole=acts.whole / 2, split=acts.split / 2)
     trial = replace(est, entries=halved, activations=acts)
     text = f"runtime.precision: bfloat16 (about {size(trial.total)} per device)"
-    return text, trial.total <= limit.bytes
+    return trial.total < est.total, text, trial.total <= limit.bytes
 
 
 def _smaller_batch(est: Estimate, limit: Limit, config: Config, plan: Any):
@@ -269,4 +271,4 @@ def _smaller_batch(est: Estimate, limit: Limit, config: Config, plan: Any):
         text += (
             f" with train.gradient_accumulation_steps: {steps} for about the same effective batch"
         )
-    return text, True
+    return True, text, True
