@@ -12,8 +12,9 @@ Every command block runs as written. The convention, read page by page:
 - ``<!-- docs-test: after-quickstart -->`` on a page: its commands run in the folder the README's
   quickstart leaves (data, model, config and the trained ``runs/tabular``), restored for each page.
 - ``<!-- docs-test: tiny-presets -->`` on a page: its folder starts with the tiny KerasHub presets
-  of tests/hub_presets.py in ``presets/`` (``presets/gemma``, ``presets/bert``): a pretrained
-  model's walk-through runs against a preset of the same architecture.
+  of tests/hub_presets.py in ``presets/`` (``presets/gemma``, ``presets/gemma-8-heads``,
+  ``presets/bert``): a pretrained model's walk-through runs against a preset of the same
+  architecture.
 - Every other block (``bash``, ``python``, ``text``, a ``yaml`` block with no file marker) is not run;
   a ``bash`` block says in the prose beside it why (it installs, needs a TPU, a bucket, a notebook,
   or serves a page until stopped).
@@ -329,6 +330,7 @@ def test_the_commands_of_each_page_run_as_written(page, quickstart, tmp_path, re
         presets = request.getfixturevalue("tiny_presets")
         shutil.copytree(presets.gemma, folder / "presets" / "gemma")
         shutil.copytree(presets.bert, folder / "presets" / "bert")
+        shutil.copytree(presets.gemma_mesh, folder / "presets" / "gemma-8-heads")
     run_steps(page, folder, tmp_path / "cache")
 
 
