@@ -14,9 +14,12 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
+from helpers import read_latest, read_log, read_summary, run_cli, signal_at, write_config
+from test_hub_train import chat_data
 
+import tpurun
 from tpurun import frameworks
-from tpurun.errors import ModelError
+from tpurun.errors import Interrupted, ModelError
 from tpurun.training.checkpoints import sharded
 
 
@@ -122,3 +125,125 @@ def test_a_folder_that_is_no_checkpoint_is_refused(tmp_path, tiny_presets):
         model = gemma(tiny_presets.gemma_mesh)
         with pytest.raises(ModelError, match=r"x\.orbax is not a readable sharded checkpoint"):
             sharded.load(model, str(tmp_path / "x.orbax"), "test")
+
+
+# ------------------------------------------------------------------ through tpurun train
+@pytest.fixture(scope="module")
+def chat(tmp_path_factory) -> Path:
+    return chat_data(tmp_path_factory.mktemp("sharded-chat"), n=64)
+
+
+def mesh_config(root: Path, preset: Path, data: Path, name: str, mesh=(2, 4), **sections) -> dict:
+    """A full fine-tune (every weight trains: Orbax checkpoints) under a mesh: 6 steps an epoch
+    of 8 records, a checkpoint every 2 steps."""
+    config = {
+        "name": name,
+        "model": {"preset": str(preset), "sequence_length": 16},
+        "data": {"train": str(data / "chat-train-*"), "validation": str(data / "chat-validation-*")},
+        "train": {"per_core_batch_size": 1, "epochs": 2, "steps_per_execution": 1,
+                  "learning_rate": {"base": 1e-3}},
+        "runtime": {"cpu_devices": 8, "mesh": {"data": mesh[0], "model": mesh[1]}},
+        "callbacks": {"checkpoint": {"every_steps": 2}},
+        "output": {"dir": str(root / "runs")},
+    }  # fmt: skip
+    for key, value in sections.items():
+        config[key] = {**config.get(key, {}), **value}
+    return config
+
+
+def checkpoint_values(folder: Path) -> dict[str, np.ndarray]:
+    """A sharded checkpoint's arrays, read whole on the host (no model needed)."""
+    import orbax.checkpoint as ocp
+
+    with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as reader:
+        found = reader.restore(folder, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+    return {f"{g}/{k}": np.asarray(v) for g, d in found["state"].items() for k, v in d.items()}
+
+
+def latest_folder(run_dir: Path) -> Path:
+    name = read_latest(run_dir)["weights"]
+    assert name.endswith(".orbax"), name
+    return run_dir / "checkpoints" / name
+
+
+def test_a_sigterm_under_2x4_commits_a_sharded_checkpoint_and_the_resume_is_exact(
+    tiny_presets, chat, tmp_path
+):
+    """SIGTERM after step 3 of epoch 2: the save of step 2 may still be in flight; the stop waits
+    for it, saves step 3 and commits it; the resumed run ends on the unbroken run's bits."""
+    unbroken = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, "a")
+    assert tpurun.train(unbroken, verbose=False)["status"] == "completed"
+    config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, "b",
+                         callbacks={"extra": [signal_at(tmp_path / "fired", 2, 3)]})  # fmt: skip
+    with pytest.raises(Interrupted, match=r"stopped at epoch 2, step 3"):
+        tpurun.train(config, verbose=False)
+    run_dir = tmp_path / "runs" / "b"
+    state = read_latest(run_dir)
+    assert (state["epoch"], state["step"], state["weights"]) == (
+        1,
+        3,
+        "latest-e0001-s0000003.orbax",
+    )
+    names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert names == ["best.json", "best.orbax", "latest-e0001-s0000003.orbax", "latest.json"]
+    assert read_latest(run_dir)["identity"]["model.preset"] == str(tiny_presets.gemma_mesh)
+
+    resumed = tpurun.train(config, verbose=False)
+    assert resumed["status"] == "completed" and resumed["resumes"][-1]["step"] == 3
+    reference = tmp_path / "runs" / "a"
+    assert read_log(run_dir) == read_log(reference)
+    assert latest_folder(run_dir).name == "latest-e0002-s0000000.orbax"
+    assert_same(
+        checkpoint_values(latest_folder(run_dir)), checkpoint_values(latest_folder(reference))
+    )
+
+
+@pytest.mark.slow
+def test_sigkill_mid_epoch_under_2x4_then_resume_gives_the_unbroken_run(
+    tiny_presets, chat, tmp_path
+):
+    """SIGKILL after step 5 of epoch 2 (saves every 2 steps, in the background): whatever was in
+    flight, latest.json names a complete folder, and the resume ends on the unbroken run's bits."""
+    unbroken = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, "a")
+    assert tpurun.train(unbroken, verbose=False)["status"] == "completed"
+    config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, "b",
+                         callbacks={"extra": [signal_at(tmp_path / "fired", 2, 5, "SIGKILL")]})  # fmt: skip
+    path = write_config(tmp_path, config, "b")
+    killed = run_cli("train", str(path))
+    assert killed.returncode == -9, killed.stderr
+    run_dir = tmp_path / "runs" / "b"
+    state = read_latest(run_dir)
+    assert (state["epoch"], state["step"]) in ((1, 2), (1, 4)), state  # the last complete save
+    checkpoint_values(latest_folder(run_dir))  # complete: it reads
+
+    done = run_cli("train", str(path))
+    assert done.returncode == 0, done.stderr
+    assert read_summary(run_dir)["resumes"][-1]["step"] == state["step"]
+    reference = tmp_path / "runs" / "a"
+    assert read_log(run_dir) == read_log(reference)
+    assert_same(
+        checkpoint_values(latest_folder(run_dir)), checkpoint_values(latest_folder(reference))
+    )
+    names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert names == ["best.json", "best.orbax", "latest-e0002-s0000000.orbax", "latest.json"]
+
+
+def test_a_run_saved_under_2x4_resumes_under_4x2_and_from_its_best_folder(
+    tiny_presets, chat, tmp_path
+):
+    config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, "m", train={"epochs": 1})
+    assert tpurun.train(config, verbose=False)["status"] == "completed"
+    run_dir = tmp_path / "runs" / "m"
+    saved = checkpoint_values(latest_folder(run_dir))
+
+    config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, "m", mesh=(4, 2),
+                         train={"epochs": 2})  # fmt: skip
+    summary = tpurun.train(config, verbose=False)
+    assert summary["status"] == "completed" and summary["resumes"][-1]["epoch"] == 1
+    after = checkpoint_values(latest_folder(run_dir))
+    assert after["optimizer/0000"] == saved["optimizer/0000"] + 6  # iterations went on from there
+
+    other = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, "n", mesh=(8, 1))
+    best = run_dir / "checkpoints" / "best.orbax"
+    summary = tpurun.train(other, resume=str(best), verbose=False)
+    assert summary["status"] == "completed"

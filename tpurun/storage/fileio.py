@@ -239,6 +239,16 @@ def remove(path: str, missing_ok: bool = True) -> None:
             raise
 
 
+def remove_tree(path: str) -> None:
+    """Remove a folder and everything in it (nothing happens when it is gone already)."""
+    if not is_remote(path):
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    gfile = _gfile()
+    with contextlib.suppress(_not_found()), _remote(path, "deleting it"):
+        gfile.rmtree(path)
+
+
 def _not_found() -> type[BaseException]:
     """The exception a missing remote file raises (TF's NotFoundError), without importing TF for
     local paths."""

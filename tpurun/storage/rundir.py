@@ -41,6 +41,10 @@ WEIGHTS_SUFFIX = ".weights.h5"  # Keras' weights and optimizer state
 # frozen base (tpurun.training.checkpoints.adapter).
 ADAPTER_SUFFIX = ".adapter.h5"
 LORA_SUFFIX = ".lora.h5"  # KerasHub's adapter file (`Backbone.save_lora_weights` insists on it)
+# A model split over a mesh's model axis: each checkpoint is a folder every process writes its
+# shards into (Orbax; tpurun.training.checkpoints.sharded), with the same names otherwise.
+SHARDED_SUFFIX = ".orbax"
+BEST_SHARDED = "best.orbax"  # in CHECKPOINTS, instead of BEST_MODEL with a model axis
 EARLY_STOPPING_WEIGHTS = "early_stopping_best.npz"  # in CHECKPOINTS
 # TensorBoard's event folders (train/, validation/) and profiles (plugins/profile/) sit in the run
 # directory itself, so that `tensorboard --logdir runs` names a run's curves <run>/train and
@@ -48,7 +52,7 @@ EARLY_STOPPING_WEIGHTS = "early_stopping_best.npz"  # in CHECKPOINTS
 TENSORBOARD_SPLITS = ("train", "validation")
 LEGACY_TENSORBOARD = "tensorboard"
 CURVES = "curves.png"
-_WEIGHT_SUFFIXES = (WEIGHTS_SUFFIX, ADAPTER_SUFFIX, LORA_SUFFIX, ".keras", ".h5")
+_WEIGHT_SUFFIXES = (WEIGHTS_SUFFIX, ADAPTER_SUFFIX, LORA_SUFFIX, SHARDED_SUFFIX, ".keras", ".h5")
 
 
 def run_path(output_dir: str, name: str) -> str:
@@ -352,13 +356,24 @@ class RunDir:
     def save_checkpoint(self, name: str, save: Callable[[str], Any]) -> None:
         self._save(self.checkpoint(name), save)
 
+    def save_sharded(self, name: str, save: Callable[[str], Any]) -> None:
+        """A sharded checkpoint (a folder): ``save(path)`` runs on every process, each writing its
+        own shards (a collective); the writer checks its lock first."""
+        self._writing()
+        save(self.checkpoint(name))
+
     def write_checkpoint_state(self, name: str, state: Mapping[str, Any]) -> None:
         if self._writing():
             fileio.write_json(self.checkpoint(name), dict(state))
 
     def remove_checkpoint(self, name: str) -> None:
+        """Remove a checkpoint file, or folder (a sharded one, or what a killed save of one left)."""
         if self._writing():
-            fileio.remove(self.checkpoint(name))
+            path = self.checkpoint(name)
+            if name.endswith(".json") or not fileio.isdir(path):
+                fileio.remove(path)
+            else:
+                fileio.remove_tree(path)
 
     # ------------------------------------------------------------------ the CSV log
     def _read_rows(self, filename: str) -> list[list[str]]:

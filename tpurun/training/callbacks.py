@@ -191,6 +191,7 @@ class RunControl(keras.callbacks.Callback):
         return stopping, save
 
     def on_train_batch_end(self, batch, logs=None):
+        self.checkpointer.poll()  # sharded saves finished in the background are committed
         step = step_offset(self.checkpointer.resume_at, self._epoch) + batch + 1
         if self._nan(logs) and self.stop.nan_at is None:
             self.stop.nan_at = (self._epoch + 1, step)  # the loss is global: seen everywhere
@@ -215,11 +216,15 @@ class RunControl(keras.callbacks.Callback):
             return  # a NaN epoch is not a checkpoint, nor a row of the log
         if self.log:
             self.run.append_log(self.log, epoch, logs)
-        self.checkpointer.epoch_end(self.model, epoch, logs)
-        if self.committed is not None:
-            self.committed(epoch + 1, logs)
+        committed = self.committed
+        # `committed` once the resume point is: a sharded one, when its folder is complete.
+        then = None if committed is None else lambda: committed(epoch + 1, logs)
+        self.checkpointer.epoch_end(self.model, epoch, logs, then)
         if self._agreed()[0]:
             self._model.stop_training = True  # asked (or out of time) during validation
+
+    def on_train_end(self, logs=None):
+        self.checkpointer.finish()  # the sharded saves still in flight, committed
 
 
 class _Resumable:
@@ -355,12 +360,14 @@ def apply_monitor_modes(modes: Mapping[str, str], control: RunControl) -> None:
 
 
 def build_callbacks(
-    config: Config, plan: Plan, run: RunDir, reporter: Reporter, stop: Stop, identity: dict
-) -> tuple[list[Any], Progress, RunControl]:
+    config: Config, plan: Plan, run: RunDir, reporter: Reporter, stop: Stop, identity: dict,
+    sharded: bool = False,
+) -> tuple[list[Any], Progress, RunControl]:  # fmt: skip
     """The callback list for ``fit``, plus the two tpurun reads results from.
 
     The resume point is always kept (``callbacks.checkpoint: null`` only turns off the best and
-    pattern-named models): a run directory can always be resumed.
+    pattern-named models): a run directory can always be resumed. ``sharded``: the model is
+    split over a mesh's model axis (``ActiveRuntime.sharded``): its checkpoints are too.
     """
     cb = config.callbacks
     progress = Progress(reporter, plan)
@@ -397,6 +404,7 @@ def build_callbacks(
         every_minutes=ck.every_minutes if ck else None,
         stateful=stateful,
         identity=identity,
+        sharded=sharded,
     )
     control = RunControl(
         run, checkpointer, stop, steps_per_epoch=plan.steps_per_epoch,

@@ -19,7 +19,7 @@ from tpurun.observe import throughput
 from tpurun.runtime.activate import ActiveRuntime
 from tpurun.runtime.plan import Plan
 from tpurun.storage import fileio
-from tpurun.storage.rundir import ADAPTER_SUFFIX, LORA_SUFFIX, RunDir
+from tpurun.storage.rundir import ADAPTER_SUFFIX, LORA_SUFFIX, SHARDED_SUFFIX, RunDir
 from tpurun.storage.summary import Summary, steady_rate
 from tpurun.training import failures
 from tpurun.training.checkpoints import resume as resume_lib
@@ -90,7 +90,7 @@ def train(job: TrainJob) -> TrainResult:
     preprocessor, transform = batches.take_preprocessing(model, config, prepared.data.tokenized)
     train_data, val_ds = _datasets(job, transform)
     callbacks, progress, control = cbs.build_callbacks(
-        config, plan, run, reporter, job.stop, job.identity
+        config, plan, run, reporter, job.stop, job.identity, sharded=job.runtime.sharded
     )
     checkpoint = control.checkpointer
     control.committed = _keep_summary_current(job, progress, checkpoint)
@@ -112,9 +112,10 @@ def train(job: TrainJob) -> TrainResult:
         val_steps=plan.validation_steps if job.runtime.strategy is not None else None,
     )  # fmt: skip
     restores: list[dict] = []
-    _fit_once(job, fitting)
-    while _restore_after_nan(job, fitting, restores):
+    with checkpoint.closing():  # sharded saves still in flight at the end: committed
         _fit_once(job, fitting)
+        while _restore_after_nan(job, fitting, restores):
+            _fit_once(job, fitting)
     if preprocessor is not None:
         batches.attach(model, preprocessor)  # the saved model tokenises as the preset did
     return TrainResult(
@@ -303,6 +304,7 @@ def _restore_after_nan(job: TrainJob, f: _Fitting, restores: list[dict]) -> bool
         return False
     if len(restores) + len(job.summary.nan_restores) >= config.callbacks.max_nan_restores:
         return False
+    checkpoint.finish()  # a sharded save from before the NaN, committed
     back = resume_lib.latest(job.run)
     if back is None:
         return False
@@ -399,7 +401,7 @@ def _restore(model, inputs, weights: str, job: TrainJob, source: str) -> None:
     A LoRA run's adapter checkpoint (or a ``.lora.h5`` to start from) goes into the model built
     from the preset with LoRA on: the base weights are the preset's.
     """
-    from tpurun.training.checkpoints import adapter
+    from tpurun.training.checkpoints import adapter, sharded
 
     with job.runtime.scope():
         if not model.built:
@@ -411,6 +413,9 @@ def _restore(model, inputs, weights: str, job: TrainJob, source: str) -> None:
             return
         if weights.endswith(LORA_SUFFIX):
             adapter.load_lora(model, weights, source)
+            return
+        if weights.endswith(SHARDED_SUFFIX):  # restored under this run's mesh, whatever it was
+            sharded.load(model, weights, source)
             return
         try:
             model.load_weights(weights)

@@ -12,14 +12,25 @@ checkpoints instead (:mod:`.adapter`: ``latest-e<E>-s<S>.adapter.h5``, ``best.ad
 pattern-named file's suffix made ``.adapter.h5``): what trains and the optimizer state, not the
 frozen base again; the same commit order and pruning. Every file goes through
 :class:`~tpurun.storage.rundir.RunDir`, which writes only on the process that writes.
+
+With a model axis (``sharded``) no process holds the whole model: each checkpoint is an Orbax folder
+(:mod:`.sharded`: ``latest-e<E>-s<S>.orbax``, ``best.orbax``, a pattern-named file's suffix made
+``.orbax``) that every process writes its shards into, in the background. Its state file is written
+once the folder is complete on every process (:meth:`Checkpointer.poll` at each step, the next
+save, the end of ``fit``): until then the previous ``latest.json`` stands, so the commit order is
+today's. A stop (SIGTERM, the time limit) waits for the save in flight, saves, and waits for that
+one too. A LoRA run under a mesh keeps its adapter files: they hold only what trains (the LoRA
+kernels, which no layout rule splits, and their optimizer slots), megabytes that gathering costs
+nothing, and they keep the preset fingerprint that refuses other base weights.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,14 +40,20 @@ from tpurun.storage.rundir import (
     ADAPTER_SUFFIX,
     BEST_ADAPTER,
     BEST_MODEL,
+    BEST_SHARDED,
     LATEST_STATE,
     LATEST_WEIGHTS_PREFIX,
+    SHARDED_SUFFIX,
     WEIGHTS_SUFFIX,
     RunDir,
     latest_weights_name,
     state_file,
 )
 from tpurun.training.checkpoints import adapter
+from tpurun.training.checkpoints.sharded import Saver
+
+#: Saves that may finish in the background; any other reason (a stop, the start) waits for its save.
+BACKGROUND = ("every_steps", "every_minutes", "epoch")
 
 
 def seed_states(model: Any) -> list[Any]:
@@ -46,6 +63,15 @@ def seed_states(model: Any) -> list[Any]:
     them (a few integers each)."""
     weights = {id(w) for w in model.weights}
     return [v for v in model.non_trainable_variables if id(v) not in weights]
+
+
+def sharded_name(name: str) -> str:
+    """A checkpoint file name as a run with a model axis writes it: ``best.keras`` ->
+    ``best.orbax``."""
+    for suffix in (SHARDED_SUFFIX, WEIGHTS_SUFFIX, ADAPTER_SUFFIX, ".keras", ".h5"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)] + SHARDED_SUFFIX
+    return name + SHARDED_SUFFIX
 
 
 def step_offset(resume_at: tuple[int, int], epoch: int) -> int:
@@ -58,6 +84,7 @@ class Checkpointer:
 
     ``mode`` (``min``/``max``) may be left None until the compiled model says which way the
     monitored metric improves (see :func:`tpurun.training.monitored.resolve_monitors`).
+    ``sharded``: the model is split over a mesh's model axis (its checkpoints are Orbax folders).
     """
 
     def __init__(
@@ -65,7 +92,7 @@ class Checkpointer:
         save_best: bool = True, save_best_only: bool = True, filename: str | None = None,
         keep: int | None = None, every_steps: int | None = None,
         every_minutes: float | None = None, stateful: Sequence[Any] = (),
-        identity: Mapping[str, Any] | None = None,
+        identity: Mapping[str, Any] | None = None, sharded: bool = False,
     ):  # fmt: skip
         self.run = run
         self.steps_per_epoch = steps_per_epoch
@@ -89,6 +116,11 @@ class Checkpointer:
         self._last_save = (0, time.monotonic())  # (global step, time)
         self._lora: bool | None = None  # whether the model has LoRA on: known at the first save
         self._preset: dict | None = None  # the preset record adapter files carry
+        self.sharded = sharded
+        # Sharded saves in flight, one writer each for the resume point and for the best and
+        # pattern-named models, with what commits each once it is complete.
+        self._savers = {"latest": Saver(), "models": Saver()} if sharded else {}
+        self._pending: dict[str, Callable[[], None]] = {}
 
     # ------------------------------------------------------------------ resume
     def restore(self, state: Mapping[str, Any], folder: str) -> None:
@@ -180,36 +212,111 @@ class Checkpointer:
             return lambda path: adapter.save(model, path, self._preset)
         return model.save_weights if name.endswith(WEIGHTS_SUFFIX) else model.save
 
+    def _write(self, model: Any, name: str, then: Callable[[], None], saver: str) -> None:
+        """Write checkpoint ``name``, then ``then()`` (its state file, pruning): at once for a
+        file; for a sharded folder, once Orbax has finished it on every process (``saver``:
+        which of the two writers, each with at most one save in flight)."""
+        if not name.endswith(SHARDED_SUFFIX):
+            self.run.save_checkpoint(name, self._writer(model, name))
+            then()
+            return
+        self._commit(saver, block=True)  # the writer's previous save, before it starts again
+        self.run.save_sharded(name, lambda path: self._savers[saver].save(model, path))
+        self._pending[saver] = then
+
+    def _commit(self, saver: str, block: bool) -> None:
+        """Commit ``saver``'s save in flight if it is complete (``block``: wait for it)."""
+        if saver not in self._pending or not (block or self._savers[saver].done()):
+            return
+        then = self._pending.pop(saver)
+        self._savers[saver].wait()  # raises what went wrong: then the folder is not committed
+        then()
+
+    def poll(self) -> None:
+        """Commit the sharded saves that finished meanwhile (each step: does not wait)."""
+        for saver in list(self._pending):
+            self._commit(saver, block=False)
+
+    def finish(self) -> None:
+        """Wait for the sharded saves in flight and commit them (the end of a ``fit``, a stop)."""
+        for saver in list(self._pending):
+            self._commit(saver, block=True)
+
+    @contextlib.contextmanager
+    def closing(self) -> Iterator[None]:
+        """The session's fits: at the end, :meth:`finish` and Orbax's background work stopped;
+        after a failure, quietly (the failure is the error to report), complete saves committed."""
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._close()
+            raise
+        self._close()
+
+    def _close(self) -> None:
+        self.finish()
+        for saver in self._savers.values():
+            saver.close()
+
     def save_latest(
-        self, model: Any, epochs_done: int, step: int, reason: str, state: dict | None = None
-    ) -> None:
+        self, model: Any, epochs_done: int, step: int, reason: str, state: dict | None = None,
+        then: Callable[[], None] | None = None,
+    ) -> None:  # fmt: skip
         """Weights first, under a new name; then ``latest.json`` naming them; then old weights go.
 
-        ``state``: this position's :meth:`state`, when the caller has it already.
+        ``state``: this position's :meth:`state`, when the caller has it already. ``then``: what
+        to do once committed. A sharded save for a reason not in :data:`BACKGROUND` (a stop)
+        waits to be committed.
         """
-        suffix = ADAPTER_SUFFIX if self.adapter_files(model) else WEIGHTS_SUFFIX
+        suffix = WEIGHTS_SUFFIX
+        if self.adapter_files(model):
+            suffix = ADAPTER_SUFFIX
+        elif self.sharded:
+            suffix = SHARDED_SUFFIX
         name = latest_weights_name(epochs_done, step, suffix)
         state = {**(state or self.state(model, epochs_done, step, reason)), "weights": name}
-        self.run.save_checkpoint(name, self._writer(model, name))
-        self.run.write_checkpoint_state(LATEST_STATE, state)  # the commit point
-        # Only the writer prunes: another process listing the folder while process 0 deletes
-        # from it would stat a file that is gone.
-        for old in (
-            self.run.checkpoint_files(f"{LATEST_WEIGHTS_PREFIX}e*") if self.run.writer else ()
-        ):
-            if old != name:
-                self.run.remove_checkpoint(old)
+
+        def commit() -> None:
+            self.run.write_checkpoint_state(LATEST_STATE, state)  # the commit point
+            # Only the writer prunes: another process listing the folder while process 0
+            # deletes from it would stat a file that is gone. A killed sharded save's leftover
+            # folder (``<name>.orbax-checkpoint-tmp-<n>``) matches the pattern too.
+            for old in (
+                self.run.checkpoint_files(f"{LATEST_WEIGHTS_PREFIX}e*") if self.run.writer else ()
+            ):
+                if old != name:
+                    self.run.remove_checkpoint(old)
+            if then is not None:
+                then()
+
+        self._write(model, name, commit, "latest")
+        if reason not in BACKGROUND:
+            self.finish()
         self.position = (epochs_done, step)
         self._last_save = (self._global_step(epochs_done, step), time.monotonic())
 
-    def _save_model(self, model: Any, name: str, state: dict) -> None:
-        """A best or pattern-named model, with its state beside it, so ``--resume`` can use it."""
-        self.run.save_checkpoint(name, self._writer(model, name))
-        self.run.write_checkpoint_state(state_file(name), {**state, "weights": name})
+    def _save_model(self, model: Any, name: str, state: dict, prune: bool = False) -> None:
+        """A best or pattern-named model, with its state beside it, so ``--resume`` can use it;
+        ``prune``: then keep the newest ``keep`` of the pattern. A sharded folder of the same
+        name is replaced: its state file goes first, so that none names a folder being written."""
+        if name.endswith(SHARDED_SUFFIX):
+            self._commit("models", block=True)  # the last best may still be on its way
+            self.run.remove_checkpoint(state_file(name))
+
+        def commit() -> None:
+            self.run.write_checkpoint_state(state_file(name), {**state, "weights": name})
+            if prune:
+                self._prune(model)
+
+        self._write(model, name, commit, "models")
 
     def _named(self, model: Any, name: str) -> str:
-        """A configured file name as this run writes it (a LoRA run: an adapter file)."""
-        return adapter.adapter_name(name) if self.adapter_files(model) else name
+        """A configured file name as this run writes it (a LoRA run: an adapter file; with a
+        model axis: a sharded folder)."""
+        if self.adapter_files(model):
+            return adapter.adapter_name(name)
+        return sharded_name(name) if self.sharded else name
 
     def _prune(self, model: Any) -> None:
         """Keep the newest ``keep`` files of the filename pattern (found by a glob, so files of
@@ -219,7 +326,8 @@ class Checkpointer:
         pattern = self._named(model, re.sub(r"\{[^}]*\}", "*", self.filename))
         files = [
             f for f in self.run.checkpoint_files(pattern)
-            if not f.startswith(LATEST_WEIGHTS_PREFIX) and f not in (BEST_MODEL, BEST_ADAPTER)
+            if not f.startswith(LATEST_WEIGHTS_PREFIX)
+            and f not in (BEST_MODEL, BEST_ADAPTER, BEST_SHARDED)
         ]  # fmt: skip
         for old in files[: -self.keep]:
             self.run.remove_checkpoint(old)
@@ -232,8 +340,12 @@ class Checkpointer:
             return True
         return value < self.best if self.mode == "min" else value > self.best
 
-    def epoch_end(self, model: Any, epoch: int, logs: Mapping[str, Any]) -> None:
-        """A finished epoch: the best model if it improved, a pattern-named one, the resume point."""
+    def epoch_end(
+        self, model: Any, epoch: int, logs: Mapping[str, Any],
+        then: Callable[[], None] | None = None,
+    ) -> None:  # fmt: skip
+        """A finished epoch: the best model if it improved, a pattern-named one, the resume point;
+        ``then``: what to do once the resume point is committed."""
         self.last_logs = {k: float(v) for k, v in logs.items()}
         better = self.save_best and self.improved(float(logs[self.monitor]))
         if better:
@@ -249,10 +361,8 @@ class Checkpointer:
                     f"callbacks.checkpoint.filename '{self.filename}': cannot fill it in ({exc}); "
                     f"it may use {{epoch}} and the metrics {', '.join(sorted(logs))}."
                 ) from None
-            self._save_model(model, name, state)
-            if self.keep:
-                self._prune(model)
-        self.save_latest(model, epoch + 1, 0, "epoch", state)
+            self._save_model(model, name, state, prune=bool(self.keep))
+        self.save_latest(model, epoch + 1, 0, "epoch", state, then)
 
     @property
     def best_record(self) -> dict[str, Any] | None:

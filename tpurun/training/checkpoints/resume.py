@@ -13,7 +13,14 @@ from typing import Any
 
 from tpurun.errors import TpurunError
 from tpurun.storage import fileio
-from tpurun.storage.rundir import CHECKPOINTS, LATEST_STATE, RunDir, source_run, state_file
+from tpurun.storage.rundir import (
+    CHECKPOINTS,
+    LATEST_STATE,
+    SHARDED_SUFFIX,
+    RunDir,
+    source_run,
+    state_file,
+)
 
 # What a checkpoint is bound to: change one and the saved weights, optimizer state or data position
 # no longer mean the same thing. Anything else (epochs, callbacks, learning rate, time limit, data
@@ -66,7 +73,8 @@ def latest(run: RunDir) -> ResumePoint | None:
 
 
 def from_path(path: str) -> ResumePoint:
-    """``--resume PATH``: a run directory, its checkpoints folder, a state file or a model file.
+    """``--resume PATH``: a run directory, its checkpoints folder, a state file, a model file or a
+    sharded checkpoint's folder (``.orbax``).
 
     A model file without a state file beside it (say, one from another tool) gives a warm start:
     its weights, from epoch 1.
@@ -76,7 +84,7 @@ def from_path(path: str) -> ResumePoint:
     """
     path = str(path).rstrip("/")
     candidates: list[str] = []
-    if fileio.isdir(path):
+    if fileio.isdir(path) and not path.endswith(SHARDED_SUFFIX):
         candidates = [fileio.join(path, CHECKPOINTS, LATEST_STATE), fileio.join(path, LATEST_STATE)]
     elif path.endswith(".json"):
         candidates = [path]
@@ -92,8 +100,8 @@ def from_path(path: str) -> ResumePoint:
             return point
     raise TpurunError(
         f"--resume {path}: no checkpoint there. Give a run directory, its checkpoints folder, a "
-        "checkpoint's .json state file, or a .keras / .weights.h5 file (a LoRA run's: "
-        ".adapter.h5, or its model.lora.h5 to start from)."
+        "checkpoint's .json state file, a .keras / .weights.h5 file (a LoRA run's: "
+        ".adapter.h5, or its model.lora.h5 to start from), or a sharded checkpoint's .orbax folder."
     )
 
 

@@ -30,6 +30,7 @@ assigned: Keras' ``set_state_tree`` would skip what it does not know without a w
 from __future__ import annotations
 
 import re
+import threading
 from typing import Any
 
 from tpurun import frameworks
@@ -89,10 +90,16 @@ def state_tree(model: Any) -> dict[str, dict[str, Any]]:
 
 
 class Saver:
-    """One run's Orbax writer: at most one save in flight (a new one waits for the last)."""
+    """One run's Orbax writer: at most one save in flight (a new one waits for the last).
+
+    A thread of its own waits for Orbax's background write, so that :meth:`done` can tell
+    without blocking whether the folder is complete (Orbax's own wait is blocking only).
+    """
 
     def __init__(self) -> None:
         self._checkpointer: Any = None
+        self._watch: threading.Thread | None = None
+        self._error: BaseException | None = None
         self.in_flight: str | None = None  # the folder being written, until :meth:`wait`
 
     def save(self, model: Any, path: str) -> None:
@@ -109,21 +116,44 @@ class Saver:
         )
         self._checkpointer.save(path, args=args, force=True)
         self.in_flight = path
+        self._watch = threading.Thread(target=self._wait_for_orbax, name="tpurun-sharded-save",
+                                       daemon=True)  # fmt: skip
+        self._watch.start()
+
+    def _wait_for_orbax(self) -> None:
+        try:
+            self._checkpointer.wait_until_finished()
+        except BaseException as exc:  # noqa: BLE001  (raised again by wait(), in the main thread)
+            self._error = exc
+
+    def done(self) -> bool:
+        """Whether the save in flight (if any) is complete on every process: no waiting."""
+        return self._watch is None or not self._watch.is_alive()
 
     def wait(self) -> str | None:
         """Wait until the save in flight is complete on every process; returns its folder (None:
-        there was none)."""
+        there was none).
+
+        Raises:
+            Exception: what Orbax raised writing it (the folder is then incomplete).
+        """
+        if self._watch is not None:
+            self._watch.join()
+            self._watch = None
         done, self.in_flight = self.in_flight, None
-        if self._checkpointer is not None:
-            self._checkpointer.wait_until_finished()
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
         return done
 
     def close(self) -> None:
-        """Wait for the save in flight and stop Orbax's background thread."""
-        self.wait()
-        if self._checkpointer is not None:
-            self._checkpointer.close()
-            self._checkpointer = None
+        """Wait for the save in flight and stop Orbax's background work."""
+        try:
+            self.wait()
+        finally:
+            if self._checkpointer is not None:
+                self._checkpointer.close()
+                self._checkpointer = None
 
 
 def save(model: Any, path: str) -> None:
