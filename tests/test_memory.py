@@ -231,3 +231,64 @@ def test_bfloat16_weights_with_float32_lora_slots_are_exact(tmp_path, tiny_prese
     assert {e.dtype for e in est.entries if not e.trainable} == {"bfloat16"}
     assert {e.dtype for e in est.trainable} == {"float32"}  # adapters, and so their slots
     assert est.optimizer == 2 * est.gradients + 8  # 2 slots; the iteration, the learning rate
+
+
+# ------------------------------------------------------------------------- tpurun config, doctor
+def config_file(tmp_path, toy_data, model: dict, **sections) -> Path:
+    from helpers import write_config
+
+    config = toy_config(toy_data, tmp_path / "runs", **sections)
+    config["model"] = model
+    return write_config(tmp_path, config, "memory")
+
+
+def test_config_json_gives_mesh_layout_and_memory(tmp_path, toy_data, tiny_presets):
+    """The plan's estimate (the layout's rules on the shapes, no device) is the live model's on a
+    real 2x4 mesh, byte for byte."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from tpurun.cli.app import app
+
+    model = {"preset": str(tiny_presets.gemma_mesh)}
+    train = {"per_core_batch_size": 2, "epochs": 1}
+    runtime = {"cpu_devices": 8, "mesh": {"data": 2, "model": 4}, "device_memory": "64KB"}
+    path = config_file(tmp_path, toy_data, model, runtime=runtime, train=train)
+    result = CliRunner().invoke(app, ["config", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    derived = json.loads(result.output)["derived"]
+    assert derived["mesh"] == {"data": 2, "model": 4}
+    layout = derived["layout"]
+    assert layout["source"] == "the preset's (GemmaBackbone)"
+    assert layout["split"]["model"]["variables"] == 15 and layout["replicated"]["variables"] == 5
+    memory = derived["memory_per_device"]
+    assert memory["total"] == sum(v for k, v in memory.items() if k != "total")
+    assert derived["device_memory"] == {"bytes": 64_000, "source": "runtime.device_memory",
+                                        "fits": False}  # fmt: skip
+    set_mesh()
+    try:
+        _, live = built(tpurun.load_config(path))
+    finally:
+        keras.distribution.set_distribution(None)
+    assert derived["parameters"] == live.counts()
+    for term in ("parameters", "gradients", "optimizer"):
+        assert memory[term] == live.to_dict()[term], term
+
+
+def test_config_shows_the_mesh_layout_and_memory_in_words(tmp_path, toy_data, tiny_presets):
+    import yaml
+    from typer.testing import CliRunner
+
+    from tpurun.cli.app import app
+
+    path = config_file(tmp_path, toy_data, {"preset": str(tiny_presets.gemma_mesh)},
+                       runtime={"cpu_devices": 8, "mesh": {"data": 2, "model": 4}},
+                       train={"per_core_batch_size": 2, "epochs": 1})  # fmt: skip
+    result = CliRunner().invoke(app, ["config", str(path)])
+    assert result.exit_code == 0, result.output
+    assert yaml.safe_load(result.output)["derived"]["mesh"] == {"data": 2, "model": 4}
+    assert ("# mesh 2x4, layout the preset's (GemmaBackbone): 15 variables (352.0 KiB) split over "
+            "model, 15 over data, 5 (1.2 KiB) whole on every device") in result.output  # fmt: skip
+    assert "# memory per device: about " in result.output
+    assert "of " not in result.output.split("# memory per device")[1]  # a CPU: no limit known

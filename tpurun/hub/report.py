@@ -45,13 +45,16 @@ def _pending_variables() -> list:
     return state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
 
 
-def describe(config: Config, backend: str = "jax") -> dict[str, Any]:
-    """``{"preset": {...}, "parameters": {"total", "trainable"}}`` for ``derived``.
+def describe(config: Config, backend: str = "jax", plan: Any = None,
+             mesh: tuple[int, int] | None = None) -> dict[str, Any]:  # fmt: skip
+    """``{"preset": {...}, "parameters": {"total", "trainable"}}`` for ``derived``; with a plan,
+    also ``mesh``, ``layout`` and ``memory_per_device`` (see :func:`memory_report`).
 
     Args:
         config: a config with a ``model.preset``.
         backend: the backend to count on where the process is not set up yet (the one the config
             would train on; counts do not depend on it).
+        plan, mesh: the run's plan and ``(data, model)`` (None: data parallel on its replicas).
 
     Raises:
         ModelError: as :func:`tpurun.hub.model.build_task`.
@@ -78,4 +81,50 @@ def describe(config: Config, backend: str = "jax") -> dict[str, Any]:
         "max_sequence_length": longest_sequence(task),
         "lora": None if lora is None else {"rank": lora.rank, "alpha": lora.alpha or lora.rank},
     }
-    return {"preset": preset, "parameters": parameter_counts(task).to_dict()}
+    out = {"preset": preset, "parameters": parameter_counts(task).to_dict()}
+    if plan is not None:
+        out.update(memory_report(task, config, plan, mesh))
+    return out
+
+
+def memory_report(model: Any, config: Config, plan: Any,
+                  mesh: tuple[int, int] | None) -> dict[str, Any]:  # fmt: skip
+    """``mesh``, ``layout`` (variables and bytes split over each axis, and whole) and
+    ``memory_per_device`` (bytes by term) of a model built without the devices: the layout's rules
+    applied to its variables' shapes, as the mesh's distribution would place them.
+
+    Raises:
+        ConfigError: the layout cannot place a variable (an indivisible shape, two rules).
+    """
+    from tpurun.runtime.memory_check import device_limit, estimate_for_model
+
+    mesh = mesh or (plan.replicas, 1)
+    specs, source = plan_specs(model, config, mesh)
+    est = estimate_for_model(model, config, plan, mesh, specs)
+    out = {"mesh": {"data": mesh[0], "model": mesh[1]},
+           "layout": {"source": source, **est.layout()},
+           "memory_per_device": est.to_dict()}  # fmt: skip
+    limit = device_limit(config)
+    if limit is not None:
+        out["device_memory"] = {**limit.to_dict(), "fits": est.total <= limit.bytes}
+    return out
+
+
+def plan_specs(model: Any, config: Config, mesh: tuple[int, int]) -> tuple[dict, str]:
+    """Each variable's axes as the run's layout would place it on ``mesh`` (no device needed:
+    the rules read only the mesh's shape), and the layout's name. Whole without a model axis."""
+    if config.runtime.mesh is None:
+        return {v.path: (None,) * len(v.shape) for v in model.weights}, "data parallel"
+    from tpurun.runtime.layout import Placer
+    from tpurun.runtime.mesh import AXES, rules_for
+
+    keras = frameworks.keras()
+    # Any n objects stand for the devices: get_layout_map reads the mesh's axis names only.
+    devices = [f"device:{i}" for i in range(mesh[0] * mesh[1])]
+    shape = keras.distribution.DeviceMesh(mesh, list(AXES), devices=devices)
+    mine, preset, source, auto = rules_for(config, shape)
+    placer = Placer(mine, {"data": mesh[0], "model": mesh[1]}, source, preset, auto=auto)
+    specs = {}
+    for v in model.weights:
+        specs[v.path] = placer.place(v.path, v.shape, 1)
+    return specs, source
