@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 from helpers import read_summary, toy_config
+from test_hub_train import chat_data
 from test_tensorboard import read_events
 
 import tpurun
@@ -142,3 +143,58 @@ def test_on_a_cpu_without_a_peak_mfu_is_absent(tmp_path, capsys):
     assert summary["throughput"]["tflops_per_device"] > 0
     assert "TFLOP/s/device" in line and "MFU" not in line
     assert "train/tflops_per_device" in events and "train/mfu" not in events
+
+
+# ------------------------------------------------------------------- the tiny Gemma on a 2 x 4 mesh
+def _gemma_flops(preset, batch: int, length: int, mesh: tuple[int, int] | None):
+    keras_hub = frameworks.keras_hub()
+    if mesh is not None:
+        devices = keras.distribution.DeviceMesh(mesh, ["data", "model"],
+                                                keras.distribution.list_devices())  # fmt: skip
+        layout = keras_hub.models.GemmaBackbone.get_layout_map(
+            devices, data_parallel_dim_name="data"
+        )
+        keras.distribution.set_distribution(
+            keras.distribution.ModelParallel(layout_map=layout, batch_dim_name="data")
+        )
+    try:
+        lm = keras_hub.models.GemmaCausalLM.from_preset(str(preset), preprocessor=None)
+        lm.compile(optimizer=keras.optimizers.AdamW(1e-3), weighted_metrics=["accuracy"],
+                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))  # fmt: skip
+        x = {"token_ids": np.ones((batch, length), "int32"),
+             "padding_mask": np.ones((batch, length), bool)}  # fmt: skip
+        data = tf.data.Dataset.from_tensors((x, np.ones((batch, length), "int32")))
+        lm.fit(data, verbose=0)
+        return lm.backbone, throughput.flops_per_device(lm, data.element_spec, batch)
+    finally:
+        keras.distribution.set_distribution(None)
+
+
+def test_the_tiny_gemmas_step_is_6nt_plus_attention_spread_over_the_mesh(tiny_presets):
+    """6·N·T (N: the matmul weights, the tied embedding counted once as the output projection;
+    T: tokens a step) plus attention's QKᵀ and AV (forward 4·B·S²·heads·head_dim a layer, x3 with
+    the backward). XLA counts ~5% more here (measured 1.046): norms, rotary embeddings, softmax,
+    the loss and AdamW's ~12 FLOPs a parameter, large beside a model this small."""
+    batch, length = 16, 32
+    backbone, per_device = _gemma_flops(tiny_presets.gemma_mesh, batch, length, (2, 4))
+    _, single = _gemma_flops(tiny_presets.gemma_mesh, batch, length, None)
+    assert per_device * 8 == pytest.approx(single, rel=1e-3)  # the model's FLOPs, an eighth each
+    n = sum(int(np.prod(v.shape)) for v in backbone.weights if len(v.shape) >= 2)
+    attention = (4 * batch * length**2 * backbone.num_query_heads * backbone.head_dim
+                 * backbone.num_layers)  # fmt: skip
+    expected = 6 * n * batch * length + 3 * attention
+    assert 1.0 < single / expected < 1.1
+
+
+def test_a_fine_tune_on_a_2x4_mesh_counts_tokens(tiny_presets, tmp_path, capsys):
+    from test_mesh import mesh_config
+
+    chat = chat_data(tmp_path, n=64)
+    config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, {"data": 2, "model": 4},
+                         peak_tflops=1.0)  # fmt: skip
+    tpurun.train(config, verbose=True)
+    line = [x for x in capsys.readouterr().out.splitlines() if "epoch 1/1" in x][-1]
+    figures = read_summary(tmp_path / "runs" / "mesh")["throughput"]
+    assert figures["tokens_per_step"] == 8 * 16  # global batch x sequence length, padding included
+    assert " tok/s" in line and "TFLOP/s/device" in line and "MFU" in line
+    assert figures["mfu"] == pytest.approx(figures["tflops_per_device"] / 1.0)
