@@ -113,7 +113,10 @@ def test_importing_the_doctor_starts_no_framework():
 def test_device_summaries():
     tpu = [SimpleNamespace(platform="tpu", device_kind="TPU v3")] * 8
     assert devices.jax_summary(tpu, cpu=1) == {"platforms": {"tpu": 8}, "cpu": 1,
-                                               "kinds": ["TPU v3"]}  # fmt: skip
+                                               "kinds": ["TPU v3"], "bytes_limit": None}  # fmt: skip
+    v5e = SimpleNamespace(platform="tpu", device_kind="TPU v5 lite",
+                          memory_stats=lambda: {"bytes_limit": 16_900_000_000})  # fmt: skip
+    assert devices.jax_summary([v5e], cpu=1)["bytes_limit"] == 16_900_000_000
     assert devices.tf_summary(["CPU", "GPU", "GPU"], ["Tesla T4", "Tesla T4"]) == {
         "platforms": {"cpu": 1, "gpu": 2}, "gpu_names": ["Tesla T4", "Tesla T4"],
     }  # fmt: skip

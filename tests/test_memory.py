@@ -264,8 +264,12 @@ def test_config_json_gives_mesh_layout_and_memory(tmp_path, toy_data, tiny_prese
     assert layout["split"]["model"]["variables"] == 15 and layout["replicated"]["variables"] == 5
     memory = derived["memory_per_device"]
     assert memory["total"] == sum(v for k, v in memory.items() if k != "total")
-    assert derived["device_memory"] == {"bytes": 64_000, "source": "runtime.device_memory",
-                                        "fits": False}  # fmt: skip
+    assert derived["device_memory"] == {
+        "bytes": 64_000,
+        "source": "runtime.device_memory",
+        "fits": False,
+        "fixes": [],
+    }  # nothing fits alone
     set_mesh()
     try:
         _, live = built(tpurun.load_config(path))
@@ -292,3 +296,29 @@ def test_config_shows_the_mesh_layout_and_memory_in_words(tmp_path, toy_data, ti
             "model, 15 over data, 5 (1.2 KiB) whole on every device") in result.output  # fmt: skip
     assert "# memory per device: about " in result.output
     assert "of " not in result.output.split("# memory per device")[1]  # a CPU: no limit known
+
+
+def test_doctor_reports_memory_against_the_detected_device(tmp_path, toy_data, tiny_presets):
+    """The devices probe's answer for a v5e (its kind and memory_stats' limit) against the
+    config's estimate; the same config on the CPU has no limit and is not checked."""
+    from tpurun.doctor.memory import check_memory
+    from tpurun.runtime.prepare import prepare_here
+
+    path = config_file(tmp_path, toy_data, {"preset": str(tiny_presets.gemma_mesh)},
+                       runtime={"cpu_devices": 8, "mesh": {"data": 2, "model": 4}},
+                       train={"per_core_batch_size": 2, "epochs": 1})  # fmt: skip
+    prepared = prepare_here(tpurun.load_config(path))
+    on_cpu = check_memory(prepared.config, prepared, {"jax": {"kinds": ["cpu"]}})
+    assert on_cpu.status == "ok" and "no memory limit known on the CPU" in on_cpu.finding
+    assert on_cpu.data["mesh"] == {"data": 2, "model": 4}
+
+    tpu = type(prepared.choice)(**{**vars(prepared.choice), "accelerator": "tpu"})
+    on_tpu = type(prepared)(**{**vars(prepared), "choice": tpu})
+    probe = {"jax": {"kinds": ["TPU v5 lite"], "bytes_limit": 1_000_000}}
+    small = check_memory(prepared.config, on_tpu, probe)
+    assert small.status == "fail", small.finding
+    assert "of 976.6 KiB (the runtime's memory_stats() on TPU v5 lite): does NOT" in small.finding
+    assert small.fix.startswith("what would fit: runtime.precision: bfloat16 (about")
+    assert "; train.per_core_batch_size: 1" in small.fix
+    big = check_memory(prepared.config, on_tpu, {"jax": {"kinds": ["TPU v5 lite"]}})
+    assert big.status == "ok" and "(tpurun's table (v5e)): fits" in big.finding

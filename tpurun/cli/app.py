@@ -168,21 +168,11 @@ def config_command(
             data = prepared.effective()
             if cfg.model.preset is not None:  # builds it on the CPU to count its parameters
                 from tpurun.hub.report import describe
+                from tpurun.runtime.memory_check import run_mesh
 
-                data["derived"].update(
-                    describe(cfg, prepared.choice.backend, prepared.plan, _mesh(cfg, prepared))
-                )
+                mesh = run_mesh(cfg, prepared.choice, prepared.plan)
+                data["derived"].update(describe(cfg, prepared.choice.backend, prepared.plan, mesh))
         reports.show_config(data, as_json=as_json)
-
-
-def _mesh(cfg, prepared) -> tuple[int, int] | None:
-    """The run's ``(data, model)``: the choice's where the devices are counted, else as written
-    (``data: auto`` filled from the replicas)."""
-    if prepared.choice.mesh is not None or cfg.runtime.mesh is None:
-        return prepared.choice.mesh
-    model = cfg.runtime.mesh.model
-    data = cfg.runtime.mesh.data
-    return (data if data != "auto" else max(1, prepared.plan.replicas // model)), model
 
 
 @app.command(cls=SetCommand)

@@ -73,32 +73,10 @@ def show_config(data: dict[str, Any], as_json: bool = False) -> None:
     import yaml
 
     sys.stdout.write(yaml.safe_dump(data, sort_keys=False))
+    from tpurun.runtime.memory_check import memory_lines
+
     for line in memory_lines(data.get("derived") or {}):
         _out(f"# {line}")
-
-
-def memory_lines(derived: dict[str, Any]) -> list[str]:
-    """The mesh, the layout and the memory per device in words (``tpurun config``, doctor)."""
-    from tpurun.runtime.memory import size
-
-    memory = derived.get("memory_per_device")
-    if not memory:
-        return []
-    mesh, layout = derived["mesh"], derived["layout"]
-    split = layout["split"]["model"]
-    whole = layout["replicated"]
-    lines = [
-        f"mesh {mesh['data']}x{mesh['model']}, layout {layout['source']}: {split['variables']} "
-        f"variables ({size(split['bytes'])}) split over model, {layout['split']['data']['variables']}"
-        f" over data, {whole['variables']} ({size(whole['bytes'])}) whole on every device"
-    ]
-    terms = ", ".join(f"{k} {size(v)}" for k, v in memory.items() if k != "total" and v is not None)
-    line = f"memory per device: about {size(memory['total'])} ({terms})"
-    limit = derived.get("device_memory")
-    if limit:
-        verdict = "fits" if limit["fits"] else "does NOT fit: train will stop before compiling"
-        line += f", of {size(limit['bytes'])} ({limit['source']}): {verdict}"
-    return [*lines, line]
 
 
 def show_valid(source: str) -> None:

@@ -296,6 +296,10 @@ def run(cfg: Any, m: Machine, holder: list, devices: dict, with_model: bool) -> 
             return check
 
         checks += timed("model", model_check)
+    if prepared is not None and with_model:
+        from tpurun.doctor.memory import check_memory
+
+        checks += timed("memory", lambda: check_memory(cfg, prepared, devices))
     plan = prepared.plan if prepared else None
     checks += timed("resume", lambda: check_resume(cfg, prepared))
     checks += timed("output", lambda: check_output(cfg, params))

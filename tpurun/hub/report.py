@@ -46,7 +46,7 @@ def _pending_variables() -> list:
 
 
 def describe(config: Config, backend: str = "jax", plan: Any = None,
-             mesh: tuple[int, int] | None = None) -> dict[str, Any]:  # fmt: skip
+             mesh: tuple[int, int] | None = None, limit: Any = None) -> dict[str, Any]:  # fmt: skip
     """``{"preset": {...}, "parameters": {"total", "trainable"}}`` for ``derived``; with a plan,
     also ``mesh``, ``layout`` and ``memory_per_device`` (see :func:`memory_report`).
 
@@ -55,6 +55,8 @@ def describe(config: Config, backend: str = "jax", plan: Any = None,
         backend: the backend to count on where the process is not set up yet (the one the config
             would train on; counts do not depend on it).
         plan, mesh: the run's plan and ``(data, model)`` (None: data parallel on its replicas).
+        limit: the device's memory (:class:`tpurun.runtime.memory_check.Limit`); None: the
+            config's ``runtime.device_memory``, if set.
 
     Raises:
         ModelError: as :func:`tpurun.hub.model.build_task`.
@@ -83,12 +85,12 @@ def describe(config: Config, backend: str = "jax", plan: Any = None,
     }
     out = {"preset": preset, "parameters": parameter_counts(task).to_dict()}
     if plan is not None:
-        out.update(memory_report(task, config, plan, mesh))
+        out.update(memory_report(task, config, plan, mesh, limit))
     return out
 
 
-def memory_report(model: Any, config: Config, plan: Any,
-                  mesh: tuple[int, int] | None) -> dict[str, Any]:  # fmt: skip
+def memory_report(model: Any, config: Config, plan: Any, mesh: tuple[int, int] | None,
+                  limit: Any = None) -> dict[str, Any]:  # fmt: skip
     """``mesh``, ``layout`` (variables and bytes split over each axis, and whole) and
     ``memory_per_device`` (bytes by term) of a model built without the devices: the layout's rules
     applied to its variables' shapes, as the mesh's distribution would place them.
@@ -96,7 +98,7 @@ def memory_report(model: Any, config: Config, plan: Any,
     Raises:
         ConfigError: the layout cannot place a variable (an indivisible shape, two rules).
     """
-    from tpurun.runtime.memory_check import device_limit, estimate_for_model
+    from tpurun.runtime.memory_check import device_limit, estimate_for_model, fixes
 
     mesh = mesh or (plan.replicas, 1)
     specs, source = plan_specs(model, config, mesh)
@@ -104,9 +106,12 @@ def memory_report(model: Any, config: Config, plan: Any,
     out = {"mesh": {"data": mesh[0], "model": mesh[1]},
            "layout": {"source": source, **est.layout()},
            "memory_per_device": est.to_dict()}  # fmt: skip
-    limit = device_limit(config)
+    limit = limit or device_limit(config)
     if limit is not None:
-        out["device_memory"] = {**limit.to_dict(), "fits": est.total <= limit.bytes}
+        fits = est.total <= limit.bytes
+        out["device_memory"] = {**limit.to_dict(), "fits": fits}
+        if not fits:  # what train's refusal would say fits
+            out["device_memory"]["fixes"] = [t for t, ok in fixes(est, limit, config, plan) if ok]
     return out
 
 

@@ -82,6 +82,15 @@ def config_slots(config: Config, model: Any) -> Any:
     return slots_for(spec.name, spec.kwargs)
 
 
+def run_mesh(config: Config, choice: Any, plan: Any) -> tuple[int, int] | None:
+    """The run's ``(data, model)``: the choice's where the devices are counted, else as written
+    (``data: auto`` filled from the replicas); None without ``runtime.mesh``."""
+    if choice.mesh is not None or config.runtime.mesh is None:
+        return choice.mesh
+    model, data = config.runtime.mesh.model, config.runtime.mesh.data
+    return (data if data != "auto" else max(1, plan.replicas // model)), model
+
+
 def per_device_batch(plan: Any, mesh: tuple[int, int]) -> int:
     """Examples each device's activations hold: the global batch over the data axis."""
     return max(1, plan.global_batch_size // max(1, mesh[0]))
@@ -272,3 +281,26 @@ def _smaller_batch(est: Estimate, limit: Limit, config: Config, plan: Any):
             f" with train.gradient_accumulation_steps: {steps} for about the same effective batch"
         )
     return True, text, True
+
+
+# ------------------------------------------------------------------------------------ in words
+def memory_lines(derived: dict[str, Any]) -> list[str]:
+    """The mesh, the layout and the memory per device in words (``tpurun config``, doctor)."""
+    memory = derived.get("memory_per_device")
+    if not memory:
+        return []
+    mesh, layout = derived["mesh"], derived["layout"]
+    split = layout["split"]["model"]
+    whole = layout["replicated"]
+    lines = [
+        f"mesh {mesh['data']}x{mesh['model']}, layout {layout['source']}: {split['variables']} "
+        f"variables ({size(split['bytes'])}) split over model, {layout['split']['data']['variables']}"
+        f" over data, {whole['variables']} ({size(whole['bytes'])}) whole on every device"
+    ]
+    terms = ", ".join(f"{k} {size(v)}" for k, v in memory.items() if k != "total" and v is not None)
+    line = f"memory per device: about {size(memory['total'])} ({terms})"
+    limit = derived.get("device_memory")
+    if limit:
+        verdict = "fits" if limit["fits"] else "does NOT fit: train will stop before compiling"
+        line += f", of {size(limit['bytes'])} ({limit['source']}): {verdict}"
+    return [*lines, line]

@@ -5,7 +5,7 @@ Run by :func:`tpurun.doctor.probes.device_counts` as ``python -m tpurun.doctor.s
 JAX_PLATFORMS, XLA_FLAGS or KERAS_BACKEND: it counts what the machine has, not what the parent was
 set up to use. On a TPU, the JAX child takes the libtpu lock and gives it back as it exits.
 
-Answer (JAX): ``{"platforms": {"tpu": 8}, "cpu": 1, "kinds": ["TPU v3"]}``; (TensorFlow):
+Answer (JAX): ``{"platforms": {"tpu": 8}, "cpu": 1, "kinds": ["TPU v3"], "bytes_limit": ...}``; (TensorFlow):
 ``{"platforms": {"cpu": 1, "gpu": 1}, "gpu_names": ["Tesla T4"]}``; or ``{"error": "Type: ..."}``
 when the framework cannot start.
 """
@@ -20,12 +20,18 @@ from tpurun.doctor.child import payload, reply
 
 
 def jax_summary(devices: Iterable[Any], cpu: int) -> dict[str, Any]:
-    """JAX's devices (objects with ``platform`` and ``device_kind``) and its CPU device count."""
+    """JAX's devices (objects with ``platform`` and ``device_kind``) and its CPU device count;
+    the first device's memory limit where the runtime reports one (None on a CPU)."""
     devices = list(devices)
+    try:
+        stats = devices[0].memory_stats() or {} if devices else {}
+    except Exception:  # a plugin without memory_stats
+        stats = {}
     return {
         "platforms": dict(Counter(d.platform for d in devices)),
         "cpu": cpu,
         "kinds": sorted({d.device_kind for d in devices}),
+        "bytes_limit": stats.get("bytes_limit"),
     }
 
 
