@@ -313,3 +313,46 @@ def test_a_run_directory_not_every_process_sees_is_refused(tmp_path):
         assert proc.returncode == 2, err
         assert "is not shared: process(es) 1 of 2 cannot see what process 0 writes there" in err
         assert "gs://" in err and "Traceback" not in err
+
+
+def test_a_2x4_mesh_over_two_processes_stops_together_and_resumes(tmp_path, tiny_presets):
+    """`tpurun launch -n 2` with 8 CPU devices and a 2 x 4 mesh (each process holds one row: its
+    4 devices split every weight; Gemma's layout splits the embedding over the data axis too, so
+    no process holds it whole): a full fine-tune whose checkpoints are sharded. SIGTERM to
+    process 1 mid-epoch stops both at one step; the rerun resumes there and finishes, and the
+    final model.keras (gathered to the host) loads."""
+    from test_hub_train import chat_data
+
+    data = chat_data(tmp_path, n=96)
+    config = {
+        "name": "mesh",
+        "model": {"preset": str(tiny_presets.gemma_mesh), "sequence_length": 16},
+        "data": {"train": str(data / "chat-train-*"), "validation": str(data / "chat-validation-*")},
+        "train": {"per_core_batch_size": 1, "epochs": 8, "steps_per_execution": 1,
+                  "learning_rate": {"base": 1e-3}},
+        "runtime": {"cpu_devices": 8, "mesh": {"data": 2, "model": 4}},
+        "callbacks": {"checkpoint": {"every_steps": 2}},
+        "output": {"dir": str(tmp_path / "runs")},
+    }  # fmt: skip
+    path = write_config(tmp_path / "mesh.yaml", config)
+    run_dir = tmp_path / "runs" / "mesh"
+
+    first = _launch(tmp_path, path, "sigterm")
+    wait_until(lambda: read_latest(run_dir)["step"] > 0, first, "a mid-epoch save")
+    os.kill(_process(first, 1), signal.SIGTERM)
+    assert first.wait(timeout=300) == 3, _output(tmp_path, "sigterm")
+    stopped = read_latest(run_dir)
+    assert stopped["reason"] == "SIGTERM" and stopped["weights"].endswith(".orbax"), stopped
+    _, err = _output(tmp_path, "sigterm")
+    assert _agreed_stops(err, "SIGTERM") == [_where(stopped)] * 2, err
+
+    last = _launch(tmp_path, path, "finish")
+    assert last.wait(timeout=600) == 0, _output(tmp_path, "finish")
+    assert _resuming(stopped) in _output(tmp_path, "finish")[0]
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed" and summary["processes"] == 2
+    assert logged_epochs(run_dir) == [str(i) for i in range(8)]
+    import keras
+
+    model = keras.saving.load_model(run_dir / "model.keras", compile=False)
+    assert model.count_params() > 0

@@ -70,7 +70,15 @@ def on_the_host(model: Any) -> Iterator[None]:
     """
     from tpurun import frameworks
 
-    split = [v for v in model.variables if not getattr(v.value, "is_fully_addressable", True)]
+    optimizer = getattr(model, "optimizer", None)
+    variables = {
+        id(v): v
+        for v in [*model.variables, *model.metrics_variables,
+                  *(optimizer.variables if optimizer is not None else [])]
+    }  # fmt: skip
+    split = [
+        v for v in variables.values() if not getattr(v.value, "is_fully_addressable", True)
+    ]  # fmt: skip
     if not split:
         yield
         return
