@@ -26,12 +26,14 @@ The patches (each needed for TF 2.21's requests, or for a fault the tests inject
    no soft delete; one lock around the emulator's (unsynchronised) state;
 7. fault controls under ``/_tpurun/``: answer 403 for a bucket, hold uploads whose URL contains a
    text until released.
+8. downloads carry ``x-goog-generation`` (TensorStore, Orbax's writer, reads it).
 
 Run as a script, it is the server process: ``python gcs_server.py DATA_DIR PEM PORT PROXY_PORT``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -103,11 +105,26 @@ def _patch_emulator():
                        "locationType": "multi-region",
                        "hierarchicalNamespace": {"enabled": False}})  # fmt: skip
 
+    # 8. Downloads say their generation (x-goog-generation), as GCS's do: TensorStore (Orbax's
+    # writer) reads it back to write an object conditionally.
+    original_download = objects.download
+
+    def download(request, response, storage, *args, **kwargs):
+        params = request.params
+        with contextlib.suppress(Exception):  # a missing object: the original answers 404
+            obj = storage.get_file_obj(params["bucket_name"], params["object_id"])
+            response["x-goog-generation"] = str(obj["generation"])
+        return original_download(request, response, storage, *args, **kwargs)
+
+    objects.download = download  # `get` with alt=media calls it by this name
+
     handlers = []
     for pattern, methods in em.HANDLERS:
         methods = dict(methods)
         if methods.get("POST") is objects.insert:
             methods["POST"] = insert
+        if methods.get("GET") is original_download:
+            methods["GET"] = download
         handlers.append((pattern, methods))
     layout = r"^/storage/v1/b/(?P<bucket_name>[-.\w]+)/storageLayout$"
     em.HANDLERS = ((layout, {"GET": storage_layout}), *handlers)

@@ -247,3 +247,27 @@ def test_a_run_saved_under_2x4_resumes_under_4x2_and_from_its_best_folder(
     best = run_dir / "checkpoints" / "best.orbax"
     summary = tpurun.train(other, resume=str(best), verbose=False)
     assert summary["status"] == "completed"
+
+
+@pytest.mark.gcs
+@pytest.mark.slow
+def test_a_sharded_run_in_a_bucket_commits_complete_folders_and_resumes(gcs, tiny_presets, chat,
+                                                                         tmp_path):  # fmt: skip
+    """Orbax writes through TensorStore, pointed at the test server's plain port (on Google
+    Cloud it needs no setting); the folders' other files go through TensorFlow's client."""
+    run = f"{gcs.bucket}/runs/m"
+    config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, "m", train={"epochs": 1},
+                         output={"dir": f"{gcs.bucket}/runs"})  # fmt: skip
+    path = write_config(tmp_path, config, "m")
+    tensorstore = {"TENSORSTORE_GCS_HTTP_URL": f"http://127.0.0.1:{gcs.port}"}
+    for epochs in ("1", "2"):
+        done = gcs.tpurun("train", str(path), "--set", f"train.epochs={epochs}", cwd=tmp_path,
+                          **tensorstore)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    assert "resuming at epoch 2 from" in done.stdout
+    latest = gcs.get_json(f"{run}/checkpoints/latest.json")
+    assert latest["weights"] == "latest-e0002-s0000000.orbax"
+    folders = {p.removeprefix(f"{run}/checkpoints/").split("/")[0]
+               for p in gcs.list(f"{run}/checkpoints/")} - {""}  # the folder's marker  # fmt: skip
+    assert folders == {"best.json", "best.orbax", "latest-e0002-s0000000.orbax", "latest.json"}
+    assert gcs.get(f"{run}/checkpoints/latest-e0002-s0000000.orbax/commit_success.txt") is not None

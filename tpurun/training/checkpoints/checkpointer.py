@@ -221,6 +221,9 @@ class Checkpointer:
             then()
             return
         self._commit(saver, block=True)  # the writer's previous save, before it starts again
+        # A folder of that name (the last best; a save never committed) goes first, by tpurun:
+        # Orbax's own replacing asks google-cloud-storage about the bucket's layout.
+        self.run.remove_checkpoint(name)
         self.run.save_sharded(name, lambda path: self._savers[saver].save(model, path))
         self._pending[saver] = then
 
