@@ -322,3 +322,24 @@ def test_doctor_reports_memory_against_the_detected_device(tmp_path, toy_data, t
     assert "; train.per_core_batch_size: 1" in small.fix
     big = check_memory(prepared.config, on_tpu, {"jax": {"kinds": ["TPU v5 lite"]}})
     assert big.status == "ok" and "(tpurun's table (v5e)): fits" in big.finding
+
+
+def test_a_run_too_big_for_the_device_is_refused_before_compiling(tmp_path, tiny_presets):
+    """Through tpurun.train: a 2 x 4 full fine-tune (about 493 KiB a device) against a pretend
+    400 KB device. Refused
+    before the first step compiles, with the terms and what would fit; the same run fits 1 MB."""
+    from test_hub_train import chat_data
+    from test_mesh import mesh_config
+
+    data = chat_data(tmp_path, n=64)
+    config = mesh_config(tmp_path, tiny_presets.gemma_mesh, data, {"data": 2, "model": 4},
+                         device_memory="400KB")  # fmt: skip
+    with pytest.raises(EnvironmentSetupError) as info:
+        tpurun.train(config, verbose=False)
+    text = str(info.value)
+    assert "Nothing was compiled." in text, text
+    assert "(runtime.device_memory)" in text, text
+    assert "What would fit: runtime.precision: bfloat16" in text, text
+    assert not (tmp_path / "runs" / "mesh" / "log.csv").exists()
+    config["runtime"]["device_memory"] = "1MB"
+    assert tpurun.train(config, verbose=False)["status"] == "completed"
