@@ -271,3 +271,18 @@ def test_a_sharded_run_in_a_bucket_commits_complete_folders_and_resumes(gcs, tin
                for p in gcs.list(f"{run}/checkpoints/")} - {""}  # the folder's marker  # fmt: skip
     assert folders == {"best.json", "best.orbax", "latest-e0002-s0000000.orbax", "latest.json"}
     assert gcs.get(f"{run}/checkpoints/latest-e0002-s0000000.orbax/commit_success.txt") is not None
+
+
+def test_a_lora_run_under_2x4_keeps_its_adapter_files_and_resumes(tiny_presets, chat, tmp_path):
+    """LoRA under a mesh: adapter files (what trains is small and replicated), not Orbax."""
+    config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, "lora", train={"epochs": 1},
+                         model={"lora": {"rank": 2}})  # fmt: skip
+    assert tpurun.train(config, verbose=False)["status"] == "completed"
+    run_dir = tmp_path / "runs" / "lora"
+    names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert names == ["best.adapter.h5", "best.json", "latest-e0001-s0000000.adapter.h5",
+                     "latest.json"]  # fmt: skip
+    config["train"]["epochs"] = 2
+    summary = tpurun.train(config, verbose=False)
+    assert summary["status"] == "completed" and summary["resumes"][-1]["epoch"] == 1
+    assert read_latest(run_dir)["weights"] == "latest-e0002-s0000000.adapter.h5"
