@@ -304,3 +304,18 @@ def memory_lines(derived: dict[str, Any]) -> list[str]:
         verdict = "fits" if limit["fits"] else "does NOT fit: train will stop before compiling"
         line += f", of {size(limit['bytes'])} ({limit['source']}): {verdict}"
     return [*lines, line]
+
+
+def check_model(model: Any, config: Any, plan: Any, runtime: Any, reporter: Any) -> None:
+    """Training's check: the bytes a device will hold for ``model`` against its memory, after the
+    model is built and compiled and before the first step compiles. Refused (exit 2) with what
+    would fit; a run that fits says its per-device memory in one line.
+
+    Raises:
+        EnvironmentSetupError: the estimate is over the device's memory.
+    """
+    estimate = estimate_for_model(model, config, plan, runtime.mesh)
+    device = (runtime.devices or [None])[0]  # None on TensorFlow: the config or the table
+    line = check_fits(estimate, device_limit(config, device), config, plan)
+    if line:
+        reporter.message(line, "note")

@@ -208,21 +208,10 @@ def _compiled_model(job: TrainJob) -> Any:
         note = compile_model(model, config, plan)
     if note:
         job.reporter.message(note, "note")
-    _check_memory(job, model)
+    from tpurun.runtime.memory_check import check_model
+
+    check_model(model, config, plan, job.runtime, job.reporter)  # before the first step compiles
     return model
-
-
-def _check_memory(job: TrainJob, model: Any) -> None:
-    """The bytes a device will hold against its memory, before the first step compiles
-    (refused, exit 2, with what would fit: :mod:`tpurun.runtime.memory_check`)."""
-    from tpurun.runtime.memory_check import check_fits, device_limit, estimate_for_model
-
-    config, plan = job.prepared.config, job.prepared.plan
-    estimate = estimate_for_model(model, config, plan, job.runtime.mesh)
-    device = (job.runtime.devices or [None])[0]  # None on TensorFlow: the config or the table
-    line = check_fits(estimate, device_limit(config, device), config, plan)
-    if line:
-        job.reporter.message(line, "note")
 
 
 def _first_inputs(job: TrainJob, model, transform: Any = None) -> Any:
