@@ -22,6 +22,27 @@ from tpurun import frameworks
 from tpurun.errors import Interrupted, ModelError
 from tpurun.training.checkpoints import sharded
 
+HERE = Path(__file__).resolve()
+
+
+class PoisonAt(keras.callbacks.Callback):
+    """After batch ``step`` of epoch ``epoch`` (1-based), once (``marker`` records it), sets the
+    token embedding to NaN: every later loss is NaN until the weights are loaded again."""
+
+    def __init__(self, epoch: int, step: int, marker: str):
+        super().__init__()
+        self.epoch, self.step, self.marker = epoch, step, Path(marker)
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch + 1
+
+    def on_train_batch_end(self, batch, logs=None):
+        if (self._epoch, batch + 1) == (self.epoch, self.step) and not self.marker.exists():
+            self.marker.touch()
+            variable = self.model.backbone.token_embedding.embeddings
+            variable.assign(keras.ops.full(variable.shape, float("nan"), dtype=variable.dtype))
+
 
 @contextlib.contextmanager
 def model_parallel(data: int, model: int):
@@ -286,3 +307,18 @@ def test_a_lora_run_under_2x4_keeps_its_adapter_files_and_resumes(tiny_presets, 
     summary = tpurun.train(config, verbose=False)
     assert summary["status"] == "completed" and summary["resumes"][-1]["epoch"] == 1
     assert read_latest(run_dir)["weights"] == "latest-e0002-s0000000.adapter.h5"
+
+
+def test_on_nan_restore_under_2x4_reloads_the_last_sharded_checkpoint(tiny_presets, chat, tmp_path):
+    """NaN after step 3 of epoch 2: the save of step 2 (in the background) is committed, loaded
+    back into the model on the mesh, and training goes on with a finite loss."""
+    poison = {"name": f"{HERE}:PoisonAt", "epoch": 2, "step": 3, "marker": str(tmp_path / "done")}
+    config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, "nan",
+                         callbacks={"on_nan": "restore", "max_nan_restores": 1,
+                                    "extra": [poison]})  # fmt: skip
+    summary = tpurun.train(config, verbose=False)
+    assert summary["status"] == "completed", summary
+    assert [r["restored_to"] for r in summary["nan_restores"]] == [[1, 2]]
+    assert all(np.isfinite(float(r["loss"])) for r in read_log(tmp_path / "runs" / "nan"))
+    held = checkpoint_values(latest_folder(tmp_path / "runs" / "nan"))
+    assert all(np.isfinite(v).all() for v in held.values())
