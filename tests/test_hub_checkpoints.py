@@ -48,13 +48,15 @@ class KeepWeights(keras.callbacks.Callback):
         Path(self.out).write_bytes(pickle.dumps(kept))
 
 
-class PoisonAdapterAt(keras.callbacks.Callback):
-    """After batch ``step`` of epoch ``epoch`` (1-based), once (``marker`` records it), sets a LoRA
-    B kernel to NaN: every later loss is NaN until the adapter is loaded again."""
+class PoisonAt(keras.callbacks.Callback):
+    """After batch ``step`` of epoch ``epoch`` (1-based), once (``marker`` records it), sets the
+    first variable whose path holds ``variable`` to NaN (a LoRA B kernel by default): every later
+    loss is NaN until that variable is loaded again."""
 
-    def __init__(self, epoch: int, step: int, marker: str):
+    def __init__(self, epoch: int, step: int, marker: str, variable: str = "lora_kernel_b"):
         super().__init__()
         self.epoch, self.step, self.marker = epoch, step, Path(marker)
+        self.variable = variable
         self._epoch = 0
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -63,8 +65,8 @@ class PoisonAdapterAt(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if (self._epoch, batch + 1) == (self.epoch, self.step) and not self.marker.exists():
             self.marker.touch()
-            kernel = next(v for v in self.model.trainable_variables if "lora_kernel_b" in v.path)
-            kernel.assign(np.full(kernel.shape, np.nan, dtype=kernel.dtype))
+            poisoned = next(v for v in self.model.variables if self.variable in v.path)
+            poisoned.assign(keras.ops.full(poisoned.shape, float("nan"), dtype=poisoned.dtype))
 
 
 def lm_config(root: Path, preset: Path, data: Path, name: str, **sections) -> dict:
@@ -366,7 +368,7 @@ def test_an_adapter_of_another_rank_does_not_fit_and_says_which_variables(lora_r
 
 # ------------------------------------------------------------------ NaN restore; without LoRA
 def test_on_nan_restore_reloads_the_adapter_checkpoint(tiny_presets, data, tmp_path):
-    poison = {"name": f"{HERE}:PoisonAdapterAt", "epoch": 2, "step": 3,
+    poison = {"name": f"{HERE}:PoisonAt", "epoch": 2, "step": 3,
               "marker": str(tmp_path / "poisoned")}  # fmt: skip
     config = lm_config(tmp_path, tiny_presets.gemma, data, "nan",
                        callbacks={"on_nan": "restore", "nan_lr_factor": 0.5, "max_nan_restores": 1,

@@ -22,26 +22,7 @@ from tpurun import frameworks
 from tpurun.errors import Interrupted, ModelError
 from tpurun.training.checkpoints import sharded
 
-HERE = Path(__file__).resolve()
-
-
-class PoisonAt(keras.callbacks.Callback):
-    """After batch ``step`` of epoch ``epoch`` (1-based), once (``marker`` records it), sets the
-    token embedding to NaN: every later loss is NaN until the weights are loaded again."""
-
-    def __init__(self, epoch: int, step: int, marker: str):
-        super().__init__()
-        self.epoch, self.step, self.marker = epoch, step, Path(marker)
-        self._epoch = 0
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch + 1
-
-    def on_train_batch_end(self, batch, logs=None):
-        if (self._epoch, batch + 1) == (self.epoch, self.step) and not self.marker.exists():
-            self.marker.touch()
-            variable = self.model.backbone.token_embedding.embeddings
-            variable.assign(keras.ops.full(variable.shape, float("nan"), dtype=variable.dtype))
+POISON = Path(__file__).resolve().parent / "test_hub_checkpoints.py"  # its PoisonAt callback
 
 
 @contextlib.contextmanager
@@ -312,7 +293,13 @@ def test_a_lora_run_under_2x4_keeps_its_adapter_files_and_resumes(tiny_presets, 
 def test_on_nan_restore_under_2x4_reloads_the_last_sharded_checkpoint(tiny_presets, chat, tmp_path):
     """NaN after step 3 of epoch 2: the save of step 2 (in the background) is committed, loaded
     back into the model on the mesh, and training goes on with a finite loss."""
-    poison = {"name": f"{HERE}:PoisonAt", "epoch": 2, "step": 3, "marker": str(tmp_path / "done")}
+    poison = {
+        "name": f"{POISON}:PoisonAt",
+        "epoch": 2,
+        "step": 3,
+        "marker": str(tmp_path / "done"),
+        "variable": "token_embedding/embeddings",
+    }
     config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, "nan",
                          callbacks={"on_nan": "restore", "max_nan_restores": 1,
                                     "extra": [poison]})  # fmt: skip

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tpurun.errors import ConfigError
+from tpurun.runtime.memory import size
 
 Axes = tuple[str | None, ...]
 Rule = tuple[str, Axes]  # (pattern matched in full against the variable path, axes per dimension)
@@ -55,10 +56,6 @@ class Placement:
     @property
     def replicated(self) -> bool:
         return not any(self.axes)
-
-    def shard_bytes(self, mesh: dict[str, int]) -> int:
-        """Bytes one device holds."""
-        return self.nbytes // math.prod(mesh[a] for a in self.axes if a)
 
 
 def auto_axes(shape: Sequence[int], model: int) -> Axes:
@@ -169,40 +166,6 @@ def _indivisible(path: str, shape: tuple[int, ...], dim: int, axes: Axes, rule: 
     )
 
 
-@dataclass(frozen=True)
-class LayoutSummary:
-    """What the layout did, for ``tpurun config`` and doctor."""
-
-    source: str
-    variables: int
-    bytes: int
-    split: dict[str, tuple[int, int]]  # axis -> (variables, bytes) split over it
-    replicated: tuple[int, int]  # (variables, bytes) on every device whole
-
-    def to_dict(self) -> dict:
-        return {
-            "source": self.source,
-            "variables": self.variables,
-            "bytes": self.bytes,
-            "split": {a: {"variables": v, "bytes": b} for a, (v, b) in self.split.items()},
-            "replicated": {"variables": self.replicated[0], "bytes": self.replicated[1]},
-        }
-
-
-def summarize(placer: Placer, paths: Sequence[str] | None = None) -> LayoutSummary:
-    """The layout of the variables at ``paths`` (the model's; None: all placed so far)."""
-    placements = _of(placer, paths)
-    split = {}
-    for axis in ("data", "model"):
-        over = [p for p in placements if axis in p.axes]
-        split[axis] = (len(over), sum(p.nbytes for p in over))
-    replicated = [p for p in placements if p.replicated]
-    return LayoutSummary(
-        placer.source, len(placements), sum(p.nbytes for p in placements), split,
-        (len(replicated), sum(p.nbytes for p in replicated)),
-    )  # fmt: skip
-
-
 def _of(placer: Placer, paths: Sequence[str] | None) -> list[Placement]:
     if paths is None:
         return list(placer.placements.values())
@@ -210,7 +173,7 @@ def _of(placer: Placer, paths: Sequence[str] | None) -> list[Placement]:
 
 
 def check_placements(placer: Placer, paths: Sequence[str], exempt: Sequence[str] = (),
-                     config_rules: bool = False) -> LayoutSummary:  # fmt: skip
+                     config_rules: bool = False) -> None:  # fmt: skip
     """After the model is built: every rule of the config's matched a variable, and no large
     variable is left replicated while the model axis is over 1.
 
@@ -238,7 +201,6 @@ def check_placements(placer: Placer, paths: Sequence[str], exempt: Sequence[str]
     ]  # fmt: skip
     if placer.mesh["model"] > 1 and whole:
         raise ConfigError([_replicated(whole, placer, large)])
-    return summarize(placer, paths)
 
 
 def _unmatched(pattern: str, paths: list[str]) -> str:
@@ -254,7 +216,7 @@ def _unmatched(pattern: str, paths: list[str]) -> str:
 
 def _replicated(whole: list[Placement], placer: Placer, large: float) -> str:
     whole = sorted(whole, key=lambda p: -p.nbytes)
-    shown = "; ".join(f"{p.path} {list(p.shape)} ({_size(p.nbytes)})" for p in whole[:4])
+    shown = "; ".join(f"{p.path} {list(p.shape)} ({size(p.nbytes)})" for p in whole[:4])
     more = f" and {len(whole) - 4} more" if len(whole) > 4 else ""
     suggestions = []
     for p in whole:
@@ -271,14 +233,7 @@ def _replicated(whole: list[Placement], placer: Placer, large: float) -> str:
     )
     return (
         f"runtime.layout ({placer.source}) leaves {len(whole)} large variable(s) whole on every "
-        f"device: {shown}{more}. Each is at least {_size(int(large))}: replicated, the model "
+        f"device: {shown}{more}. Each is at least {size(int(large))}: replicated, the model "
         f"would not shrink with the model axis (a renamed layer no longer matching its rule does "
         f"this, keras-hub#2806). {fix}"
     )
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"

@@ -17,10 +17,9 @@ from typing import Any
 
 from tpurun import frameworks
 from tpurun.config import Config
+from tpurun.config.mesh_config import AXES
 from tpurun.errors import ConfigError
 from tpurun.runtime.layout import Placer, Rule, check_placements
-
-AXES = ("data", "model")
 
 
 def check_backend(mesh: Any, backend: str) -> None:
@@ -181,13 +180,13 @@ def install(runtime: Any, config: Config) -> Placer | None:
     return placer
 
 
-def check(runtime: Any, model: Any, config: Config) -> Any:
+def check(runtime: Any, model: Any, config: Config) -> None:
     """After building under :func:`install`: the layout holds (see
-    :func:`tpurun.runtime.layout.check_placements`); its summary. LoRA adapters may stay whole."""
+    :func:`tpurun.runtime.layout.check_placements`). LoRA adapters may stay whole."""
     if runtime.placer is None:
-        return None
+        return
     exempt = [v.path for v in model.trainable_variables if "lora_kernel" in v.path]
     paths = [v.path for v in model.variables]
-    return check_placements(
+    check_placements(
         runtime.placer, paths, exempt, config_rules=isinstance(config.runtime.layout, list)
     )
