@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 
-from tpurun.display.lines import PlainReporter, metric_parts
+from tpurun.display.lines import PlainReporter, flop_rate, metric_parts
 from tpurun.observe.input_wait import verdict
 
 
@@ -23,3 +23,17 @@ def test_the_input_wait_is_a_share_after_the_rate():
 def test_no_verdict_from_the_compiling_epoch_alone():
     assert verdict([(0.5, 9.0)], "c.yaml") is None  # one epoch: compile time dilutes the share
     assert verdict([(0.5, 9.0), (3.0, 5.0)], "c.yaml")[0].startswith("input-bound: 60%")
+
+
+def test_the_flop_rate_is_said_in_the_unit_that_reads():
+    assert flop_rate(78.1) == "78.1 TFLOP/s"  # a TPU core
+    assert flop_rate(1234.0) == "1.23 PFLOP/s"
+    assert flop_rate(0.5) == "500 GFLOP/s"
+    assert flop_rate(2.91e-06) == "2.91 MFLOP/s"  # a toy model on a CPU, not 2.91e-06 TFLOP/s
+    assert flop_rate(4e-10) == "0.4 kFLOP/s"
+    out = io.StringIO()
+    reporter = PlainReporter(out)
+    reporter.epochs = 1
+    figures = {"tokens_per_second": 41870.0, "tflops_per_device": 78.1, "mfu": 0.396}
+    reporter.epoch_end(1, {"loss": 0.5, "throughput": figures, "input_wait": 0.02}, 62.0, 9.0)
+    assert out.getvalue().endswith("41,870 tok/s  78.1 TFLOP/s/device  MFU 39.6%  input wait 2%\n")

@@ -33,6 +33,15 @@ def metric_parts(logs: Mapping[str, Any] | None) -> list[str]:
     return parts
 
 
+def flop_rate(tflops: float) -> str:
+    """A FLOP rate in the unit that reads: ``78.1 TFLOP/s`` on a TPU, ``2.9 MFLOP/s`` for a toy
+    model on a CPU (not ``2.91e-06 TFLOP/s``)."""
+    for prefix, scale in (("P", 1e3), ("T", 1.0), ("G", 1e-3), ("M", 1e-6)):
+        if tflops >= scale:
+            return f"{tflops / scale:.3g} {prefix}FLOP/s"
+    return f"{tflops * 1e9:.3g} kFLOP/s"
+
+
 def format_metrics(logs: Mapping[str, Any] | None) -> str:
     return "  ".join(metric_parts(logs))
 
@@ -142,7 +151,7 @@ class PlainReporter(Reporter):
         if figures.get("tokens_per_second") is not None:  # what language-model users compare
             parts[-1] = f"{took(seconds)}  {figures['tokens_per_second']:,.0f} tok/s"
         if figures.get("tflops_per_device") is not None:
-            parts.append(f"{figures['tflops_per_device']:.3g} TFLOP/s/device")
+            parts.append(f"{flop_rate(figures['tflops_per_device'])}/device")
         if figures.get("mfu") is not None:  # absent where the device's peak is unknown (a CPU)
             parts.append(f"MFU {figures['mfu']:.1%}")
         wait = (logs or {}).get(INPUT_WAIT)
