@@ -69,7 +69,14 @@ def test_a_run_shows_its_input_wait_and_keeps_it_out_of_the_log(toy_data, tmp_pa
     out = capsys.readouterr().out
     assert len(summary["epoch_input_wait"]) == 3
     assert all(0.0 <= w <= 1.0 for w in summary["epoch_input_wait"])
-    assert len(re.findall(r"^\[tpurun\] epoch \d/3 .* ex/s  (.*FLOP/s/device  )?input wait \d+%$", out, re.M)) == 3, out
+    assert (
+        len(
+            re.findall(
+                r"^\[tpurun\] epoch \d/3 .* ex/s  (.*FLOP/s/device  )?input wait \d+%$", out, re.M
+            )
+        )
+        == 3
+    ), out
     with open(tmp_path / "runs" / "wait" / "log.csv", newline="") as f:
         header = next(csv.reader(f))
     assert "input_wait" not in header  # shown, then taken out of the logs

@@ -18,7 +18,9 @@ from tpurun import frameworks
 from tpurun.observe import throughput
 from tpurun.observe.throughput import StepCost
 
-FLOP_RATE = re.compile(r"[\d.]+ [PTGMk]?FLOP/s/device")  # the unit that reads: display.lines.flop_rate
+FLOP_RATE = re.compile(
+    r"[\d.]+ [PTGMk]?FLOP/s/device"
+)  # the unit that reads: display.lines.flop_rate
 
 keras = frameworks.keras()
 tf = frameworks.tensorflow()
