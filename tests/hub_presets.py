@@ -107,15 +107,19 @@ def _sentencepiece_proto(text: list[str]) -> bytes:
     return buffer.getvalue()
 
 
-def _gemma(keras_hub, proto: bytes, folder: Path, query_heads: int = 4, kv_heads: int = 1) -> None:
+#: The tiny Gemma's sizes; :func:`gemma` takes others (a benchmark's larger model).
+GEMMA_SIZES = {"num_layers": 2, "num_query_heads": 4, "num_key_value_heads": 1,
+               "hidden_dim": 64, "intermediate_dim": 128, "head_dim": 16}  # fmt: skip
+
+
+def _gemma(keras_hub, proto: bytes, folder: Path, **sizes: int) -> None:
     tokenizer = keras_hub.models.GemmaTokenizer(proto=proto)
     preprocessor = keras_hub.models.GemmaCausalLMPreprocessor(
         tokenizer, sequence_length=GEMMA_SEQUENCE_LENGTH
     )
     backbone = keras_hub.models.GemmaBackbone(
-        vocabulary_size=tokenizer.vocabulary_size(), num_layers=2, num_query_heads=query_heads,
-        num_key_value_heads=kv_heads, hidden_dim=64, intermediate_dim=128, head_dim=16,
-    )  # fmt: skip
+        vocabulary_size=tokenizer.vocabulary_size(), **{**GEMMA_SIZES, **sizes}
+    )
     keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=preprocessor).save_to_preset(
         str(folder)
     )
@@ -154,6 +158,16 @@ def _resnet(keras_hub, folder: Path) -> None:
     classifier.save_to_preset(str(folder))
 
 
+def gemma(folder: Path, **sizes: int) -> Path:
+    """A Gemma preset of the tiny vocabulary with other sizes (``GEMMA_SIZES``' keys) at
+    ``folder``, its weights random (seeded). Keras must be importable (the process set up)."""
+    from tpurun import frameworks
+
+    frameworks.keras().utils.set_random_seed(0)
+    _gemma(frameworks.keras_hub(), _sentencepiece_proto(corpus()), folder, **sizes)
+    return folder
+
+
 def build(folder: Path) -> TinyPresets:
     """Write the tiny presets under ``folder``. Keras must be importable (the process set up)."""
     from tpurun import frameworks
@@ -166,7 +180,7 @@ def build(folder: Path) -> TinyPresets:
     text = corpus()
     proto = _sentencepiece_proto(text)
     _gemma(keras_hub, proto, presets.gemma)
-    _gemma(keras_hub, proto, presets.gemma_mesh, query_heads=8, kv_heads=4)
+    _gemma(keras_hub, proto, presets.gemma_mesh, num_query_heads=8, num_key_value_heads=4)
     _bert(keras_hub, text, presets.bert)
     _resnet(keras_hub, presets.resnet)
     return presets
