@@ -87,12 +87,17 @@ def test_two_rules_matching_one_variable_are_refused():
 
 
 # ------------------------------------------------------------------------- a fine-tune on 2 x 4
-def test_a_preset_under_2x4_is_sharded_as_its_layout_says_and_trains(tiny_presets, chat, tmp_path):
+def test_a_preset_under_2x4_is_sharded_as_its_layout_says_and_trains(
+    tiny_presets, chat, tmp_path, capsys
+):
     config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, {"data": 2, "model": 4})
-    summary = tpurun.train(config, verbose=False)
+    summary = tpurun.train(config, verbose=True)
     assert summary["status"] == "completed"
-    model = tpurun.load(tmp_path / "runs" / "mesh")
-    assert model is not None
+    # The devices each hold a slice of the model: not "8 replica(s)".
+    assert "(model_parallel mesh 2x4, 8 device(s), float32)" in capsys.readouterr().out
+    model, _ = tpurun.load(tmp_path / "runs" / "mesh")  # gathered: whole, on one device
+    assert type(model).__name__ == "GemmaCausalLM"
+    assert all(len(v.value.sharding.device_set) == 1 for v in model.weights)
     run = read_summary(tmp_path / "runs" / "mesh")
     assert run["replicas"] == 8 and run["global_batch_size"] == 8
 

@@ -73,12 +73,7 @@ def check_choice(cfg: Any, m: Machine, holder: list) -> Check:
     status, fix = "ok", None
     if choice.warnings:
         status, fix = "warn", choice.warnings[0]
-    replicas = "TPU cores" if choice.replicas is None else f"{choice.replicas} replica(s)"
-    finding = (
-        f"{choice.accelerator.upper()} via {choice.backend} ({choice.distribution}, {replicas}, "
-        f"{choice.precision}): {choice.reason}"
-    )
-    return Check("choice", status, finding, fix, data)
+    return Check("choice", status, choice.summary, fix, data)
 
 
 # ---------------------------------------------------------------------------------------- health

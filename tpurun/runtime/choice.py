@@ -53,7 +53,9 @@ class Choice:
 
     @property
     def summary(self) -> str:
-        replicas = "TPU cores" if self.replicas is None else f"{self.replicas} replica(s)"
+        # Under a mesh the devices are not replicas of the model: each holds a slice of it.
+        unit = "device(s)" if self.mesh_config is not None else "replica(s)"
+        replicas = "TPU cores" if self.replicas is None else f"{self.replicas} {unit}"
         hosts = (
             f", process {self.cluster.process_id} of {self.cluster.num_processes}"
             if self.cluster.multi
