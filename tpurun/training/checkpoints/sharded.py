@@ -24,7 +24,9 @@ Seed states and metric sums stay in the JSON state file beside it (a few numbers
 variable is its own shape, dtype and sharding, so a checkpoint written under a 2x4 mesh restores
 under 4x2 or 8x1 (Orbax reads the slices each device needs). Every position is checked against
 the model (path with Keras' per-process numbers taken out, shape, dtype) before anything is
-assigned: Keras' ``set_state_tree`` would skip what it does not know without a word.
+assigned: Keras' ``set_state_tree`` would skip what it does not know without a word. With
+``weights_only`` (``evaluate``, ``predict``, ``export``, ``tpurun.load``) it restores the model's
+weights alone: the optimizer group stays on disk, unread.
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ def _ocp() -> Any:
     return ocp
 
 
-def _groups(model: Any) -> dict[str, list[Any]]:
+def _groups(model: Any, weights_only: bool = False) -> dict[str, list[Any]]:
+    if weights_only:
+        return {"model": list(model.weights)}
     optimizer = list(model.optimizer.variables) if model.optimizer is not None else []
     return {"model": list(model.weights), "optimizer": optimizer}
 
@@ -170,10 +174,11 @@ def _plain(path: str) -> str:
     return re.sub(r"_\d+(?=/|$)", "", path)
 
 
-def misfits(saved: dict[str, Any], model: Any) -> list[str]:
-    """What differs between a checkpoint's recorded variables and the model's, one phrase each."""
+def misfits(saved: dict[str, Any], model: Any, weights_only: bool = False) -> list[str]:
+    """What differs between a checkpoint's recorded variables and the model's, one phrase each
+    (``weights_only``: the model's weights alone, not its optimizer's variables)."""
     out = []
-    for group, variables in _groups(model).items():
+    for group, variables in _groups(model, weights_only).items():
         recorded = saved.get(group) or []
         for i, variable in enumerate(variables):
             if i >= len(recorded):
@@ -199,9 +204,14 @@ def read_variables(path: str) -> dict[str, Any]:
     return dict(found["variables"] or {})
 
 
-def load(model: Any, path: str, source: str) -> None:
+def load(model: Any, path: str, source: str, weights_only: bool = False) -> None:
     """Restore a sharded checkpoint into ``model`` (built, its optimizer built) under the current
     mesh, every variable checked first.
+
+    Args:
+        weights_only: restore the model's weights alone (``evaluate``, ``predict``, ``export``,
+            ``tpurun.load``): its optimizer need not be built, and the checkpoint's optimizer
+            state is not read.
 
     Raises:
         ModelError: the folder is no tpurun sharded checkpoint, or it does not fit the model
@@ -223,15 +233,21 @@ def load(model: Any, path: str, source: str) -> None:
     if int(saved.get("version", 0)) > VERSION:
         raise ModelError(f"{source}: {name} was written by a newer tpurun (sharded format "
                          f"{saved['version']}); upgrade tpurun to resume from it.")  # fmt: skip
-    problems = misfits(saved, model)
+    problems = misfits(saved, model, weights_only)
     if problems:
         more = f" and {len(problems) - 4} more" if len(problems) > 4 else ""
-        raise ModelError(
-            f"{source}: {name} does not fit this model ({'; '.join(problems[:4])}{more}). It was "
-            "saved from another model, optimizer or gradient accumulation: resume with the "
-            "config it was trained with, or pass --restart to start over."
+        advice = (
+            "A checkpoint only fits the model it was trained as (the same factory or preset, "
+            "model.task, model.kwargs and model.lora): give one this run saved (--checkpoint "
+            "best, latest, or a folder in its checkpoints/)"
+            if weights_only
+            else "It was saved from another model, optimizer or gradient accumulation: resume "
+            "with the config it was trained with, or pass --restart to start over"
         )
-    groups = _groups(model)
+        raise ModelError(
+            f"{source}: {name} does not fit this model ({'; '.join(problems[:4])}{more}). {advice}."
+        )
+    groups = _groups(model, weights_only)
     target = {
         group: {
             _key(i): jax.ShapeDtypeStruct(tuple(v.shape), v.value.dtype, sharding=v.value.sharding)
@@ -239,10 +255,15 @@ def load(model: Any, path: str, source: str) -> None:
         }
         for group, variables in groups.items()
     }
+    if weights_only:  # the optimizer's group stays on disk
+        restore = ocp.args.PyTreeRestore(
+            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+            partial_restore=True,
+        )  # fmt: skip
+    else:
+        restore = ocp.args.StandardRestore(target)
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as reader:
-        found = reader.restore(
-            path, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
-        )
+        found = reader.restore(path, args=ocp.args.Composite(state=restore))
     for group, variables in groups.items():
         for i, variable in enumerate(variables):
             variable.assign(found["state"][group][_key(i)])
