@@ -207,9 +207,9 @@ CheckpointOpt = Annotated[
     typer.Option(
         "--checkpoint",
         metavar="best|latest|PATH",
-        help="best: checkpoints/best.keras (a LoRA run's best.adapter.h5), else the final "
-        "model.keras (model.lora.h5); latest: the resume point; or a .keras / .weights.h5 / "
-        ".adapter.h5 / .lora.h5 file.",
+        help="best: checkpoints/best.keras (a LoRA run's best.adapter.h5, a model-parallel "
+        "run's best.orbax), else the final model.keras (model.lora.h5); latest: the resume "
+        "point; or a .keras / .weights.h5 / .adapter.h5 / .lora.h5 file or an .orbax folder.",
     ),
 ]
 

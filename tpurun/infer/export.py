@@ -10,6 +10,11 @@ A JAX model goes into a SavedModel through jax2tf, whose native serialization ta
 export-time platform unless told otherwise: a model exported on a TPU would refuse to run on a GPU.
 So it is exported for ``--platforms`` (default cpu and cuda).
 
+A run with a model axis (``runtime.mesh``) is built and its checkpoint restored under the run's
+mesh, as ``train`` built it (no device holds the model whole), and its reference outputs computed
+there; the writers then gather each weight to the host (Keras' savers read each as one NumPy
+array). A LoRA run's ``lora`` export writes the adapter alone: the base stays split on the devices.
+
 Everything is written into a private folder beside the output first, loaded there in a fresh Python
 process that never imports tpurun (:mod:`tpurun.infer.check`), and compared with the trained
 model's outputs on a few records. Only an artifact that matches is moved into place; otherwise
@@ -71,12 +76,16 @@ def parse_platforms(value: str | Sequence[str] | None) -> tuple[str, ...]:
     return platforms
 
 
-def tolerance(precision: str, accelerator: str) -> float:
+def tolerance(precision: str, accelerator: str, sharded: bool = False) -> float:
     """How close the artifact's outputs must be to the trained model's. float32 on the CPU computes
-    the same operations; an accelerator (TF32, TPU matmul passes) or a 16-bit policy differs more."""
+    the same operations; an accelerator (TF32, TPU matmul passes) or a 16-bit policy differs more,
+    and so does a model split over a model axis (``sharded``: each sum over a split dimension is
+    added up in another order than the artifact's, on one device)."""
     if precision != "float32":
         return 2e-2
-    return 1e-5 if accelerator == "cpu" else 1e-3
+    if accelerator != "cpu":
+        return 1e-3
+    return 1e-4 if sharded else 1e-5
 
 
 # ------------------------------------------------------------------------------------ the check
@@ -233,9 +242,8 @@ def export(
                           "with model.lora; export keras, saved_model or onnx.")  # fmt: skip
     found = loading.find_checkpoint(trained, checkpoint)
     runtime = loading.activate_for(trained, machine)
-    runtime.release()  # one device: an artifact holds plain weights, not a layout over devices
-    ref = (_hub_reference if hub else _reference)(trained, found, fmt, runtime.choice.precision)
-    tol = tolerance(ref.precision, runtime.choice.accelerator)
+    ref = _trained_reference(trained, found, fmt, hub, runtime)
+    tol = tolerance(ref.precision, runtime.choice.accelerator, runtime.sharded)
     folder, name = os.path.split(output)
     work = tempfile.mkdtemp(prefix=f".{name}.tpurun-", dir=folder)
     try:
@@ -304,6 +312,20 @@ class _Reference:
     precision: str
     notes: list[str]
     hub: Any = None  # a preset run's: hub_export.HubReference
+
+
+def _trained_reference(trained: Any, found: Any, fmt: str, hub: bool, runtime: Any) -> _Reference:
+    """The run's model and its outputs: built on one device (an artifact holds plain weights,
+    not a layout over devices), or under the run's mesh for a model split over a model axis (no
+    device holds it whole); the writers then run without a distribution, gathering each weight
+    to the host."""
+    if not runtime.sharded:
+        runtime.release()
+    try:
+        return (_hub_reference if hub else _reference)(trained, found, fmt,
+                                                       runtime.choice.precision)  # fmt: skip
+    finally:
+        runtime.release()
 
 
 def _hub_reference(trained: Any, found: Any, fmt: str, precision: str) -> _Reference:

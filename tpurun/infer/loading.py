@@ -7,6 +7,11 @@ custom layers are the user's code, found where training found them, and a ``.wei
 point loads as a ``.keras`` file does. A run that fine-tuned a ``model.preset`` is the KerasHub
 task with its preprocessor instead (:mod:`tpurun.infer.preset`: the preset and a LoRA adapter, or
 the task's ``model.keras``).
+
+A run with a model axis (``runtime.mesh``) keeps sharded checkpoints, ``.orbax`` folders
+(:mod:`tpurun.training.checkpoints.sharded`). ``evaluate``, ``predict`` and ``export`` build its
+model under the run's mesh, as ``train`` does, and the folder's weights land sharded (its optimizer
+state stays on disk); :func:`tpurun.load` builds it on one device, the weights whole.
 """
 
 from __future__ import annotations
@@ -23,13 +28,25 @@ from tpurun.data import files as datafiles
 from tpurun.errors import DataError, ModelError, TpurunError
 from tpurun.infer import preset
 from tpurun.storage import fileio
-from tpurun.storage.rundir import ADAPTER_SUFFIX, BEST_ADAPTER, BEST_MODEL, CHECKPOINTS, RunDir
+from tpurun.storage.rundir import (
+    ADAPTER_SUFFIX,
+    BEST_ADAPTER,
+    BEST_MODEL,
+    BEST_SHARDED,
+    CHECKPOINTS,
+    LATEST_WEIGHTS_PREFIX,
+    SHARDED_SUFFIX,
+    RunDir,
+    state_file,
+)
 
 CHECKPOINT_HELP = (
-    "best (checkpoints/best.keras or a LoRA run's best.adapter.h5, else the final model.keras or "
-    "model.lora.h5), latest (the resume point), or a .keras / .weights.h5 / .adapter.h5 / "
-    ".lora.h5 file (a name in the run's checkpoints/ folder works too)"
+    "best (checkpoints/best.keras, a LoRA run's best.adapter.h5 or a model-parallel run's "
+    "best.orbax, else the final model.keras or model.lora.h5), latest (the resume point), or a "
+    ".keras / .weights.h5 / .adapter.h5 / .lora.h5 file or a sharded checkpoint's .orbax folder "
+    "(a name in the run's checkpoints/ folder works too)"
 )
+_BESTS = (BEST_MODEL, BEST_ADAPTER, BEST_SHARDED)
 
 
 @dataclass
@@ -97,8 +114,8 @@ def find_checkpoint(trained: TrainedRun, which: str = "best") -> Checkpoint:
 
     run = trained.run
     if which == "best":
-        for name in (BEST_MODEL, BEST_ADAPTER):
-            if fileio.exists(run.checkpoint(name)):
+        for name in _BESTS:
+            if _committed(run, name):
                 return Checkpoint(run.checkpoint(name), "best")
         final = run.model_file()
         if final is not None:
@@ -112,7 +129,9 @@ def find_checkpoint(trained: TrainedRun, which: str = "best") -> Checkpoint:
             return Checkpoint(point.weights, f"latest ({at})")
     else:
         for path in (which, run.checkpoint(which), run.file(which)):
-            if fileio.exists(path) and not fileio.isdir(path):
+            path = path.rstrip("/") or path
+            folder = fileio.isdir(path)  # only a sharded checkpoint is a folder
+            if fileio.exists(path) and (not folder or path.endswith(SHARDED_SUFFIX)):
                 if path.endswith(".json"):  # a checkpoint's state file names its weights
                     return Checkpoint(resume.from_path(path).weights, path)
                 return Checkpoint(_local(path), path)
@@ -128,32 +147,48 @@ def available(run: RunDir) -> list[str]:
 
     found = ["latest"] if resume.latest(run) is not None else []
     final = run.model_file()
-    bests = [n for n in (BEST_MODEL, BEST_ADAPTER) if fileio.exists(run.checkpoint(n))]
-    if bests or final:
+    if final or any(_committed(run, name) for name in _BESTS):
         found.insert(0, "best")
     if fileio.isdir(run.checkpoints):
-        for pattern in ("*.keras", f"*{ADAPTER_SUFFIX}"):
+        for pattern in ("*.keras", f"*{ADAPTER_SUFFIX}", f"*{SHARDED_SUFFIX}"):
             found += [f"{CHECKPOINTS}/{name}" for name in run.checkpoint_files(pattern)
-                      if not name.startswith("latest-")]  # fmt: skip
+                      if not name.startswith(LATEST_WEIGHTS_PREFIX)
+                      and _committed(run, name)]  # fmt: skip
     return found + ([final] if final else [])
+
+
+def _committed(run: RunDir, name: str) -> bool:
+    """Whether the checkpoint ``name`` is there, complete: a sharded folder counts once its state
+    file is written (the commit point; a folder being rewritten has none)."""
+    if not fileio.exists(run.checkpoint(name)):
+        return False
+    return not name.endswith(SHARDED_SUFFIX) or fileio.exists(run.checkpoint(state_file(name)))
 
 
 # ------------------------------------------------------------------------------------- the model
 def activate_for(trained: TrainedRun, machine: Any = None):
-    """Set this process up as ``train`` would for this run (devices, precision), in one process,
-    on the backend it trained with where its config left the choice to ``auto`` and that backend
-    can run here: the same model code then runs on the framework it was checkpointed from.
+    """Set this process up as ``train`` would for this run (devices, precision, a mesh's
+    distribution), in one process, on the backend it trained with where its config left the
+    choice to ``auto`` and that backend can run here: the same model code then runs on the
+    framework it was checkpointed from.
+
+    A run with ``runtime.mesh`` gets its model axis, and a data axis of whatever devices this
+    process has (``data: auto``): the model is built split as it trained, and a sharded
+    checkpoint restores under any mesh.
 
     Raises:
         TpurunError: the environment makes this process one of several (a pod slice, SLURM):
-            these commands run in one.
+            these commands run in one; or the model axis does not divide the devices here.
     """
+    from tpurun.runtime import mesh
     from tpurun.runtime.activate import activate
     from tpurun.runtime.machine import probe
     from tpurun.runtime.prepare import choose_for
 
     config, machine = trained.config, machine or probe()
     alone = {"num_processes": None, "coordinator": None, "process_id": None}
+    if config.runtime.mesh is not None:
+        alone["mesh"] = config.runtime.mesh.model_copy(update={"data": "auto"})
     config = config.model_copy(update={"runtime": config.runtime.model_copy(update=alone)})
     trained_on = trained.derived.get("backend")
     choice = None
@@ -168,7 +203,9 @@ def activate_for(trained: TrainedRun, machine: Any = None):
             "evaluate, predict and export run in one process: run them on one host with those "
             "variables unset, or on a single-host machine."
         )
-    return activate(choice, config.seed)
+    runtime = activate(choice, config.seed)
+    mesh.install(runtime, config)  # a mesh's layout, before the model is built
+    return runtime
 
 
 def build(trained: TrainedRun, checkpoint: Checkpoint, runtime: Any = None) -> Any:
@@ -193,6 +230,11 @@ def build(trained: TrainedRun, checkpoint: Checkpoint, runtime: Any = None) -> A
                             trained.derived.get("normalization") or {})  # fmt: skip
         if not model.built:  # a subclassed model: one call creates its variables
             model(sample_inputs(config.data, 1))
+        if checkpoint.path.endswith(SHARDED_SUFFIX):
+            from tpurun.training.checkpoints import sharded
+
+            sharded.load(model, checkpoint.path, trained.run.path, weights_only=True)
+            return model
         try:
             model.load_weights(checkpoint.path)
         except Exception as exc:  # Keras raises ValueError, KeyError, OSError... for a misfit

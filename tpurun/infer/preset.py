@@ -14,7 +14,9 @@ What a preset run keeps as its model:
 - without: ``model.keras``, the task with its preprocessor (``keras.saving.load_model``; KerasHub
   registers its classes as Keras imports them).
 
-A ``.weights.h5`` (a resume point) loads into the task rebuilt from the preset, as a resume does.
+A ``.weights.h5`` (a resume point) loads into the task rebuilt from the preset, as a resume does,
+and so does a sharded checkpoint (an ``.orbax`` folder of a run with a model axis; its weights
+only, :func:`tpurun.training.checkpoints.sharded.load`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 
 from tpurun import frameworks
 from tpurun.errors import ModelError, describe
-from tpurun.storage.rundir import ADAPTER_SUFFIX, LORA_SUFFIX
+from tpurun.storage.rundir import ADAPTER_SUFFIX, LORA_SUFFIX, SHARDED_SUFFIX
 
 
 def is_preset(config: Any) -> bool:
@@ -94,8 +96,8 @@ def build(trained: Any, path: str, runtime: Any = None) -> Any:
 
     Args:
         trained: the run (:class:`tpurun.infer.loading.TrainedRun`).
-        path: a ``.lora.h5`` adapter, an ``.adapter.h5`` checkpoint, a ``.keras`` task or a
-            ``.weights.h5`` file.
+        path: a ``.lora.h5`` adapter, an ``.adapter.h5`` checkpoint, a ``.keras`` task, a
+            ``.weights.h5`` file or an ``.orbax`` folder.
         runtime: build in its distribution scope (None: this process's default device).
 
     Raises:
@@ -111,6 +113,10 @@ def build(trained: Any, path: str, runtime: Any = None) -> Any:
                 load_adapter(task, path, trained.config)
             elif path.endswith(ADAPTER_SUFFIX):
                 _load_checkpoint(task, path, trained.config)
+            elif path.endswith(SHARDED_SUFFIX):
+                from tpurun.training.checkpoints import sharded
+
+                sharded.load(task, path, trained.run.path, weights_only=True)
             else:
                 _load_weights(task, path, trained.config)
     return task
