@@ -16,7 +16,7 @@ script, the cost of asynchronous sharded checkpoints, and the host's memory whil
    asynchronous saves cost at most 2% of the step time. Every save of a checkpoint also blocks
    the step while the shards are copied off the devices: on a TPU that copy is a DMA to a host
    with many cores; here devices and host share 2 cores, so the figure is pessimistic.
-3. **Host memory while loading** (a report, no goal). A larger preset (~95M parameters, 380 MB
+3. **Host memory while loading** (a report, no goal). A larger preset (~63M parameters, 250 MB
    in float32) is built under a 1 x 8 mesh by tpurun's own path (``mesh.install``, then the
    model built in the runtime's scope): the peak resident memory the load adds (``VmHWM``, reset
    just before it) against the weights' size. On simulated CPU devices the shards themselves
@@ -55,9 +55,10 @@ CHECKPOINT_GOAL = 1.02  # with sharded checkpoints every N steps over without, a
 # The step-time model: big enough that a step is mostly arithmetic, not dispatch.
 STEP_SIZES = {"num_layers": 4, "hidden_dim": 256, "intermediate_dim": 1024,
               "num_query_heads": 8, "num_key_value_heads": 4, "head_dim": 32}  # fmt: skip
-# The loading model: big enough that its weights stand out of the process's own memory.
+# The loading model: big enough that its weights stand out of the process's own memory; as
+# many key/value heads as the model axis of a 1 x 8 mesh (fewer would be indivisible).
 LOAD_SIZES = {"num_layers": 6, "hidden_dim": 1024, "intermediate_dim": 4096,
-              "num_query_heads": 8, "num_key_value_heads": 4, "head_dim": 128}  # fmt: skip
+              "num_query_heads": 8, "num_key_value_heads": 8, "head_dim": 128}  # fmt: skip
 
 sys.path.insert(0, str(HERE))
 from finetune import ensure_inputs, load_average, log, run  # the same records, runner and logs
@@ -86,6 +87,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--build-preset", help=argparse.SUPPRESS)
     p.add_argument("--sizes", help=argparse.SUPPRESS)
     p.add_argument("--load-memory", help=argparse.SUPPRESS)
+    p.add_argument("--init-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--preset", help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -178,6 +180,7 @@ def load_memory(args: argparse.Namespace) -> None:
     _cpu_devices(args.devices)
     sys.path.insert(0, str(ROOT))
     from tpurun.config import load_config
+    from tpurun.hub.model import build_task
     from tpurun.runtime import mesh
     from tpurun.runtime.activate import activate
     from tpurun.runtime.machine import probe
@@ -195,7 +198,10 @@ def load_memory(args: argparse.Namespace) -> None:
     before = _memory_status("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM (the peak) starts again from VmRSS
     with runtime.scope():
-        model = build_model(config, "jax", {})
+        if args.init_only:  # Keras' initialisation alone, the weights not read
+            model = build_task(config, load_weights=False, compile=False)
+        else:
+            model = build_model(config, "jax", {})
     peak, after = _memory_status("VmHWM"), _memory_status("VmRSS")
     weights = sum(v.value.nbytes for v in model.weights)
     largest = max(v.value.nbytes for v in model.weights)
@@ -293,17 +299,23 @@ def step_seconds(args: argparse.Namespace, runs: list[dict]) -> dict:
 
 def measure_loading(args: argparse.Namespace, data: Path) -> dict:
     preset = ensure_preset(args, "gemma_load", LOAD_SIZES)
-    stdout, _ = run([sys.executable, __file__, "--load-memory", str(preset), "--data", str(data),
-                     "--devices", str(args.devices)], args, "loading under a 1 x N mesh")  # fmt: skip
-    figures = json.loads(stdout.strip().splitlines()[-1])
-    weights = figures["weights_bytes"]
-    figures["peak_added_over_weights"] = round(
-        (figures["peak"] - figures["rss_before"]) / weights, 3
-    )
-    figures["kept_over_weights"] = round(
-        (figures["rss_after"] - figures["rss_before"]) / weights, 3
-    )
-    return figures
+
+    def child(*extra: str) -> dict:
+        stdout, _ = run([sys.executable, __file__, "--load-memory", str(preset), "--data",
+                         str(data), "--devices", str(args.devices), *extra], args,
+                        "loading under a 1 x N mesh")  # fmt: skip
+        figures = json.loads(stdout.strip().splitlines()[-1])
+        return {**figures, "added": figures["peak"] - figures["rss_before"]}
+
+    loaded, initialised = child(), child("--init-only")
+    weights = loaded["weights_bytes"]
+    return {
+        **loaded,
+        "init_added": initialised["added"],
+        "peak_added_over_weights": round(loaded["added"] / weights, 3),
+        "init_over_weights": round(initialised["added"] / weights, 3),
+        "reading_over_weights": round((loaded["added"] - initialised["added"]) / weights, 3),
+    }
 
 
 def compare(args: argparse.Namespace, preset: Path, data: Path) -> dict:
@@ -380,10 +392,10 @@ def report(result: dict) -> None:
             f"\nloading a {memory['weights_bytes'] / mb:,.0f} MB preset under a 1 x {s['devices']} "
             f"mesh ({memory['sharded_variables']} of {memory['variables']} variables split; "
             f"largest {memory['largest_weight_bytes'] / mb:,.0f} MB): the host's peak rose "
-            f"{(memory['peak'] - memory['rss_before']) / mb:,.0f} MB "
-            f"({memory['peak_added_over_weights']:.2f} x the weights), "
-            f"{(memory['rss_after'] - memory['rss_before']) / mb:,.0f} MB kept "
-            f"({memory['kept_over_weights']:.2f} x: the shards, on simulated devices in host memory)"
+            f"{memory['added'] / mb:,.0f} MB ({memory['peak_added_over_weights']:.2f} x the "
+            f"weights; the shards, on simulated devices, are in it): Keras' random "
+            f"initialisation {memory['init_over_weights']:.2f} x, reading the weights "
+            f"{memory['reading_over_weights']:.2f} x"
         )
     print(f"\n({result['seconds']:.0f} s in all)")
 
