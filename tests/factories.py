@@ -165,3 +165,39 @@ def compiled_sgd_mse() -> keras.Model:
     model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.5, momentum=0.9), loss="mse",
                   metrics=["mae"])  # fmt: skip
     return model
+
+
+@keras.saving.register_keras_serializable(package="tpurun_tests")
+class ResidualBlock(keras.layers.Layer):
+    """A block of layers, what ``train.remat`` recomputes; its dropout (a seed state) and batch
+    normalization (moving statistics) update state inside it."""
+
+    def __init__(self, units: int = 16, **kwargs):
+        super().__init__(**kwargs)
+        self.units = units
+        self.inner = keras.layers.Dense(units * 4, activation="gelu")
+        self.outer = keras.layers.Dense(units)
+        self.dropout = keras.layers.Dropout(0.2)
+        self.norm = keras.layers.BatchNormalization()
+
+    def build(self, input_shape):
+        self.inner.build(input_shape)
+        self.outer.build((*input_shape[:-1], self.units * 4))
+        self.norm.build((*input_shape[:-1], self.units))
+
+    def call(self, x, training=None):
+        update = self.dropout(self.outer(self.inner(x)), training=training)
+        return self.norm(x + update, training=training)
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+def residual_blocks(units: int = 16, blocks: int = 2) -> keras.Model:
+    """An MLP of ``blocks`` residual blocks (each a Layer holding layers)."""
+    inputs = keras.Input(shape=(8,), name="x")
+    hidden = keras.layers.Dense(units)(inputs)
+    for _ in range(blocks):
+        hidden = ResidualBlock(units)(hidden)
+    outputs = keras.layers.Dense(1, activation="sigmoid", dtype="float32")(hidden)
+    return keras.Model(inputs, outputs)

@@ -117,6 +117,19 @@ class TrainConfig(Section):
         "learning rate is scaled for; warmup and schedule count updates, steps count batches. An "
         "update may take batches of two epochs. Not with TensorFlow on several replicas.",
     )
+    # A switch, not Keras' RematScope modes: "full" in a scope marks every operation, nested models
+    # too (the forward recomputed once per level), and "activations"/"larger_than" mark single
+    # operations, whose recomputation keeps about what the next layer keeps anyway. What saves
+    # memory is MaxText's `remat_policy: full`: each repeated block recomputed once
+    # (tpurun/training/remat.py says how, and why not RematScope).
+    remat: bool = Field(
+        False,
+        description="Rematerialise: keep only each block's inputs for the backward pass and "
+        "recompute the rest (a KerasHub backbone's transformer layers; in a factory's model, each "
+        "layer that holds layers of its own, e.g. a Layer subclass or MultiHeadAttention). Less "
+        "memory for activations, about one more forward pass per step, the same loss. A model "
+        "without such a block is refused.",
+    )
     learning_rate: LearningRateConfig = Field(
         default_factory=LearningRateConfig,
         description="The learning rate: its base, scaling with the effective batch, warmup and "

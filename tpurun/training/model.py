@@ -17,6 +17,7 @@ from tpurun.config import Config, NamedObject
 from tpurun.errors import ModelError, TpurunError, describe
 from tpurun.multihost.collectives import lost_peer
 from tpurun.runtime.plan import Plan
+from tpurun.training import remat
 
 
 def import_object(spec: str, base_dir: Path, what: str) -> Any:
@@ -77,11 +78,12 @@ def build_model(config: Config, backend: str, normalization: dict | None = None)
     """Call the factory with its kwargs and check that it returned a Keras model; put a
     Normalization layer in front of each input whose feature has ``normalize: true``
     (:func:`tpurun.training.normalize.wrap`, with ``normalization``'s numbers: None takes the
-    schema file's). A ``model.preset`` is built by :func:`tpurun.hub.model.build_task`."""
+    schema file's). A ``model.preset`` is built by :func:`tpurun.hub.model.build_task`. With
+    ``train.remat``, its blocks are recomputed in the backward pass (:mod:`tpurun.training.remat`)."""
     if config.model.preset is not None:
         from tpurun.hub.model import build_task
 
-        return build_task(config)
+        return remat.as_configured(build_task(config), config)
     from tpurun.training import normalize
 
     keras = frameworks.keras()
@@ -113,7 +115,7 @@ def build_model(config: Config, backend: str, normalization: dict | None = None)
             f"model.factory '{config.model.factory}' returned {type(model).__name__}, not a Keras "
             "model (keras.Model, Sequential or a functional model)."
         )
-    return normalize.wrap(model, config, normalization)
+    return remat.as_configured(normalize.wrap(model, config, normalization), config)
 
 
 #: What a model that fails on JAX because of TensorFlow ops is told.
