@@ -198,7 +198,8 @@ def test_too_big_is_refused_with_its_terms_and_what_would_fit(tmp_path, tiny_pre
 def test_nothing_fits_alone_says_so(tmp_path, tiny_presets, mesh_2x4):
     config, plan, est = gemma_estimate(tmp_path, tiny_presets)
     message = refusal(est, Limit(64_000, "runtime.device_memory"), config, plan)
-    assert "Alone, none of these fits: runtime.precision: bfloat16" in message
+    assert "Alone, none of these fits: train.remat: true (about " in message, message
+    assert "; runtime.precision: bfloat16" in message
     assert "use a device with more memory" in message
 
 
@@ -339,7 +340,8 @@ def test_a_run_too_big_for_the_device_is_refused_before_compiling(tmp_path, tiny
     text = str(info.value)
     assert "Nothing was compiled." in text, text
     assert "(runtime.device_memory)" in text, text
-    assert "What would fit: runtime.precision: bfloat16" in text, text
+    assert "What would fit: train.remat: true (about " in text, text
+    assert "; runtime.precision: bfloat16 (about" in text, text
     assert not (tmp_path / "runs" / "mesh" / "log.csv").exists()
     config["runtime"]["device_memory"] = "1MB"
     assert tpurun.train(config, verbose=False)["status"] == "completed"

@@ -112,7 +112,9 @@ def estimate_for_model(model: Any, config: Config, plan: Any, mesh: tuple[int, i
         config_slots(config, model),
         accumulation=config.train.gradient_accumulation_steps,
         counters=counter_bytes(plan.backend, lr_variable),
-        activations=activations_of(model, per_device_batch(plan, mesh), sequence),
+        activations=activations_of(
+            model, per_device_batch(plan, mesh), sequence, remat=config.train.remat
+        ),
     )
 
 
@@ -154,9 +156,11 @@ def refusal(est: Estimate, limit: Limit, config: Config, plan: Any) -> str:
 
 def fixes(est: Estimate, limit: Limit, config: Config, plan: Any) -> list[tuple[str, bool]]:
     """What the config could change, each as ``(text with its estimate, fits)``: those that
-    lower the estimate (each fix answers ``(lowers, text, fits)`` or None)."""
+    lower the estimate (each fix answers ``(lowers, text, fits)`` or None). First those that
+    leave the training's maths as it is (a larger model axis, remat: more devices or more
+    compute), then those that change what trains, its precision or its batch."""
     out = []
-    for fix in (_larger_model_axis, _lora, _bfloat16, _smaller_batch):
+    for fix in (_larger_model_axis, _remat, _lora, _bfloat16, _smaller_batch):
         found = fix(est, limit, config, plan)
         if found is not None and found[0]:
             out.append(found[1:])
@@ -217,6 +221,17 @@ def _divides(entry: Entry, mesh: dict[str, int]) -> bool:
     return True
 
 
+def _remat(est: Estimate, limit: Limit, config: Config, plan: Any):
+    """``train.remat: true``: each block's activations recomputed in the backward pass, where
+    the activation term can tell what that saves (a transformer's)."""
+    acts = est.activations
+    if config.train.remat or acts is None or acts.remat is None:
+        return None
+    trial = replace(est, activations=acts.rematerialised())
+    text = f"train.remat: true (about {size(trial.total)} per device)"
+    return trial.total < est.total, text, trial.total <= limit.bytes
+
+
 def _lora(est: Estimate, limit: Limit, config: Config, plan: Any):
     """LoRA on a preset trained in full: the weights frozen, adapters of rank 8 on every
     attention query and value kernel (float32, replicated), trained alone."""
@@ -248,7 +263,7 @@ def _bfloat16(est: Estimate, limit: Limit, config: Config, plan: Any):
         return None
     acts = est.activations
     if acts is not None and plan.precision == "float32":
-        acts = replace(acts, whole=acts.whole / 2, split=acts.split / 2)
+        acts = acts.scaled(0.5)
     trial = replace(est, entries=halved, activations=acts)
     text = f"runtime.precision: bfloat16 (about {size(trial.total)} per device)"
     return trial.total < est.total, text, trial.total <= limit.bytes
