@@ -37,3 +37,27 @@ def test_the_flop_rate_is_said_in_the_unit_that_reads():
     figures = {"tokens_per_second": 41870.0, "tflops_per_device": 78.1, "mfu": 0.396}
     reporter.epoch_end(1, {"loss": 0.5, "throughput": figures, "input_wait": 0.02}, 62.0, 9.0)
     assert out.getvalue().endswith("41,870 tok/s  78.1 TFLOP/s/device  MFU 39.6%  input wait 2%\n")
+
+
+def test_an_epochs_rates_leave_its_validation_out(monkeypatch):
+    """ex/s (and tok/s, TFLOP/s, MFU) are over the training steps' time, as MaxText counts a step:
+    an epoch of 10 s, 2 of them validating, trained 16 steps x 32 examples in 8 s."""
+    from types import SimpleNamespace
+
+    from tpurun.display.reporter import Reporter
+    from tpurun.observe.throughput import StepCost
+    from tpurun.training import callbacks
+
+    clock = iter([0.0, 0.0, 8.0, 10.0, 10.0])  # init, epoch begin, validation begin/end, epoch end
+    monkeypatch.setattr(callbacks.time, "monotonic", lambda: next(clock))
+    plan = SimpleNamespace(steps_per_epoch=16, global_batch_size=32, steps_per_execution=16,
+                           validation_steps=4)  # fmt: skip
+    progress = callbacks.Progress(Reporter(), plan)
+    progress.step_cost = StepCost("examples", 32, 1e12, None)
+    progress.on_epoch_begin(0)
+    progress.on_test_begin()
+    progress.on_test_end()
+    progress.on_epoch_end(0, {"loss": 0.5})
+    assert progress.epoch_seconds == [10.0]  # the epoch's time is still the whole epoch's
+    assert progress.epoch_rates == [16 * 32 / 8.0]
+    assert progress.epoch_throughput[0]["tflops_per_device"] == 16 * 1e12 / 8.0 / 1e12

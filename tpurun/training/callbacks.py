@@ -70,6 +70,7 @@ class Progress(keras.callbacks.Callback):
         self._epoch = epoch + 1
         self._offset = step_offset(self.resume_at, epoch)
         self._epoch_start = self._last_report = time.monotonic()
+        self._validating = 0.0  # this epoch's seconds of validation, left out of its throughput
         self._rate_from = (self._epoch_start, self._offset)  # after the compiling execution, if any
         self.reporter.epoch_begin(self._epoch, self.plan.steps_per_epoch)
 
@@ -108,17 +109,22 @@ class Progress(keras.callbacks.Callback):
             self.reporter.validation_progress(self._epoch, batch + 1, self.plan.validation_steps)
 
     def on_test_end(self, logs=None):
-        self.reporter.validation_end(self._epoch, time.monotonic() - self._val_start)
+        seconds = time.monotonic() - self._val_start
+        self._validating += seconds
+        self.reporter.validation_end(self._epoch, seconds)
 
     def on_epoch_end(self, epoch, logs=None):
         seconds = time.monotonic() - self._epoch_start
         steps = self.plan.steps_per_epoch - self._offset
-        rate = steps * self.plan.global_batch_size / seconds if seconds else 0.0
+        # The rates are over the training steps' time, as MaxText and Keras' step time count it:
+        # validation left out (its FLOPs are not in a step's count, and it would understate MFU).
+        training = seconds - self._validating
+        rate = steps * self.plan.global_batch_size / training if training > 0 else 0.0
         self.epoch_seconds.append(seconds)
         self.epoch_rates.append(rate)
         logs = dict(logs or {})
         if self.step_cost is not None:  # tokens/s, TFLOP/s a device, MFU: for the line only
-            self.epoch_throughput.append(self.step_cost.epoch(steps, seconds))
+            self.epoch_throughput.append(self.step_cost.epoch(steps, training))
             logs[THROUGHPUT] = self.epoch_throughput[-1]
         self.reporter.epoch_end(epoch + 1, logs, seconds, rate)
 
