@@ -20,7 +20,7 @@ from helpers import toy_config
 from tpurun.doctor import child
 from tpurun.doctor.child import MARK, Child, answer_line, last_error_line, parse_answer
 from tpurun.doctor.gcs import _problem
-from tpurun.doctor.model import CPU_OVERRIDES, from_answer, model_step_payload
+from tpurun.doctor.model import CPU_OVERRIDES, cpu_overrides, from_answer, model_step_payload
 from tpurun.doctor.scripts import devices, gcs_probe, health, model_step
 
 SCRIPTS = ["devices", "health", "gcs_probe", "model_step"]
@@ -230,6 +230,21 @@ def test_the_model_step_gets_the_config_on_one_cpu(tmp_path):
     assert (loaded.runtime.accelerator, loaded.runtime.cpu_devices) == ("cpu", 1)
     assert loaded.base_dir == cfg.base_dir and loaded.data.train == cfg.data.train
     assert CPU_OVERRIDES == ("runtime.accelerator=cpu", "runtime.cpu_devices=1")
+
+
+def test_the_model_step_keeps_a_model_axis_on_as_many_cpu_devices(tmp_path):
+    """A 2 x 4 mesh for a TPU is checked in the CPU child on a 1 x 4 mesh of 4 CPU devices: the
+    layout's model axis as the run will have it."""
+    from tpurun.config import load_config
+
+    cfg = load_config(toy_config(tmp_path / "data", tmp_path / "runs",
+                                 runtime={"accelerator": "tpu", "mesh": {"data": 2, "model": 4}}))  # fmt: skip
+    asked = json.loads(json.dumps(model_step_payload(cfg)))
+    loaded = model_step.load(asked)
+    assert (loaded.runtime.accelerator, loaded.runtime.cpu_devices) == ("cpu", 4)
+    assert (loaded.runtime.mesh.data, loaded.runtime.mesh.model) == (1, 4)
+    assert cpu_overrides({"runtime": {"mesh": {"model": 1}}}) == list(CPU_OVERRIDES)
+    assert cpu_overrides({}) == list(CPU_OVERRIDES)
 
 
 def test_the_model_steps_answer_becomes_the_check():

@@ -9,6 +9,7 @@ attention, the case users hit on Gemma and Llama)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import FACTORIES, read_summary, run_cli, toy_config, write_config
@@ -227,3 +228,25 @@ def test_a_model_axis_on_the_tensorflow_backend_exits_2(toy_data, tmp_path):
     assert done.returncode == 2, done.stderr
     assert "runtime.mesh: a model axis (4) needs the JAX backend" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+# ------------------------------------------------------------------------------------ doctor
+@pytest.mark.slow
+def test_doctor_builds_the_model_on_the_mesh_and_checks_its_layout(tiny_presets, chat, tmp_path):
+    """On a CPU, doctor's model step builds the model split as train would: a model axis of 8
+    over 4 key/value heads fails there, naming the variable; a model axis of 4 passes."""
+    from tpurun.doctor import run_checks
+
+    def model_check(mesh: dict) -> Any:
+        config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, mesh)
+        (tmp_path / "dev" / "vfio").mkdir(parents=True, exist_ok=True)  # a machine without a TPU
+        checks = run_checks(config, env={}, dev_root=str(tmp_path / "dev"),
+                            lock_path=str(tmp_path / "lock"), gcs_timeout=1)  # fmt: skip
+        return next(c for c in checks if c.name == "model")
+
+    refused = model_check({"data": 1, "model": 8})
+    assert refused.status == "fail", refused
+    assert "decoder_block_0/attention/key/kernel has shape [4, 64, 16]" in refused.finding
+    assert refused.fix == "change the config as the message says"
+    passed = model_check({"data": 2, "model": 4})
+    assert passed.status == "ok", passed

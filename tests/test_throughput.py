@@ -79,7 +79,7 @@ def _dense_model():
     data = tf.data.Dataset.from_tensors(
         (np.ones((B, IN), "float32"), np.zeros((B, OUT), "float32"))
     )
-    model.fit(data, verbose=0)  # builds the optimizer's and the metrics' variables
+    model.fit(data, verbose=0, shuffle=False)  # builds the optimizer's and the metrics' variables
     return model, data.element_spec
 
 
@@ -169,7 +169,7 @@ def _gemma_flops(preset, batch: int, length: int, mesh: tuple[int, int] | None):
         x = {"token_ids": np.ones((batch, length), "int32"),
              "padding_mask": np.ones((batch, length), bool)}  # fmt: skip
         data = tf.data.Dataset.from_tensors((x, np.ones((batch, length), "int32")))
-        lm.fit(data, verbose=0)
+        lm.fit(data, verbose=0, shuffle=False)
         return lm.backbone, throughput.flops_per_device(lm, data.element_spec, batch)
     finally:
         keras.distribution.set_distribution(None)

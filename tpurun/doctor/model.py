@@ -19,8 +19,19 @@ from tpurun.errors import ConfigError, TpurunError
 BYTES_PER_PARAM = 4  # float32 weights in a checkpoint
 SLOTS = 3  # weights + two Adam moments
 MODEL_TIMEOUT = 45.0  # seconds for the CPU child that builds the model and runs one step
-# What the child changes in the config: one CPU device, whatever train would use.
+# What the child changes in the config: one CPU device, whatever train would use (with a model
+# axis, as many as it has: see cpu_overrides).
 CPU_OVERRIDES = ("runtime.accelerator=cpu", "runtime.cpu_devices=1")
+
+
+def cpu_overrides(raw: dict[str, Any]) -> list[str]:
+    """:data:`CPU_OVERRIDES` for the config ``raw``; with a model axis, a 1 x model mesh of as many
+    simulated CPU devices: the layout is then checked on the model axis the run will have (an
+    indivisible head count, a large weight left whole), each device holding a slice."""
+    model = ((raw.get("runtime") or {}).get("mesh") or {}).get("model", 1)
+    if not isinstance(model, int) or model <= 1:
+        return list(CPU_OVERRIDES)
+    return [CPU_OVERRIDES[0], f"runtime.cpu_devices={model}", "runtime.mesh.data=1"]
 
 
 def _one_step(prepared: Any, runtime: Any) -> tuple[Any, dict[str, Any], float] | Check:
@@ -29,11 +40,14 @@ def _one_step(prepared: Any, runtime: Any) -> tuple[Any, dict[str, Any], float] 
     from tpurun import frameworks
     from tpurun.data import pipeline
     from tpurun.hub import batches
+    from tpurun.runtime import mesh
     from tpurun.training.model import build_model, compile_model
 
     cfg, plan = prepared.config, prepared.plan
+    mesh.install(runtime, cfg)  # as train builds it: split over a mesh, its layout checked
     with runtime.scope():
         model = build_model(cfg, plan.backend)
+        mesh.check(runtime, model, cfg)
         compile_model(model, cfg, plan)
     # As train feeds a preset's task: tokenised in the pipeline, not again by the task.
     _, transform = batches.take_preprocessing(model, cfg, prepared.data.tokenized)
@@ -65,8 +79,8 @@ def check_model(prepared: Any, runtime: Any) -> tuple[Check, int | None]:
             return stepped, None
         model, logs, step = stepped
         resolve_monitors(model, cfg)  # the same check train makes before its first step
-    except ConfigError as exc:
-        return Check("model", "fail", exc.message, "fix the callbacks' monitor or mode"), None
+    except ConfigError as exc:  # a monitor, the mesh's layout, train.remat: the message names it
+        return Check("model", "fail", exc.message, "change the config as the message says"), None
     except TpurunError as exc:
         return Check("model", "fail", exc.message, "fix the model section"), None
     finally:

@@ -4,7 +4,7 @@ config that trains on a TPU or GPU).
 Run by :func:`tpurun.doctor.model.check_model_on_cpu` as ``python -m
 tpurun.doctor.scripts.model_step '{"config": {...}, "base_dir": "/path"}'``, in a child whose
 environment hides the accelerators (JAX_PLATFORMS=cpu, CUDA_VISIBLE_DEVICES empty): the config is
-set to one CPU device and the process is set up as ``train`` sets its own
+set to one CPU device (a model axis's size of them, see ``cpu_overrides``) and the process is set up as ``train`` sets its own
 (:func:`tpurun.runtime.activate.activate`), then :func:`tpurun.doctor.model.check_model` runs.
 
 Answer: ``{"check": <the Check as a dict>, "params": int | None}``.
@@ -22,9 +22,9 @@ from tpurun.doctor.child import payload, reply
 def load(asked: dict[str, Any]) -> Any:
     """The config, on one CPU device, with relative paths from the folder the parent's were."""
     from tpurun.config import load_config
-    from tpurun.doctor.model import CPU_OVERRIDES
+    from tpurun.doctor.model import cpu_overrides
 
-    cfg = load_config(asked["config"], list(CPU_OVERRIDES))
+    cfg = load_config(asked["config"], cpu_overrides(asked["config"]))
     cfg._base_dir = Path(asked["base_dir"])
     return cfg
 
