@@ -81,21 +81,42 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # ------------------------------------------------------------------------ the hand-written script
-def hand(args: argparse.Namespace) -> None:
-    """The fine-tune as a KerasHub user writes it, timed; prints one JSON line."""
+def cpu_devices(n: int) -> None:
+    """This process on JAX with ``n`` simulated CPU devices (before keras is imported)."""
     os.environ["KERAS_BACKEND"] = "jax"
     os.environ["JAX_PLATFORMS"] = "cpu"
     flags = os.environ.get("XLA_FLAGS", "")
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={args.devices}"
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}"
+    import tensorflow as tf
+
+    tf.config.set_visible_devices([], "GPU")  # tf.data's only: the model is JAX's
+
+
+def hand(args: argparse.Namespace) -> None:
+    """The fine-tune as a KerasHub user writes it, timed; prints one JSON line."""
+    cpu_devices(args.devices)
     import jax
+    import keras
+    import keras_hub
+
+    devices = jax.devices("cpu")[: args.devices]
+    keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
+    keras.utils.set_random_seed(args.seed)
+    model = keras_hub.models.GemmaCausalLM.from_preset(args.preset)
+    model.backbone.enable_lora(rank=4)
+    hand_fit(args, model, loss_reads=not args.no_loss_reads)
+
+
+def hand_fit(args: argparse.Namespace, model, loss_reads: bool = True) -> None:
+    """Compile and fit a KerasHub causal LM as its guides write it, on a ``tf.data`` pipeline of
+    the text records with the preset's preprocessor mapped over it (read, shuffled and batched as
+    well as tpurun reads them); prints one JSON line: the epochs' seconds and losses. Shared by
+    the hand-written scripts of this file and of benchmarks/model_parallel.py."""
     import keras
     import keras_hub
     import tensorflow as tf
 
-    tf.config.set_visible_devices([], "GPU")
-    devices = jax.devices("cpu")[: args.devices]
-    keras.distribution.set_distribution(keras.distribution.DataParallel(devices=devices))
-    keras.utils.set_random_seed(args.seed)
+    seed = getattr(args, "seed", 0)
 
     class Timer(keras.callbacks.Callback):
         def __init__(self):
@@ -108,8 +129,6 @@ def hand(args: argparse.Namespace) -> None:
         def on_epoch_end(self, epoch, logs=None):
             self.epoch_seconds.append(time.monotonic() - self.begin)
 
-    model = keras_hub.models.GemmaCausalLM.from_preset(args.preset)
-    model.backbone.enable_lora(rank=4)
     preprocessor = model.preprocessor
     preprocessor.sequence_length = args.sequence_length
     model.preprocessor = None  # the pipeline below runs it; fit must not map it again
@@ -129,13 +148,13 @@ def hand(args: argparse.Namespace) -> None:
         return preprocessor(tf.io.parse_example(serialized, spec)["text"])
 
     autotune = tf.data.AUTOTUNE
-    ds = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), seed=args.seed).repeat()
+    ds = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), seed=seed).repeat()
     ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=len(files), num_parallel_calls=2)
-    ds = ds.shuffle(10000, seed=args.seed).batch(args.per_core_batch * args.devices, True)
+    ds = ds.shuffle(10000, seed=seed).batch(args.per_core_batch * args.devices, True)
     ds = ds.map(parse, num_parallel_calls=autotune).prefetch(autotune)
     timer = Timer()
     callbacks = [timer]
-    if not args.no_loss_reads:
+    if loss_reads:
         # Reads the loss after every execution, as tpurun's NaN check does (and Keras' progress
         # bar). Without any such read, executions queue up asynchronously, and on simulated CPU
         # devices their collectives can deadlock (seen here: a hang, and XLA's abort of a stuck

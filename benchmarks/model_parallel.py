@@ -38,7 +38,6 @@ PROCESS_START = time.monotonic()
 
 # ruff: noqa: E402  (the clock starts before the heavy imports, and the backend is set before keras)
 import argparse
-import glob
 import json
 import os
 import shutil
@@ -61,7 +60,14 @@ LOAD_SIZES = {"num_layers": 6, "hidden_dim": 1024, "intermediate_dim": 4096,
               "num_query_heads": 8, "num_key_value_heads": 8, "head_dim": 128}  # fmt: skip
 
 sys.path.insert(0, str(HERE))
-from finetune import ensure_inputs, load_average, log, run  # the same records, runner and logs
+from finetune import (  # the same records, runner, logs and hand-written fit
+    cpu_devices,
+    ensure_inputs,
+    hand_fit,
+    load_average,
+    log,
+    run,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -99,23 +105,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _cpu_devices(n: int) -> None:
-    os.environ["KERAS_BACKEND"] = "jax"
-    os.environ["JAX_PLATFORMS"] = "cpu"
-    flags = os.environ.get("XLA_FLAGS", "")
-    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}"
-
-
 # ------------------------------------------------------------------------ the hand-written script
 def hand(args: argparse.Namespace) -> None:
     """The full fine-tune under ModelParallel as a KerasHub user writes it; prints one JSON line."""
-    _cpu_devices(args.devices)
+    cpu_devices(args.devices)
     import jax
     import keras
     import keras_hub
-    import tensorflow as tf
 
-    tf.config.set_visible_devices([], "GPU")
     keras.utils.set_random_seed(0)
     mesh = keras.distribution.DeviceMesh(args.mesh_shape, ("batch", "model"),
                                          jax.devices("cpu")[: args.devices])  # fmt: skip
@@ -123,47 +120,7 @@ def hand(args: argparse.Namespace) -> None:
     keras.distribution.set_distribution(
         keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
     )
-
-    class Timer(keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.epoch_seconds = []
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self.begin = time.monotonic()
-
-        def on_epoch_end(self, epoch, logs=None):
-            self.epoch_seconds.append(time.monotonic() - self.begin)
-
-    model = keras_hub.models.GemmaCausalLM.from_preset(args.preset)
-    preprocessor = model.preprocessor
-    preprocessor.sequence_length = args.sequence_length
-    model.preprocessor = None  # the pipeline below runs it; fit must not map it again
-    model.compile(
-        optimizer=keras.optimizers.Adam(args.learning_rate),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        weighted_metrics=[
-            keras.metrics.SparseCategoricalAccuracy(),
-            keras_hub.metrics.Perplexity(from_logits=True, name="perplexity"),
-        ],
-        steps_per_execution=args.steps_per_execution,
-    )
-    files = sorted(glob.glob(os.path.join(args.data, "chat-*.tfrecord")))
-    spec = {"text": tf.io.FixedLenFeature([], tf.string)}
-
-    def parse(serialized):
-        return preprocessor(tf.io.parse_example(serialized, spec)["text"])
-
-    autotune = tf.data.AUTOTUNE
-    ds = tf.data.Dataset.from_tensor_slices(files).shuffle(len(files), seed=0).repeat()
-    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=len(files), num_parallel_calls=2)
-    ds = ds.shuffle(10000, seed=0).batch(args.per_core_batch * args.devices, True)
-    ds = ds.map(parse, num_parallel_calls=autotune).prefetch(autotune)
-    timer = Timer()
-    history = model.fit(ds, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
-                        callbacks=[timer, keras.callbacks.TerminateOnNaN()], verbose=0)  # fmt: skip
-    print(json.dumps({"epoch_seconds": timer.epoch_seconds,
-                      "loss": [float(v) for v in history.history["loss"]]}))  # fmt: skip
+    hand_fit(args, keras_hub.models.GemmaCausalLM.from_preset(args.preset))
 
 
 # ------------------------------------------------------------------- the host's memory, loading
@@ -177,7 +134,7 @@ def _memory_status(key: str) -> int:
 
 def load_memory(args: argparse.Namespace) -> None:
     """Build the preset under a 1 x N mesh by tpurun's own path; print the memory it took."""
-    _cpu_devices(args.devices)
+    cpu_devices(args.devices)
     sys.path.insert(0, str(ROOT))
     from tpurun.config import load_config
     from tpurun.hub.model import build_task
@@ -223,7 +180,7 @@ def ensure_preset(args: argparse.Namespace, name: str, sizes: dict) -> Path:
 
 
 def build_preset(folder: str, sizes: dict) -> None:
-    _cpu_devices(1)
+    cpu_devices(1)
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
     from hub_presets import gemma
 
