@@ -28,7 +28,7 @@ Each run is a fresh process; the runs alternate (tpurun, hand-written, tpurun wi
 run's first epoch, which compiles, left out; ``on_epoch_begin`` to ``on_epoch_end``, as tpurun's
 ``epoch_seconds``) over its steps.
 
-    .venv/bin/python benchmarks/model_parallel.py            # ~8 min on 2 cores
+    .venv/bin/python benchmarks/model_parallel.py            # ~11 min on 2 cores
     .venv/bin/python benchmarks/model_parallel.py --json
 """
 
