@@ -20,7 +20,7 @@ from tpurun import frameworks
 from tpurun.config import RuntimeConfig
 from tpurun.errors import ConfigError
 from tpurun.runtime.layout import Placer, auto_axes, check_placements
-from tpurun.runtime.mesh import resolve
+from tpurun.runtime.mesh import check_backend, resolve
 
 
 @pytest.fixture(scope="module")
@@ -228,6 +228,19 @@ def test_a_model_axis_on_the_tensorflow_backend_exits_2(toy_data, tmp_path):
     assert done.returncode == 2, done.stderr
     assert "runtime.mesh: a model axis (4) needs the JAX backend" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_model_axis_needs_a_keras_that_loads_sharded_weights_whole():
+    """Keras before 3.15 dropped weights across shards loading sharded H5 files: refused, with
+    the pip command."""
+    mesh = RuntimeConfig(mesh={"model": 4}).mesh
+    with pytest.raises(ConfigError, match=r"needs Keras 3.15 or later, and Keras 3.14.2 is "
+                       r"installed.*pip install -U 'keras>=3.15'"):  # fmt: skip
+        check_backend(mesh, "jax", "3.14.2")
+    for fine in ("3.15.1", "3.16.0.dev2026112300", "4.0.0"):
+        check_backend(mesh, "jax", fine)
+    check_backend(RuntimeConfig(mesh={"model": 1}).mesh, "jax", "3.10.0")  # data parallel only
+    check_backend(mesh, "jax")  # the installed Keras (make install pins 3.15.1)
 
 
 # ------------------------------------------------------------------------------------ doctor

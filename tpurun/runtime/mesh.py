@@ -13,6 +13,7 @@ must hold whole rows of the data axis: the data axis is a multiple of the proces
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from tpurun import frameworks
@@ -21,10 +22,30 @@ from tpurun.config.mesh_config import AXES
 from tpurun.errors import ConfigError
 from tpurun.runtime.layout import Placer, Rule, check_placements
 
+#: Keras before 3.15 silently dropped weights across shards when it loaded sharded H5 files.
+KERAS_FOR_MESH = (3, 15)
 
-def check_backend(mesh: Any, backend: str) -> None:
-    """A model axis needs JAX."""
-    if mesh is not None and mesh.model > 1 and backend != "jax":
+
+def check_backend(mesh: Any, backend: str, keras_version: str | None = None) -> None:
+    """A model axis needs JAX, and a Keras that loads sharded weights whole (3.15 or later;
+    ``keras_version``: the installed one's unless given)."""
+    if mesh is None or mesh.model <= 1:
+        return
+    from tpurun.runtime.machine import installed_version
+
+    found = keras_version or installed_version("keras") or ""
+    numbers = tuple(int(n) for n in re.findall(r"\d+", found)[:2])
+    if numbers and numbers < KERAS_FOR_MESH:
+        wanted = ".".join(map(str, KERAS_FOR_MESH))
+        raise ConfigError(
+            [
+                f"runtime.mesh: a model axis ({mesh.model}) needs Keras {wanted} or later, and "
+                f"Keras {found} is installed: earlier versions silently drop weights across shards "
+                f"when they load a sharded model. Run pip install -U 'keras>={wanted}', then "
+                "restart the kernel or process."
+            ]
+        )
+    if backend != "jax":
         raise ConfigError(
             [
                 f"runtime.mesh: a model axis ({mesh.model}) needs the JAX backend, and this run "
