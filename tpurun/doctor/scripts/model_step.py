@@ -4,8 +4,9 @@ config that trains on a TPU or GPU).
 Run by :func:`tpurun.doctor.model.check_model_on_cpu` as ``python -m
 tpurun.doctor.scripts.model_step '{"config": {...}, "base_dir": "/path"}'``, in a child whose
 environment hides the accelerators (JAX_PLATFORMS=cpu, CUDA_VISIBLE_DEVICES empty): the config is
-set to one CPU device (a model axis's size of them, see ``cpu_overrides``) and the process is set up as ``train`` sets its own
-(:func:`tpurun.runtime.activate.activate`), then :func:`tpurun.doctor.model.check_model` runs.
+set to one CPU device (as many as a model axis has: ``cpu_overrides``) and the process is set up
+as ``train`` sets its own (:func:`tpurun.runtime.activate.activate`), then
+:func:`tpurun.doctor.model.check_model` runs.
 
 Answer: ``{"check": <the Check as a dict>, "params": int | None}``.
 """
