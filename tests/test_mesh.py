@@ -20,7 +20,7 @@ from tpurun import frameworks
 from tpurun.config import RuntimeConfig
 from tpurun.errors import ConfigError
 from tpurun.runtime.layout import Placer, auto_axes, check_placements
-from tpurun.runtime.mesh import check_backend, resolve
+from tpurun.runtime.mesh import check_support, resolve
 
 
 @pytest.fixture(scope="module")
@@ -230,17 +230,40 @@ def test_a_model_axis_on_the_tensorflow_backend_exits_2(toy_data, tmp_path):
     assert "Traceback" not in done.stderr
 
 
+def test_a_mesh_the_choice_could_not_size_is_resolved_when_the_devices_are_counted(
+    toy_data, tmp_path
+):
+    """On a TPU the choice cannot count the cores (they are known once the TPU starts), so its
+    mesh is None: activation resolves runtime.mesh then, rather than falling back to data
+    parallel (every weight whole on every chip)."""
+    import dataclasses
+
+    from tpurun.config import load_config
+    from tpurun.runtime.activate import activate
+    from tpurun.runtime.prepare import choose_for
+
+    config = load_config(toy_config(toy_data, tmp_path / "runs",
+                                    runtime={"cpu_devices": 8, "mesh": {"model": 4}}))  # fmt: skip
+    choice = dataclasses.replace(choose_for(config), mesh=None)  # as on a TPU
+    runtime = activate(choice, config.seed)
+    try:
+        assert runtime.mesh == (2, 4) and runtime.sharded
+        assert runtime.distribution is None  # mesh.install sets it, once the layout is known
+    finally:
+        runtime.release()
+
+
 def test_a_model_axis_needs_a_keras_that_loads_sharded_weights_whole():
     """Keras before 3.15 dropped weights across shards loading sharded H5 files: refused, with
     the pip command."""
     mesh = RuntimeConfig(mesh={"model": 4}).mesh
     with pytest.raises(ConfigError, match=r"needs Keras 3.15 or later, and Keras 3.14.2 is "
                        r"installed.*pip install -U 'keras>=3.15'"):  # fmt: skip
-        check_backend(mesh, "jax", "3.14.2")
+        check_support(mesh, "jax", "3.14.2")
     for fine in ("3.15.1", "3.16.0.dev2026112300", "4.0.0"):
-        check_backend(mesh, "jax", fine)
-    check_backend(RuntimeConfig(mesh={"model": 1}).mesh, "jax", "3.10.0")  # data parallel only
-    check_backend(mesh, "jax")  # the installed Keras (make install pins 3.15.1)
+        check_support(mesh, "jax", fine)
+    check_support(RuntimeConfig(mesh={"model": 1}).mesh, "jax", "3.10.0")  # data parallel only
+    check_support(mesh, "jax")  # the installed Keras (make install pins 3.15.1)
 
 
 # ------------------------------------------------------------------------------------ doctor

@@ -209,11 +209,12 @@ def activate(choice: Choice, seed: int) -> ActiveRuntime:
 
         _check_keras_backend(keras, choice)
         distribution, mesh = None, None
-        if choice.mesh is not None:
+        if choice.mesh_config is not None:
             from tpurun.runtime import mesh as meshes
 
             # The mesh's distribution needs the model's layout: set by mesh.install before the
-            # model is built. Resolved here, where a TPU's device count is first known.
+            # model is built. Resolved here, where a TPU's device count is first known (the
+            # choice's own mesh is None there).
             mesh = meshes.resolve(choice.mesh_config, len(devices), choice.cluster.num_processes)
         elif len(devices) > 1 or choice.accelerator != "cpu":
             # Each process feeds its own share of every global batch (tpurun.multihost.cluster): Keras must

@@ -61,7 +61,7 @@ class Choice:
             if self.cluster.multi
             else ""
         )
-        mesh = f" {self.mesh_text}" if self.mesh_config is not None else ""
+        mesh = f" {self.mesh_text}" if self.mesh_text else ""
         return (
             f"{self.accelerator.upper()} via {self.backend} ({self.distribution}{mesh}, {replicas}"
             f"{hosts}, {self.precision}): {self.reason}"
@@ -175,7 +175,7 @@ def choose(cfg: RuntimeConfig, steps_per_execution: int | str, machine: Machine)
     if cfg.mesh is not None:
         from tpurun.runtime import mesh as meshes
 
-        meshes.check_backend(cfg.mesh, backend)
+        meshes.check_support(cfg.mesh, backend)
         if replicas is not None:  # a TPU's devices are counted when it starts (activate)
             mesh = meshes.resolve(cfg.mesh, replicas, hosts.num_processes)
     tpu_address = None

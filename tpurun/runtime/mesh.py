@@ -26,7 +26,7 @@ from tpurun.runtime.layout import Placer, Rule, check_placements
 KERAS_FOR_MESH = (3, 15)
 
 
-def check_backend(mesh: Any, backend: str, keras_version: str | None = None) -> None:
+def check_support(mesh: Any, backend: str, keras_version: str | None = None) -> None:
     """A model axis needs JAX, and a Keras that loads sharded weights whole (3.15 or later;
     ``keras_version``: the installed one's unless given)."""
     if mesh is None or mesh.model <= 1:
