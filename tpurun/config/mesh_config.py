@@ -38,7 +38,8 @@ class MeshConfig(Section):
 class LayoutRule(Section):
     pattern: str = Field(
         description="A regular expression matched in full against a variable's path "
-        "(`decoder_block_0/ffw_gating/kernel`; `tpurun config --layout` lists them).",
+        "(`decoder_block_0/ffw_gating/kernel`; a pattern that matches nothing is refused, "
+        "naming the closest paths).",
     )
     axes: list[Literal["data", "model"] | None] = Field(
         description="One entry per dimension of the variables it matches: the mesh axis that "

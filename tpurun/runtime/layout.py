@@ -206,11 +206,11 @@ def check_placements(placer: Placer, paths: Sequence[str], exempt: Sequence[str]
 def _unmatched(pattern: str, paths: list[str]) -> str:
     import difflib
 
-    close = difflib.get_close_matches(pattern, paths, n=3, cutoff=0.3) or paths[:3]
+    close = difflib.get_close_matches(pattern, paths, n=5, cutoff=0.3) or paths[:5]
     return (
         f"runtime.layout: the pattern {pattern!r} matches no variable of this model (a pattern "
-        f"must match a whole path). Paths look like: {', '.join(close)}. `tpurun config CONFIG "
-        "--layout` lists every variable with its shape and placement."
+        f"must match a whole path). The closest of its {len(paths)} paths: {', '.join(close)}. "
+        "Correct the pattern, or remove the rule."
     )
 
 
