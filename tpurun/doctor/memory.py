@@ -47,8 +47,8 @@ def check_memory(cfg: Any, prepared: Any, devices: dict[str, Any]) -> Check:
     fix = (
         "what would fit: " + "; ".join(found)
         if found
-        else "none of a larger model axis, "
-        "LoRA, bfloat16 or a smaller batch fits alone: combine them, or use a larger device"
+        else "no single change fits (a larger model axis, train.remat, LoRA, bfloat16, a smaller "
+        "batch): combine them, or use a device with more memory"
     )
     return Check(NAME, "fail", finding, fix, data)
 

@@ -17,6 +17,7 @@ from typing import Any
 from tpurun.config import Config
 from tpurun.errors import EnvironmentSetupError
 from tpurun.runtime import devices as device_table
+from tpurun.runtime.layout import auto_axes
 from tpurun.runtime.memory import (
     Activations,
     Entry,
@@ -199,16 +200,10 @@ def _splits(est: Estimate) -> bool:
 
 
 def _auto(entry: Entry, model: int) -> Entry:
-    """A replicated run's variable as ``runtime.layout: auto`` would split it over ``model``:
-    along its largest dimension the axis divides, for 2 or more dimensions."""
-    if len(entry.shape) < 2 or entry.lora:
-        return entry
-    divisible = [i for i, n in enumerate(entry.shape) if n % model == 0]
-    if not divisible:
-        return entry
-    dim = max(divisible, key=lambda i: (entry.shape[i], i))
-    spec = tuple("model" if i == dim else None for i in range(len(entry.shape)))
-    return replace(entry, spec=spec)
+    """A replicated run's variable as ``runtime.layout: auto`` would split it over ``model``
+    (:func:`tpurun.runtime.layout.auto_axes`); LoRA's adapters stay whole."""
+    axes = auto_axes(entry.shape, model)
+    return entry if entry.lora or not any(axes) else replace(entry, spec=axes)
 
 
 def _divides(entry: Entry, mesh: dict[str, int]) -> bool:
