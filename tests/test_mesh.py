@@ -8,6 +8,7 @@ attention, the case users hit on Gemma and Llama)."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,25 @@ def mesh_config(root: Path, preset: Path, data: Path, mesh: dict, **runtime) -> 
 def shardings(model) -> dict[str, tuple]:
     """Each variable's partition spec as JAX holds it."""
     return {v.path: tuple(v.value.sharding.spec) for v in model.variables}
+
+
+@contextlib.contextmanager
+def spied_model():
+    """``{"model", "placer"}`` of the run trained inside: the model as it trained, on the mesh."""
+    from tpurun.training import fit
+
+    captured, original = {}, fit.train
+
+    def spy(job):
+        result = original(job)
+        captured["model"], captured["placer"] = result.model, job.runtime.placer
+        return result
+
+    fit.train = spy
+    try:
+        yield captured
+    finally:
+        fit.train = original
 
 
 def _pad(spec: tuple, n: int) -> tuple:
@@ -106,22 +126,9 @@ def test_a_preset_under_2x4_is_sharded_as_its_layout_says_and_trains(
 def test_under_the_mesh_the_variables_have_the_layouts_shardings(tiny_presets, chat, tmp_path):
     """Read back from JAX: Gemma's own map splits the embedding's vocabulary and the attention
     heads over `model`; norms stay whole; the layout summary counts them."""
-    from tpurun.training import fit
-
-    captured = {}
-    original = fit.train
-
-    def spy(job):
-        result = original(job)
-        captured["model"], captured["placer"] = result.model, job.runtime.placer
-        return result
-
-    fit.train = spy
-    try:
+    with spied_model() as captured:
         config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, {"data": 2, "model": 4})
         tpurun.train(config, verbose=False)
-    finally:
-        fit.train = original
     specs = shardings(captured["model"])
     assert _pad(specs["token_embedding/embeddings"], 2) == ("model", "data")
     assert _pad(specs["decoder_block_0/attention/query/kernel"], 3) == ("model", "data", None)
@@ -208,8 +215,13 @@ def test_auto_layout_shards_a_factory_model(toy_data, tmp_path):
                         model={"factory": f"{FACTORIES}:mlp", "kwargs": {"units": 64}},
                         runtime={"cpu_devices": 8, "mesh": {"model": 4}, "layout": "auto"},
                         train={"epochs": 1})  # fmt: skip
-    summary = tpurun.train(config, verbose=False)
+    with spied_model() as captured:
+        summary = tpurun.train(config, verbose=False)
     assert summary["status"] == "completed"
+    # mlp(64): Dense 8 -> 64 and 64 -> 1, read back from JAX in the model's order: each kernel
+    # split over model along its 64 (the largest dimension 4 divides), the biases whole.
+    specs = [_pad(tuple(v.value.sharding.spec), len(v.shape)) for v in captured["model"].weights]
+    assert specs == [(None, "model"), (None,), ("model", None), (None,)]
 
 
 def test_layout_preset_on_a_factory_model_is_refused(toy_data, tmp_path):

@@ -203,13 +203,23 @@ def test_remat_on_tensorflow_leaves_the_loss_as_it_was(tmp_path, toy_data):
                           "learning_rate": {"base": 0.01}})
         for name, on in (("plain", False), ("remat", True))
     ]  # fmt: skip
+    # Counts the blocks Keras' TensorFlow remat hands to tf.recompute_grad: 0 without remat.
     code = (
-        "import json, sys, tpurun\n"
+        "import json, sys\n"
+        "import tensorflow as tf\n"
+        "calls, real = [], tf.recompute_grad\n"
+        "tf.recompute_grad = lambda f: calls.append(f) or real(f)\n"
+        "import tpurun\n"
         "for config in json.loads(sys.argv[1]):\n"
+        "    before = len(calls)\n"
         "    assert tpurun.train(config, verbose=False)['status'] == 'completed'\n"
+        "    print(config['name'], len(calls) - before)\n"
     )
     done = subprocess.run([sys.executable, "-c", code, json.dumps(configs)], env=cli_env(),
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr
+    counts = dict(line.split() for line in done.stdout.splitlines() if line.startswith(("plain ",
+                                                                                        "remat ")))  # fmt: skip
+    assert counts["plain"] == "0" and int(counts["remat"]) > 0, done.stdout
     assert "watched tensor" not in done.stderr
     assert_same_losses(read_log(tmp_path / "runs" / "plain"), read_log(tmp_path / "runs" / "remat"))

@@ -249,6 +249,8 @@ def test_a_run_saved_under_2x4_resumes_under_4x2_and_from_its_best_folder(
     best = run_dir / "checkpoints" / "best.orbax"
     summary = tpurun.train(other, resume=str(best), verbose=False)
     assert summary["status"] == "completed"
+    resumed = summary["resumes"][-1]  # from the best folder, not a fresh start
+    assert resumed["from"].endswith("best.orbax") and resumed["epoch"] >= 1, resumed
 
 
 @pytest.mark.gcs
