@@ -17,7 +17,7 @@ from test_memory import MESH, config_file, loaded, plan_for, set_mesh
 
 import tpurun
 from tpurun import frameworks
-from tpurun.errors import ConfigError, EnvironmentSetupError
+from tpurun.errors import ConfigError
 from tpurun.runtime.memory_check import Limit, estimate_for_model, refusal
 from tpurun.training.model import build_model, compile_model
 
@@ -168,23 +168,6 @@ def test_the_refusal_offers_remat_only_where_the_estimate_sees_it(tmp_path, tiny
     est = estimate_for_model(model, blocks, block_plan, None)
     # Every layer's output: remat would not change it, so it is not what would fit.
     assert "train.remat" not in refusal(est, Limit(est.total // 2, "x"), blocks, block_plan)
-
-
-def test_a_run_refused_for_its_activations_trains_with_remat(tmp_path, tiny_presets):
-    """Through tpurun.train on a 2x4 mesh: a full fine-tune about 493 KiB a device against a
-    pretend 400 KB device is refused, naming train.remat among what would fit; the run with
-    train.remat: true passes the check and trains its 6 steps."""
-    from test_hub_train import chat_data
-    from test_mesh import mesh_config
-
-    config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat_data(tmp_path, n=64),
-                         {"data": 2, "model": 4}, device_memory="400KB")  # fmt: skip
-    with pytest.raises(EnvironmentSetupError) as info:
-        tpurun.train(config, verbose=False)
-    assert "What would fit: train.remat: true (about 377.0 KiB per device)" in str(info.value)
-    config["train"]["remat"] = True
-    summary = tpurun.train(config, verbose=False)
-    assert summary["status"] == "completed" and summary["steps_per_epoch"] == 6
 
 
 @pytest.mark.slow
