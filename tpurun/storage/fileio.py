@@ -277,6 +277,15 @@ def copy(src: str, dst: str) -> None:
         shutil.copyfile(src, dst)
 
 
+def open_binary(path: str, mode: str = "rb"):
+    """A binary file object for streaming reads (``rb``) or writes (``wb``), local or remote."""
+    if is_remote(path):
+        gfile = _gfile()
+        with _remote(path, "reading it" if "r" in mode else "writing it"):
+            return gfile.GFile(path, mode)
+    return open(path, mode)  # noqa: SIM115 (the caller closes it)
+
+
 def read_bytes(path: str) -> bytes:
     if is_remote(path):
         gfile = _gfile()
