@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from conftest import ROOT, run_cli
-from helpers import TF_START_UP
+from helpers import TF_START_UP, cli_env
 
 from tpurun import frameworks
 
@@ -74,3 +77,77 @@ def test_doctor_says_which_backend_it_found_and_which_it_uses():
     assert "(a notebook kernel's) cannot be loaded in this environment" in kernel.finding
     assert check_matplotlib_backend({"MPLBACKEND": "agg"}).data["used"] == "agg"
     assert check_matplotlib_backend({}).finding.startswith("MPLBACKEND not set")
+
+
+# ---------------------------------------------------------- TensorFlow kept out of the JAX path
+def test_keras_serialization_sees_tensorflow_only_once_imported(monkeypatch):
+    """The view frameworks.keras() gives Keras' serialization answers "is it available" from
+    sys.modules, without asking the lazy module (whose answer imports TensorFlow)."""
+    from keras.src.saving import serialization_lib
+
+    class Lazy:
+        asked = 0
+
+        @property
+        def available(self):
+            Lazy.asked += 1
+            return True
+
+        TensorShape = "the lazy module's"
+
+    frameworks.keras()
+    assert type(serialization_lib.tf) is frameworks._ImportedOnly
+    view = frameworks._ImportedOnly(Lazy())
+    monkeypatch.delitem(sys.modules, "tensorflow", raising=False)
+    assert view.available is False and Lazy.asked == 0
+    monkeypatch.setitem(sys.modules, "tensorflow", sys)  # any module: "imported"
+    assert view.available is True and Lazy.asked == 1
+    assert view.TensorShape == "the lazy module's"  # everything else: the lazy module's
+
+
+# Sets a process up for JAX as tpurun does, then saves and loads a .keras model and reports.
+_SAVE_ON_JAX = """
+import sys, numpy as np
+from tpurun import frameworks
+from tpurun.config import RuntimeConfig
+from tpurun.runtime.activate import activate
+from tpurun.runtime.choice import choose
+from tpurun.runtime.machine import probe
+
+activate(choose(RuntimeConfig(cpu_devices=1), 1, probe()), seed=7)
+drawn = np.random.rand()
+keras = frameworks.keras()
+model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+model.compile(optimizer="adam", loss="mse")
+model.save(sys.argv[1])
+again = keras.saving.load_model(sys.argv[1])
+same = all(np.array_equal(a, b) for a, b in zip(model.get_weights(), again.get_weights()))
+print(drawn == np.random.RandomState(7).rand(), same, "tensorflow" in sys.modules)
+if len(sys.argv) > 2:  # then TF comes, even past the door (a factory's own import)
+    import tensorflow as tf
+
+    hidden = []
+    tf.config.set_visible_devices = lambda devices, kind: hidden.append((devices, kind))
+    assert frameworks.imported_tensorflow() is tf  # the next door call catches up
+    print(tf.compat.v1.get_seed(None)[0], hidden == [([], "GPU")])
+"""
+
+
+def run_python(code: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          env=cli_env(), timeout=300, cwd=ROOT)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_keras_save_on_jax_leaves_tensorflow_out(tmp_path):
+    """With TensorFlow installed, Keras imports it at its first serialization (4-5 s): a .keras
+    save on JAX must not, and the run's seeds are set without it."""
+    result = run_python(_SAVE_ON_JAX, str(tmp_path / "model.keras"))
+    assert result.stdout.split() == ["True", "True", "False"], result.stderr
+
+
+@pytest.mark.slow
+def test_tensorflow_coming_later_is_seeded_and_kept_off_the_gpus(tmp_path):
+    pytest.importorskip("tensorflow")
+    result = run_python(_SAVE_ON_JAX, str(tmp_path / "model.keras"), "then-tensorflow")
+    assert result.stdout.split() == ["True", "True", "False", "7", "True"], result.stderr

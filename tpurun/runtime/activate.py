@@ -12,6 +12,7 @@ import contextlib
 import os
 import sys
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 from unittest import mock
 
@@ -200,11 +201,9 @@ def activate(choice: Choice, seed: int) -> ActiveRuntime:
         _join_cluster(choice)
     if choice.backend == "jax":
         devices = _jax_devices(choice)  # before TF, so JAX is first to claim the accelerator
-        tf = frameworks.tensorflow()
-
-        # tf.data only feeds the input; keep TF off the GPUs so JAX has their memory.
-        with contextlib.suppress(RuntimeError):
-            tf.config.set_visible_devices([], "GPU")
+        # TensorFlow comes only if something needs it (tf.data, a SavedModel export); then it
+        # keeps off the GPUs, so JAX has their memory.
+        frameworks.when_tensorflow_imported("off the GPUs", _tensorflow_off_the_gpus)
         keras = frameworks.keras()
 
         _check_keras_backend(keras, choice)
@@ -240,21 +239,42 @@ def activate(choice: Choice, seed: int) -> ActiveRuntime:
     return runtime
 
 
+def _tensorflow_off_the_gpus(tf: Any) -> None:
+    with contextlib.suppress(RuntimeError):  # TF's devices already started: nothing to change
+        tf.config.set_visible_devices([], "GPU")
+
+
+#: What Keras' ``set_random_seed`` is shown instead of its lazy TensorFlow module (see below).
+_NO_TENSORFLOW = SimpleNamespace(available=False)
+
+
 def seed_everything(keras: Any, seed: int) -> None:
-    """Keras' ``set_random_seed`` (Python, NumPy, Keras, TensorFlow), TensorFlow's only when its
-    global seed changes.
+    """Keras' ``set_random_seed`` (Python, NumPy, Keras), and TensorFlow's seed once TensorFlow is
+    in the process (:func:`tpurun.frameworks.when_tensorflow_imported`).
+
+    Keras' own call would seed TensorFlow wherever it is installed, importing it (4-5 s) on the
+    JAX backend where nothing may need it; it is shown no TensorFlow, and tpurun seeds it itself
+    when it comes: before any ``tf.data`` op, which all ask :func:`tpurun.frameworks.tensorflow`
+    first.
+    """
+    rng = sys.modules[keras.utils.set_random_seed.__module__]
+    hide = mock.patch.object(rng, "tf", _NO_TENSORFLOW) if hasattr(rng, "tf") else None
+    with hide or contextlib.nullcontext():
+        keras.utils.set_random_seed(seed)
+    frameworks.when_tensorflow_imported("seed", lambda tf: _seed_tensorflow(tf, seed))
+
+
+def _seed_tensorflow(tf: Any, seed: int) -> None:
+    """TensorFlow's global seed, set only when it changes.
 
     ``tf.random.set_seed`` clears TensorFlow's kernel caches, and with them the resources other
     objects hold: in a notebook, a KerasHub SentencePiece tokenizer loaded earlier
     (``tpurun.load``) fails at its next call ("Resource ... SentencepieceOp does not exist") once
     another command has set the seed again. Set to the same value, there is nothing to change.
     """
-    tf = frameworks.tensorflow()
     # TF compares (global seed, op seed) with (0, 0), which fails on tf.data's per-pass seeds
     # (tensors): its global seed stays non-zero. Still a function of the config's seed.
     tf_seed = _SEED_ZERO if seed == 0 else seed
-    with mock.patch.object(tf.random, "set_seed", lambda _: None):  # set below, if it changes
-        keras.utils.set_random_seed(seed)
     if tf.compat.v1.get_seed(None)[0] != tf_seed:
         tf.random.set_seed(tf_seed)
 
