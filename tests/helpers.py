@@ -160,6 +160,11 @@ def read_latest(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "checkpoints" / "latest.json").read_text())
 
 
+def read_previous(run_dir: Path) -> dict:
+    """The resume point kept before the latest (checkpoints/previous.json)."""
+    return json.loads((Path(run_dir) / "checkpoints" / "previous.json").read_text())
+
+
 def wait_until(done: Callable[[], bool], proc: subprocess.Popen, what: str,
                timeout: float = 300) -> None:  # fmt: skip
     """Poll ``done`` until it holds (a file it reads may be missing or being replaced: not yet).

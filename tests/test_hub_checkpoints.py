@@ -14,7 +14,15 @@ import h5py
 import keras
 import numpy as np
 import pytest
-from helpers import read_latest, read_log, read_summary, run_cli, signal_at, write_config
+from helpers import (
+    read_latest,
+    read_log,
+    read_previous,
+    read_summary,
+    run_cli,
+    signal_at,
+    write_config,
+)
 from hub_presets import sentences
 from test_hub_train import chat_data, write_jsonl
 from typer.testing import CliRunner
@@ -150,8 +158,11 @@ def test_an_adapter_checkpoint_is_a_fraction_of_a_full_one(lora_run, tiny_preset
     assert len(held["optimizer"]) == len(task.optimizer.variables)
     assert not (run_dir / "model.keras").exists()
     # Best and pattern-named (e{epoch}.keras, keep 1) files are adapter files too, with states.
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
-        "best.adapter.h5", "best.json", "e2.adapter.h5", "e2.json", checkpoint.name, "latest.json"]  # fmt: skip
+    previous = read_previous(run_dir)["weights"]  # the resume point before the latest, kept
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == sorted([
+        "best.adapter.h5", "best.json", "e2.adapter.h5", "e2.json", checkpoint.name, "latest.json",
+        previous, "previous.json"])  # fmt: skip
+    assert previous.endswith(".adapter.h5") and previous != checkpoint.name
     for name in ("best", "e2"):
         state = json.loads((run_dir / "checkpoints" / f"{name}.json").read_text())
         assert state["weights"] == f"{name}.adapter.h5"
@@ -220,8 +231,9 @@ def test_sigkill_mid_epoch_then_resume_gives_the_unbroken_adapter_and_optimizer(
     accumulators = [value for value, name in zip(values, optimizer_paths(saved), strict=True)
                     if name.endswith("_gradient_accumulator")]  # fmt: skip
     assert accumulators and all(np.any(a != 0) for a in accumulators)
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
-        "best.adapter.h5", "best.json", saved.name, "latest.json"]  # fmt: skip
+    previous = read_previous(run_dir)["weights"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == sorted([
+        "best.adapter.h5", "best.json", saved.name, "latest.json", previous, "previous.json"])  # fmt: skip
 
     done = run_cli("train", str(path))
     assert done.returncode == 0, done.stderr
@@ -387,7 +399,9 @@ def test_a_preset_run_without_lora_checkpoints_whole_models_as_before(tiny_prese
     assert tpurun.train(config, verbose=False)["status"] == "completed"
     run_dir = tmp_path / "runs" / "full"
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    assert names == ["best.json", "best.keras", "latest-e0001-s0000000.weights.h5", "latest.json"]
+    previous = read_previous(run_dir)["weights"]  # the start, or a mid-epoch save
+    assert names == sorted(["best.json", "best.keras", "latest-e0001-s0000000.weights.h5",
+                            "latest.json", previous, "previous.json"])  # fmt: skip
     assert (run_dir / "model.keras").is_file() and not (run_dir / "model.lora.h5").exists()
     assert "preset" not in read_latest(run_dir)
     config["train"]["epochs"] = 2

@@ -295,4 +295,6 @@ def test_without_best_checkpoints_a_run_still_resumes(toy_data, tmp_path):
     summary = tpurun.train(config, verbose=False)
     assert summary["resumes"][0]["epoch"] == 1 and summary["epochs_completed"] == 2
     names = {p.name for p in (tmp_path / "runs" / "bare" / "checkpoints").iterdir()}
-    assert names == {"latest.json", "latest-e0002-s0000000.weights.h5"}  # no best.keras
+    # No best.keras; the previous resume point is kept beside the latest.
+    assert names == {"latest.json", "latest-e0002-s0000000.weights.h5", "previous.json",
+                     "latest-e0001-s0000000.weights.h5"}  # fmt: skip

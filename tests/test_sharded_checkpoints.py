@@ -14,7 +14,15 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from helpers import read_latest, read_log, read_summary, run_cli, signal_at, write_config
+from helpers import (
+    read_latest,
+    read_log,
+    read_previous,
+    read_summary,
+    run_cli,
+    signal_at,
+    write_config,
+)
 from test_hub_train import chat_data
 
 import tpurun
@@ -187,7 +195,9 @@ def test_a_sigterm_under_2x4_commits_a_sharded_checkpoint_and_the_resume_is_exac
         "latest-e0001-s0000003.orbax",
     )
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    assert names == ["best.json", "best.orbax", "latest-e0001-s0000003.orbax", "latest.json"]
+    previous = read_previous(run_dir)["weights"]
+    assert names == sorted(["best.json", "best.orbax", "latest-e0001-s0000003.orbax",
+                            "latest.json", previous, "previous.json"])  # fmt: skip
     assert read_latest(run_dir)["identity"]["model.preset"] == str(tiny_presets.gemma_mesh)
 
     resumed = tpurun.train(config, verbose=False)
@@ -227,7 +237,9 @@ def test_sigkill_mid_epoch_under_2x4_then_resume_gives_the_unbroken_run(
         checkpoint_values(latest_folder(run_dir)), checkpoint_values(latest_folder(reference))
     )
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    assert names == ["best.json", "best.orbax", "latest-e0002-s0000000.orbax", "latest.json"]
+    previous = read_previous(run_dir)["weights"]
+    assert names == sorted(["best.json", "best.orbax", "latest-e0002-s0000000.orbax",
+                            "latest.json", previous, "previous.json"])  # fmt: skip
 
 
 def test_a_run_saved_under_2x4_resumes_under_4x2_and_from_its_best_folder(
@@ -284,8 +296,9 @@ def test_a_lora_run_under_2x4_keeps_its_adapter_files_and_resumes(tiny_presets, 
     assert tpurun.train(config, verbose=False)["status"] == "completed"
     run_dir = tmp_path / "runs" / "lora"
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
-    assert names == ["best.adapter.h5", "best.json", "latest-e0001-s0000000.adapter.h5",
-                     "latest.json"]  # fmt: skip
+    previous = read_previous(run_dir)["weights"]
+    assert names == sorted(["best.adapter.h5", "best.json", "latest-e0001-s0000000.adapter.h5",
+                            "latest.json", previous, "previous.json"])  # fmt: skip
     config["train"]["epochs"] = 2
     summary = tpurun.train(config, verbose=False)
     assert summary["status"] == "completed" and summary["resumes"][-1]["epoch"] == 1

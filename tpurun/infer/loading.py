@@ -126,7 +126,10 @@ def find_checkpoint(trained: TrainedRun, which: str = "best") -> Checkpoint:
         if point is not None:
             epoch, step = point.position
             at = f"epoch {epoch}, step {step}" if step else f"end of epoch {epoch}"
-            return Checkpoint(point.weights, f"latest ({at})")
+            damaged = (
+                f"; the newer one is damaged: {'; '.join(point.damaged)}" if point.damaged else ""
+            )
+            return Checkpoint(point.weights, f"latest ({at}{damaged})")
     else:
         for path in (which, run.checkpoint(which), run.file(which)):
             path = path.rstrip("/") or path
@@ -145,7 +148,10 @@ def available(run: RunDir) -> list[str]:
     """The checkpoints a run has, as ``--checkpoint`` takes them."""
     from tpurun.training.checkpoints import resume
 
-    found = ["latest"] if resume.latest(run) is not None else []
+    try:
+        found = ["latest"] if resume.latest(run) is not None else []
+    except resume.DamagedCheckpoint:
+        found = []
     final = run.model_file()
     if final or any(_committed(run, name) for name in _BESTS):
         found.insert(0, "best")

@@ -33,6 +33,9 @@ ERROR_LOG = "error.log"
 LOCK = "run.lock"
 CHECKPOINTS = "checkpoints"
 LATEST_STATE = "latest.json"  # in CHECKPOINTS: the resume point's commit record
+# In CHECKPOINTS: the resume point before the latest, kept (with its weights) so that a damaged
+# latest one costs one checkpoint's work, not the run.
+PREVIOUS_STATE = "previous.json"
 BEST_MODEL = "best.keras"  # in CHECKPOINTS
 BEST_ADAPTER = "best.adapter.h5"  # in CHECKPOINTS, instead of BEST_MODEL in a LoRA run
 LATEST_WEIGHTS_PREFIX = "latest-"  # in CHECKPOINTS: latest-e<E>-s<S>.weights.h5 (.adapter.h5)

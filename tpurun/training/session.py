@@ -178,13 +178,13 @@ def _run(
     effective = prepared.effective()
     identity = resume_lib.identity(effective, prepared.plan)
     point = _given_point(resume, identity, run, restart)
+    if point is None and not restart:
+        point = _own_point(run)
+        if point is not None:
+            resume_lib.check_unchanged(point, identity)
     if output is None:
         _warn_if_unfinished_elsewhere(config, run, reporter)
     _create(run, runtime, restart, reporter)
-    if point is None:
-        point = resume_lib.latest(run)
-        if point is not None:
-            resume_lib.check_unchanged(point, identity)
     previous = run.read_summary() or {}
     summary = _new_summary(prepared, run, point, previous)
     done, epochs = summary.epochs_completed, config.train.epochs
@@ -202,6 +202,17 @@ def _run(
     ending = _Ending(run, effective, summary, reporter, started)
     result = _train(job, ending)
     return _conclude(job, result, ending)
+
+
+def _own_point(run: RunDir):
+    """The run's own resume point, found before anything is written: a run whose resume points
+    are all damaged exits untouched (unless another session holds it: that is what to say)."""
+    try:
+        return resume_lib.latest(run)
+    except resume_lib.DamagedCheckpoint:
+        if run.is_locked():
+            run.lock()  # raises: it names the session that holds the run
+        raise
 
 
 def _given_point(resume: str | None, identity: dict, run: RunDir, restart: bool):
@@ -266,6 +277,8 @@ def _note_session(
         )
     if point is None:
         return
+    if point.fallback_note():
+        reporter.message(point.fallback_note(), "warn")
     previous_config = run.read_config()
     changes = resume_lib.changed_settings(previous_config, effective)
     if changes:

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from tpurun.errors import TpurunError
+from tpurun.storage import fileio
 from tpurun.storage.rundir import (
     ADAPTER_SUFFIX,
     BEST_ADAPTER,
@@ -43,13 +44,14 @@ from tpurun.storage.rundir import (
     BEST_SHARDED,
     LATEST_STATE,
     LATEST_WEIGHTS_PREFIX,
+    PREVIOUS_STATE,
     SHARDED_SUFFIX,
     WEIGHTS_SUFFIX,
     RunDir,
     latest_weights_name,
     state_file,
 )
-from tpurun.training.checkpoints import adapter
+from tpurun.training.checkpoints import adapter, integrity
 from tpurun.training.checkpoints.sharded import Saver
 
 #: Saves that may finish in the background; any other reason (a stop, the start) waits for its save.
@@ -121,10 +123,16 @@ class Checkpointer:
         # pattern-named models, with what commits each once it is complete.
         self._savers = {"latest": Saver(), "models": Saver()} if sharded else {}
         self._pending: dict[str, Callable[[], None]] = {}
+        # The last resume point committed (as written to latest.json): it becomes previous.json
+        # when the next one is committed.
+        self._committed: dict | None = None
 
     # ------------------------------------------------------------------ resume
     def restore(self, state: Mapping[str, Any], folder: str) -> None:
-        """Take up a saved state: best value, callback counters, metric sums, position."""
+        """Take up a saved state: best value, callback counters, metric sums, position. A state
+        of this run's own checkpoints folder is kept as the previous resume point of the next."""
+        own = fileio.join(folder, "") == fileio.join(self.run.checkpoints, "")
+        self._committed = dict(state) if own and "weights" in state else None
         self.best, self.best_epoch = state.get("best"), state.get("best_epoch")
         for name, saved in (state.get("callbacks") or {}).items():
             callback = self.stateful.get(name)
@@ -281,14 +289,19 @@ class Checkpointer:
         state = {**(state or self.state(model, epochs_done, step, reason)), "weights": name}
 
         def commit() -> None:
-            self.run.write_checkpoint_state(LATEST_STATE, state)  # the commit point
+            committed = {**state, "check": self._fingerprint(name)}
+            if self._committed is not None:  # kept, in case the new one is found damaged
+                self.run.write_checkpoint_state(PREVIOUS_STATE, self._committed)
+            self.run.write_checkpoint_state(LATEST_STATE, committed)  # the commit point
+            keep = {name} | ({self._committed["weights"]} if self._committed else set())
+            self._committed = committed
             # Only the writer prunes: another process listing the folder while process 0
             # deletes from it would stat a file that is gone. A killed sharded save's leftover
             # folder (``<name>.orbax-checkpoint-tmp-<n>``) matches the pattern too.
             for old in (
                 self.run.checkpoint_files(f"{LATEST_WEIGHTS_PREFIX}e*") if self.run.writer else ()
             ):
-                if old != name:
+                if old not in keep:
                     self.run.remove_checkpoint(old)
             if then is not None:
                 then()
@@ -308,11 +321,18 @@ class Checkpointer:
             self.run.remove_checkpoint(state_file(name))
 
         def commit() -> None:
-            self.run.write_checkpoint_state(state_file(name), {**state, "weights": name})
+            check = self._fingerprint(name)
+            self.run.write_checkpoint_state(
+                state_file(name), {**state, "weights": name, "check": check}
+            )
             if prune:
                 self._prune(model)
 
         self._write(model, name, commit, "models")
+
+    def _fingerprint(self, name: str) -> dict[str, Any]:
+        """The committed checkpoint ``name``'s fingerprint (:mod:`.integrity`), on the writer."""
+        return integrity.fingerprint(self.run.checkpoint(name)) if self.run.writer else {}
 
     def _named(self, model: Any, name: str) -> str:
         """A configured file name as this run writes it (a LoRA run: an adapter file; with a

@@ -8,7 +8,8 @@ the config now; it imports no framework.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from typing import Any
 
 from tpurun.errors import TpurunError
@@ -16,11 +17,13 @@ from tpurun.storage import fileio
 from tpurun.storage.rundir import (
     CHECKPOINTS,
     LATEST_STATE,
+    PREVIOUS_STATE,
     SHARDED_SUFFIX,
     RunDir,
     source_run,
     state_file,
 )
+from tpurun.training.checkpoints import integrity
 
 # What a checkpoint is bound to: change one and the saved weights, optimizer state or data position
 # no longer mean the same thing. Anything else (epochs, callbacks, learning rate, time limit, data
@@ -36,6 +39,8 @@ class ResumePoint:
     state: dict  # epoch (done), step (into the next), best, callbacks, metrics, identity...
     weights: str  # the weights file's path
     source: str  # what to call it in messages
+    # Newer resume points that were passed over as damaged, as "<file>: <what is wrong>".
+    damaged: list[str] = field(default_factory=list)
 
     @property
     def folder(self) -> str:
@@ -50,26 +55,86 @@ class ResumePoint:
     def position(self) -> tuple[int, int]:
         return int(self.state.get("epoch", 0)), int(self.state.get("step", 0))
 
-    def describe(self) -> str:
+    def where(self) -> str:
         epoch, step = self.position
-        where = f"epoch {epoch + 1}, step {step}" if step else f"epoch {epoch + 1}"
-        return f"resuming at {where} from {self.source}"
+        return f"epoch {epoch + 1}, step {step}" if step else f"epoch {epoch + 1}"
+
+    def describe(self) -> str:
+        return f"resuming at {self.where()} from {self.source}"
+
+    def fallback_note(self) -> str | None:
+        """One line for a resume from an older point because newer ones are damaged."""
+        if not self.damaged:
+            return None
+        return (
+            f"damaged: {'; '.join(self.damaged)}. Resuming from the previous resume point "
+            f"({self.source}, {self.where()}); the log and TensorBoard are cut back to it."
+        )
+
+
+class DamagedCheckpoint(TpurunError):
+    """A state file or the checkpoint it names is present but cannot be used."""
+
+
+def _damaged(path: str, what: str) -> DamagedCheckpoint:
+    return DamagedCheckpoint(f"{path}: {what}")
 
 
 def _from_state(path: str, source: str) -> ResumePoint | None:
-    state = fileio.read_json(path)
-    if not state or "epoch" not in state or "weights" not in state:
+    """The resume point a state file commits; None when the file does not exist.
+
+    Raises:
+        DamagedCheckpoint: the file is there but unreadable, or the checkpoint it names is
+            missing or not as it was written (:mod:`.integrity`).
+    """
+    text = fileio.read_text_or_none(path)
+    if text is None:
         return None
+    try:
+        state = json.loads(text)
+    except ValueError:
+        raise _damaged(path, "not valid JSON (truncated, or edited)") from None
+    if not isinstance(state, dict) or "epoch" not in state or "weights" not in state:
+        raise _damaged(path, "not a checkpoint state (no epoch or weights in it)")
     weights = fileio.join(fileio.dirname(path), state["weights"])
-    if not fileio.exists(weights):
-        return None
+    wrong = integrity.problem(weights, state.get("check"))
+    if wrong is not None:
+        raise _damaged(weights, f"{wrong} (named by {fileio.basename(path)})")
     return ResumePoint(state, weights, source)
 
 
 def latest(run: RunDir) -> ResumePoint | None:
-    """The run's own resume point, if it has a complete one."""
-    path = run.checkpoint(LATEST_STATE)
-    return _from_state(path, path)
+    """The run's own resume point: ``latest.json``'s, or, when that one is damaged, the previous
+    one (``previous.json``), with what was damaged in :attr:`ResumePoint.damaged`. None when the
+    run has neither (it never saved one).
+
+    Raises:
+        DamagedCheckpoint: there is a resume point, and none of them is usable. Nothing on disk
+            is changed: the message names the damaged files and the ways out.
+    """
+    damaged: list[str] = []
+    for name in (LATEST_STATE, PREVIOUS_STATE):
+        path = run.checkpoint(name)
+        try:
+            point = _from_state(path, path)
+        except DamagedCheckpoint as exc:
+            damaged.append(exc.message)
+            continue
+        if point is None:
+            if name == LATEST_STATE and fileio.exists(run.checkpoint(PREVIOUS_STATE)):
+                damaged.append(f"{path}: missing (previous.json is there)")
+            continue
+        point.damaged = damaged
+        return point
+    if not damaged:
+        return None
+    raise DamagedCheckpoint(
+        f"cannot resume {run.path}: {'; '.join(damaged)}. No complete resume point is left, and "
+        "nothing was changed. To go on from another checkpoint, pass --resume PATH (a "
+        "checkpoint's .json state file such as checkpoints/best.json, or a weights file); to "
+        "start over, pass --restart (the run is moved aside) or --output DIR (a new run "
+        "directory)."
+    )
 
 
 def from_path(path: str) -> ResumePoint:
@@ -80,24 +145,24 @@ def from_path(path: str) -> ResumePoint:
     its weights, from epoch 1.
 
     Raises:
-        TpurunError: nothing to resume from at PATH.
+        TpurunError: nothing to resume from at PATH, or what is there is damaged.
     """
     path = str(path).rstrip("/")
-    candidates: list[str] = []
     if fileio.isdir(path) and not path.endswith(SHARDED_SUFFIX):
-        candidates = [fileio.join(path, CHECKPOINTS, LATEST_STATE), fileio.join(path, LATEST_STATE)]
+        inside = fileio.join(path, CHECKPOINTS)
+        point = latest(source_run(inside if fileio.isdir(inside) else path))
+        if point is not None:
+            return point
     elif path.endswith(".json"):
-        candidates = [path]
+        point = _from_state(path, path)
+        if point is not None:
+            return point
     elif fileio.exists(path):
         sidecar = fileio.join(fileio.dirname(path) or ".", state_file(fileio.basename(path)))
         point = _from_state(sidecar, path) if fileio.exists(sidecar) else None
         if point is not None and fileio.basename(point.weights) == fileio.basename(path):
             return point
         return ResumePoint({"epoch": 0, "step": 0, "warm_start": True}, path, path)
-    for candidate in candidates:
-        point = _from_state(candidate, candidate)
-        if point is not None:
-            return point
     raise TpurunError(
         f"--resume {path}: no checkpoint there. Give a run directory, its checkpoints folder, a "
         "checkpoint's .json state file, a .keras / .weights.h5 file (a LoRA run's: "
