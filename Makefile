@@ -8,15 +8,20 @@ KERNEL_VENV := .venv-kernel
 # The combination checked in ../shared/FIELD-NOTES.md (late 2026). Pinned here, not in
 # pyproject.toml, so that `pip install tpurun` on Kaggle or Colab keeps the image's own builds.
 PINS   := tensorflow-cpu==2.21.0 keras==3.15.1 jax==0.10.2
+# A third environment WITHOUT TensorFlow, as on Colab's TPU runtimes and JAX-only GPU images: tpurun
+# with JAX and its core dependencies (no hub extra: keras-hub requires tensorflow-text). The
+# JAX-path tests run there too (`make test`), so that training without TensorFlow stays proven.
+JAX_VENV := .venv-jax
+JAX_PINS := keras==3.15.1 jax==0.10.2
 
 .PHONY: install test test-fast lint format docs bench quickstart clean
 
-install: $(BIN)/tpurun $(KERNEL_VENV)/.installed
+install: $(BIN)/tpurun $(KERNEL_VENV)/.installed $(JAX_VENV)/.installed
 
 $(BIN)/tpurun: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet $(PINS) -e '.[dev,export,viz,docs,hub,sharded]'
+	$(BIN)/pip install --quiet $(PINS) -e '.[dev,export,viz,docs,hub,sharded,tensorflow]'
 	@$(BIN)/tpurun --version
 
 # ipykernel exports MPLBACKEND=module://matplotlib_inline.backend_inline, which only this
@@ -27,6 +32,14 @@ $(KERNEL_VENV)/.installed:
 	$(PYTHON) -m venv $(KERNEL_VENV)
 	$(KERNEL_VENV)/bin/pip install --quiet --upgrade pip
 	$(KERNEL_VENV)/bin/pip install --quiet ipykernel matplotlib-inline
+	@touch $@
+
+$(JAX_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(JAX_VENV)
+	$(JAX_VENV)/bin/pip install --quiet --upgrade pip
+	$(JAX_VENV)/bin/pip install --quiet $(JAX_PINS) -e '.[dev,export,viz,sharded]'
+	@if $(JAX_VENV)/bin/python -c "import tensorflow" 2>/dev/null; then \
+		echo "$(JAX_VENV) has TensorFlow: a dependency pulled it in"; exit 1; fi
 	@touch $@
 
 # Two worker processes, each taking whole test files (--dist loadfile: a module's fixtures, such
@@ -63,4 +76,4 @@ bench: install
 	$(BIN)/python benchmarks/runner_overhead.py
 
 clean:
-	rm -rf $(VENV) $(KERNEL_VENV) runs .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(KERNEL_VENV) $(JAX_VENV) runs .pytest_cache .ruff_cache *.egg-info
