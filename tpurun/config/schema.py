@@ -268,13 +268,22 @@ class DataConfig(Section):
         min_length=1,
         description="`memory`, or a file path prefix: keep the records read after the first pass, for "
         "datasets that fit (decoding still runs). A file cache belongs to one run at a time; one left "
-        "half-written by a killed run is cleared.",
+        "half-written by a killed run is cleared. The native reader writes one TFRecord file per "
+        "split, `PREFIX-train.tfrecord`, afresh in each run (a local copy of `gs://` data).",
     )
     skip_corrupt: bool = Field(
         False,
         description="A corrupt or truncated shard is skipped, counted, warned about and recorded in "
         "`summary.json`, instead of stopping with exit 2 (which names the file and the record "
         "offset).",
+    )
+    reader: Literal["auto", "native", "tf_data"] = Field(
+        "auto",
+        description="What reads the records. `native`: tpurun's own reader (numpy batches, no "
+        "TensorFlow), for the JAX backend. `tf_data`: `tf.data` (needs TensorFlow). `auto`: "
+        "`tf_data` on the TensorFlow backend, and for a preset whose preprocessor tokenises text in "
+        "the pipeline (records not written with `--tokenize`); `native` otherwise. Unshuffled, both "
+        "make the same batches; the start line and `tpurun doctor` say which one runs and why.",
     )
 
     @staticmethod

@@ -12,6 +12,8 @@ from typing import Any
 
 from tpurun.config import Config, DataConfig
 from tpurun.data import files as datafiles
+from tpurun.data import reader as readers
+from tpurun.data.pipeline import cpu_cores
 
 
 def bench(
@@ -33,27 +35,30 @@ def bench(
         examples_per_sec, batches_per_sec and mb_per_sec (bytes as stored, so compressed for GZIP),
         with the batch size, the timed steps and seconds, and the CPU cores this process may use;
         for token batches, tokens_per_sec (positions: examples x the sequence length the model
-        reads) and what preprocessing ran.
+        reads) and what preprocessing ran; the reader training would use (``data.reader``), which
+        is the one measured, and why.
     """
-    from tpurun.data import pipeline
     from tpurun.runtime.prepare import prepare_here
 
     # The plan without activation: timing a CPU pipeline must not take the accelerator.
     prepared = prepare_here(config)
     plan, data = prepared.plan, prepared.data
     transform = preprocessing(prepared.config.data, data.tokenized) if preprocessing else None
-    ds = pipeline.make_dataset(
-        data.train_files, prepared.config.data, plan.global_batch_size, training=True,
-        seed=config.seed, transform=transform,
+    ds = readers.make_dataset(
+        prepared.reader, data.train_files, prepared.config.data, plan.global_batch_size,
+        training=True, seed=config.seed, transform=transform,
     )  # fmt: skip
     iterator = iter(ds)
-    first = next(iterator)
-    for _ in range(max(0, warmup - 1)):
-        next(iterator)
-    start = time.perf_counter()
-    for _ in range(steps):
-        next(iterator)
-    seconds = time.perf_counter() - start
+    try:
+        first = next(iterator)
+        for _ in range(max(0, warmup - 1)):
+            next(iterator)
+        start = time.perf_counter()
+        for _ in range(steps):
+            next(iterator)
+        seconds = time.perf_counter() - start
+    finally:
+        readers.close(ds)
     examples = steps * plan.global_batch_size
     bytes_per_record = sum(datafiles.sizes(data.train_files)) / max(1, data.train_records)
     positions = _positions(first)
@@ -68,10 +73,12 @@ def bench(
         "steps": steps,
         "warmup_steps": max(1, warmup),  # the first batch tells the token positions
         "seconds": seconds,
-        "cpu_cores": pipeline.cpu_cores(),
+        "cpu_cores": cpu_cores(),
         "train_files": len(data.train_files),
         "train_records": data.train_records,
         "bytes_per_record": bytes_per_record,
+        "reader": prepared.reader.name,
+        "reader_reason": prepared.reader.reason,
     }
 
 

@@ -122,7 +122,8 @@ class PlainReporter(Reporter):
         self._line(
             f"training {epochs - initial_epoch} epoch(s) x {plan.steps_per_epoch} steps, global batch "
             f"{plan.global_batch_size} ({plan.per_core_batch_size} x {plan.replicas}){_accumulated(plan)}, lr "
-            f"{plan.learning_rate:.4g}, steps_per_execution {plan.steps_per_execution} -> {run_dir}"
+            f"{plan.learning_rate:.4g}, steps_per_execution {plan.steps_per_execution}{_reader(plan)} "
+            f"-> {run_dir}"
         )
         self._compiling_note()
 
@@ -239,6 +240,12 @@ class TaskProgress:
                 f"[tpurun] {self.label}: {self._done:,} {self.unit} in {format_duration(elapsed)}\n"
             )
             self.stream.flush()
+
+
+def _reader(plan: Any) -> str:
+    """``, reader: native (TensorFlow is not installed)``: what reads the records, and why."""
+    name = getattr(plan, "reader", "")
+    return f", reader: {name} ({plan.reader_reason})" if name else ""
 
 
 def _accumulated(plan: Any) -> str:

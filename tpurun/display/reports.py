@@ -121,6 +121,8 @@ def show_bench(result: dict[str, Any], config: str, as_json: bool = False) -> No
         "warm-up"
     )
     rows = [("examples/s", f"{result['examples_per_sec']:,.0f}")]
+    if result.get("reader"):
+        rows.append(("reader", f"{result['reader']} ({result['reader_reason']})"))
     if result.get("tokens_per_sec") is not None:
         rows.append(("tokens/s", f"{result['tokens_per_sec']:,.0f}  ({result['positions']} "
                                  "positions per example)"))  # fmt: skip

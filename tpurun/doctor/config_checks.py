@@ -36,6 +36,21 @@ def _size(path: str) -> int:
     return int(frameworks.tensorflow().io.gfile.stat(path).length)
 
 
+def check_reader(reader: Any) -> Check:
+    """What ``train`` will read the records with, and why: the reader :func:`tpurun.runtime.prepare.prepare`
+    chose (:func:`tpurun.data.reader.choose`, the very call train makes)."""
+    return Check("reader", "ok", f"{reader.name} ({reader.reason})", None,
+                 {"reader": reader.name, "reason": reader.reason})  # fmt: skip
+
+
+def _plan_fix(exc: TpurunError) -> str:
+    """What to change for a plan that failed: the section its message names."""
+    for key in ("data.reader", "model.preset"):
+        if exc.message.startswith(key):
+            return f"change {key} or the environment as the message says"
+    return "fix the train section"
+
+
 def check_config(cfg: Any) -> Check:
     data = {"name": cfg.name, "base_dir": str(cfg.base_dir), "config": cfg.to_dict()}
     return Check("config", "ok", f"valid ({cfg.name}; relative paths from {cfg.base_dir})", None,
@@ -276,10 +291,12 @@ def run(cfg: Any, m: Machine, holder: list, devices: dict, with_model: bool) -> 
                     cfg, choice, runtime.replicas if runtime else _replicas(choice, devices)
                 )
             except TpurunError as exc:
-                return Check("plan", "fail", exc.message, "fix the train section")
+                return Check("plan", "fail", exc.message, _plan_fix(exc))
             return check_plan(prepared.plan)
 
         checks += timed("plan", plan_check)
+        if prepared is not None:
+            checks.append(check_reader(prepared.reader))
     params = None
     if not with_model:
         checks.append(Check("model", "skip", "skipped (with_model=False)"))

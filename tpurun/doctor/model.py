@@ -37,8 +37,7 @@ def cpu_overrides(raw: dict[str, Any]) -> list[str]:
 def _one_step(prepared: Any, runtime: Any) -> tuple[Any, dict[str, Any], float] | Check:
     """The model built in the runtime's scope and one step trained: (model, logs, seconds), or the
     failed check when the model does not fit the data."""
-    from tpurun import frameworks
-    from tpurun.data import pipeline
+    from tpurun.data import reader as readers
     from tpurun.hub import batches
     from tpurun.runtime import mesh
     from tpurun.training.model import build_model, compile_model
@@ -51,13 +50,13 @@ def _one_step(prepared: Any, runtime: Any) -> tuple[Any, dict[str, Any], float] 
         compile_model(model, cfg, plan)
     # As train feeds a preset's task: tokenised in the pipeline, not again by the task.
     _, transform = batches.take_preprocessing(model, cfg, prepared.data.tokenized)
-    ds = pipeline.make_dataset(prepared.data.train_files, cfg.data, plan.global_batch_size,
-                               training=True, seed=cfg.seed, transform=transform)  # fmt: skip
-    batch = next(iter(ds.take(1)))
+    ds = readers.make_dataset(prepared.reader, prepared.data.train_files, cfg.data,
+                              plan.global_batch_size, training=True, seed=cfg.seed,
+                              transform=transform)  # fmt: skip
+    batch = readers.as_numpy(readers.first_batch(ds))
     started = time.monotonic()
     try:
-        # As numpy: every backend takes it (JAX cannot read tf.Tensors).
-        x, y, *weights = frameworks.keras().tree.map_structure(lambda t: t.numpy(), batch)
+        x, y, *weights = batch
         logs = model.train_on_batch(x, y, *weights, return_dict=True)
     except ValueError as exc:
         first = str(exc).strip().splitlines()[0]

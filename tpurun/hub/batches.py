@@ -1,4 +1,4 @@
-"""A preset's preprocessing inside the ``tf.data`` pipeline: text (or images) to the task's batches.
+"""A preset's preprocessing inside the input pipeline: text (or images) to the task's batches.
 
 Records are tokenised on the host, in the pipeline's parallel parse map, while the accelerator
 trains: the preprocessor never runs inside ``fit`` (the session takes it off the task for the
@@ -14,7 +14,9 @@ What a batch becomes, by task:
 - anything else (a text or image classifier): ``preprocessor(inputs, targets)``;
 - records tokenised once (``tpurun data write --tokenize``, :mod:`tpurun.hub.tokenize`): no
   tokenising; the batch comes straight from their features, after :func:`tokenize.check` has
-  made sure this run's preprocessor would have made the same ones.
+  made sure this run's preprocessor would have made the same ones. Only this case runs on the
+  native reader (numpy batches, no TensorFlow in the pipeline); a tokenizer needs tf.data
+  (tensorflow-text), so ``data.reader: auto`` picks it (:func:`tpurun.data.reader.choose`).
 
 The two causal LM paths share their packing (:mod:`tpurun.hub.tokenize`), so a run on tokenised
 records sees exactly the batches a run on the text would.
@@ -190,7 +192,16 @@ def _labelled(preprocessor: Any) -> Callable:
 
 
 def _times(token_weights: Any, weights: Any) -> Any:
-    """Each record's weight times its tokens' (or alone, for one weight per record)."""
+    """Each record's weight times its tokens' (or alone, for one weight per record): numpy arrays
+    from the native reader, tensors inside tf.data."""
+    import numpy as np
+
+    if isinstance(weights, np.ndarray):
+        weights = weights.astype(np.float32)
+        if token_weights is None:
+            return weights
+        token_weights = np.asarray(token_weights, np.float32)
+        return token_weights * weights.reshape([-1] + [1] * (token_weights.ndim - 1))
     tf = frameworks.tensorflow()
     weights = tf.cast(weights, tf.float32)
     if token_weights is None:

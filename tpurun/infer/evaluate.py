@@ -118,7 +118,7 @@ def _score(trained: Any, checkpoint: Any, runtime: Any, data: str | None) -> dic
     """Every record of the split once through the checkpoint's model: the metrics, and how the
     records were batched."""
     from tpurun.config import DataConfig
-    from tpurun.data import pipeline
+    from tpurun.data import reader as readers
     from tpurun.data.resolve import path_resolver
     from tpurun.hub.batches import take_preprocessing
     from tpurun.infer import loading
@@ -136,10 +136,11 @@ def _score(trained: Any, checkpoint: Any, runtime: Any, data: str | None) -> dic
     batch = loading.global_batch(config, runtime.replicas)
     batches = -(-found.records // batch)
     distributed = runtime.strategy is not None  # see make_dataset(repeat_eval=...)
+    reader = readers.for_config(config, runtime.choice)
     model = loading.build(trained, checkpoint, runtime)
     preprocessor, transform = take_preprocessing(model, config, found.tokenized)
-    dataset = pipeline.make_dataset(
-        found.files, config.data.model_copy(update={"compression": found.compression}),
+    dataset = readers.make_dataset(
+        reader, found.files, config.data.model_copy(update={"compression": found.compression}),
         batch, training=False, score_records=found.records, repeat_eval=distributed,
         transform=transform,
     )  # fmt: skip
@@ -150,8 +151,8 @@ def _score(trained: Any, checkpoint: Any, runtime: Any, data: str | None) -> dic
     with warnings.catch_warnings():
         # A finite dataset "runs out", on purpose, at its end.
         warnings.filterwarnings("ignore", message="Your input ran out of data")
-        logs = model.evaluate(dataset, steps=batches if distributed else None, verbose=0,
-                              return_dict=True)  # fmt: skip
+        logs = model.evaluate(readers.for_keras(dataset), steps=batches if distributed else None,
+                              verbose=0, return_dict=True)  # fmt: skip
     fed = batches * batch
     exact = correctable(model)
     if per_token:  # a causal LM: the loss per weighted token, over the whole split

@@ -91,9 +91,12 @@ def tolerance(precision: str, accelerator: str, sharded: bool = False) -> float:
 # ------------------------------------------------------------------------------------ the check
 def reference_inputs(trained: Any, n: int = CHECK_RECORDS) -> tuple[Any, str]:
     """Model inputs to check the artifact on: the first records of the run's validation (else
-    training) data, or, where they cannot be read here, normal draws shaped as the features."""
+    training) data, or, where they cannot be read here, normal draws shaped as the features.
+    Read by the native reader, whatever the run's: a few records as numpy arrays, in file order,
+    the same from either reader, without TensorFlow."""
     from tpurun.config import DataConfig
-    from tpurun.data import pipeline
+    from tpurun.data import reader as readers
+    from tpurun.data.native import pipeline as native
     from tpurun.data.resolve import path_resolver
     from tpurun.infer import loading
 
@@ -107,9 +110,9 @@ def reference_inputs(trained: Any, n: int = CHECK_RECORDS) -> tuple[Any, str]:
         except TpurunError:
             continue
         take = min(n, found.records)
-        ds = pipeline.make_ordered_dataset(found.files, found.compression, take, records=take,
-                                           features=features, inputs=data.inputs)  # fmt: skip
-        inputs, _ = next(ds.as_numpy_iterator())
+        ds = native.make_ordered_dataset(found.files, found.compression, take, records=take,
+                                         features=features, inputs=data.inputs)  # fmt: skip
+        inputs, _ = readers.first_batch(ds)
         return inputs, f"the first {take} records of {key}"
     return loading.sample_inputs(data, n, seed=0), f"{n} random inputs (no records readable here)"
 

@@ -329,7 +329,7 @@ def _predict(trained: Any, checkpoint: Any, runtime: Any, data: Any, output: str
     with the process set up."""
     from tpurun.config import DataConfig
     from tpurun.data import files as datafiles
-    from tpurun.data import pipeline
+    from tpurun.data import reader as readers
     from tpurun.infer import generate, loading, preset
 
     config = trained.config
@@ -342,8 +342,10 @@ def _predict(trained: Any, checkpoint: Any, runtime: Any, data: Any, output: str
         features[id_feature] = id_spec(config.data, id_feature, loading.first_record(found),
                                        found.files[0])  # fmt: skip
     batch = loading.global_batch(config, runtime.replicas)
-    dataset = pipeline.make_ordered_dataset(
-        found.files, found.compression, batch, records=found.records, features=features,
+    # A preset's preprocessor is mapped over the batches in tf.data (preset.preprocessed).
+    reader = readers.for_config(config, runtime.choice, preset_maps=preset.is_preset(config))
+    dataset = readers.make_ordered_dataset(
+        reader, found.files, found.compression, batch, records=found.records, features=features,
         inputs=config.data.inputs, extra=[id_feature] if id_feature else [],
     )  # fmt: skip
     model = loading.build(trained, checkpoint, runtime)

@@ -192,7 +192,8 @@ def _abstract_batch(element_spec: Any, global_batch: int) -> Any:
         shape = (global_batch, *spec.shape[1:])
         if any(d is None for d in shape):
             raise ValueError(f"a dimension is unknown before the first step: {spec}")
-        dtype = jax.dtypes.canonicalize_dtype(spec.dtype.as_numpy_dtype)
+        # A tf.data TensorSpec's dtype is a tf.DType; the native reader's ArraySpec's is numpy's.
+        dtype = jax.dtypes.canonicalize_dtype(getattr(spec.dtype, "as_numpy_dtype", spec.dtype))
         sharding = dist.get_data_layout(shape).backend_layout if dist is not None else None
         return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 

@@ -42,6 +42,7 @@ class Choice:
     cluster: Cluster = Cluster()
     mesh_config: Any = None  # runtime.mesh as written (MeshConfig); resolved at activation
     mesh: tuple[int, int] | None = None  # (data, model), where the device count is known
+    tensorflow: str | None = None  # its version where installed: the tf_data reader needs it
 
     @property
     def mesh_text(self) -> str:
@@ -198,6 +199,7 @@ def choose(cfg: RuntimeConfig, steps_per_execution: int | str, machine: Machine)
         cluster=hosts,
         mesh_config=cfg.mesh,
         mesh=mesh,
+        tensorflow=machine.tensorflow,
     )
 
 

@@ -47,6 +47,8 @@ class Plan:
     total_steps: int  # optimizer updates in the whole run
     monitor: str
     warnings: list[str] = field(default_factory=list)
+    reader: str = ""  # native | tf_data: what reads the records (tpurun.data.reader.choose)
+    reader_reason: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tpurun.config import Config
+from tpurun.data import reader as readers
 from tpurun.multihost.shares import Share, share_warning, shares
 from tpurun.runtime.choice import Choice, choose
 from tpurun.runtime.machine import Machine, probe
@@ -38,6 +39,7 @@ class Prepared:
     validation_share: Share | None
     # normalize: true's numbers, {feature: {mean, variance, ...}}, from the schema's statistics
     normalization: dict | None = None
+    reader: readers.Reader | None = None  # the input pipeline (tpurun.data.reader.choose)
 
     def derived(self) -> dict[str, Any]:
         """The values derived on this machine, as ``config.yaml`` and ``tpurun config`` show them."""
@@ -115,13 +117,15 @@ def prepare(config: Config, choice: Choice, replicas: int) -> Prepared:
         replicas: the replica count: the activated runtime's, or :func:`estimated_replicas`.
 
     Raises:
-        TpurunError: missing, damaged or mismatched data; a batch that does not fit.
+        TpurunError: missing, damaged or mismatched data; a batch that does not fit; a
+            ``data.reader`` that cannot run here.
     """
     from tpurun.data.resolve import resolve
     from tpurun.data.statistics import normalization
 
     resolved = resolve(config)
     effective = config.model_copy(update={"data": resolved.data})
+    reader = readers.for_config(effective, choice)
     numbers, constant = normalization(effective.data, resolved.train_files)
     n = choice.cluster.num_processes
     train = shares(resolved.train_files, resolved.train_counts, n)
@@ -130,6 +134,7 @@ def prepare(config: Config, choice: Choice, replicas: int) -> Prepared:
         effective, choice, replicas, [s.records for s in train],
         [s.records for s in validation] if resolved.validation_files else None,
     )  # fmt: skip
+    plan.reader, plan.reader_reason = reader.name, reader.reason
     plan.warnings.extend([*(s.describe() for s in resolved.skipped), *constant])
     for split, files in (
         ("train", resolved.train_files),
@@ -140,7 +145,7 @@ def prepare(config: Config, choice: Choice, replicas: int) -> Prepared:
             plan.warnings.append(warning)
     i = choice.cluster.process_id
     return Prepared(effective, choice, plan, resolved, train[i],
-                    validation[i] if resolved.validation_files else None, numbers)  # fmt: skip
+                    validation[i] if resolved.validation_files else None, numbers, reader)  # fmt: skip
 
 
 def prepare_here(config: Config, machine: Machine | None = None) -> Prepared:

@@ -5,10 +5,11 @@ a package a callback needs. Anything else stays the unexpected failure it is (ex
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any
 
-from tpurun import frameworks
 from tpurun.config import Config, DataConfig
+from tpurun.data import reader as readers
 from tpurun.errors import DataError, ModelError, TpurunError, describe
 from tpurun.runtime.prepare import Prepared
 from tpurun.storage import fileio
@@ -23,14 +24,16 @@ def explain(
     Args:
         first_step: no training step has completed yet (building and compiling the model).
     """
-    tf = frameworks.tensorflow()
+    # TensorFlow's errors come from the tf_data reader, which has loaded it; without it, none.
+    tf_errors = getattr(sys.modules.get("tensorflow"), "errors", None)
     config = prepared.config
-    if isinstance(exc, tf.errors.DataLossError):
+    if readers.damaged_record(exc):  # the native reader's DamagedRecord, TF's DataLossError
         return damaged_while_training(prepared, exc)
     if isinstance(exc, ValueError):
         # Before the first step, a ValueError is the model not fitting the data's shapes.
         return ModelError(_misfit(exc, model, config)) if first_step else None
-    if isinstance(exc, (fileio.StorageError, tf.errors.OpError)):  # a bucket failed mid-run
+    remote = (fileio.StorageError,) + ((tf_errors.OpError,) if tf_errors is not None else ())
+    if isinstance(exc, remote):  # a bucket failed mid-run
         return fileio.training_stopped(exc, checkpoints)
     if isinstance(exc, TpurunError):
         return None  # said already
@@ -66,7 +69,9 @@ def _missing_package(exc: BaseException) -> str | None:
 
 
 def damaged_while_training(prepared: Prepared, exc: Exception) -> DataError:
-    """TF's DataLossError does not say which file it was reading: find it, and say what to do."""
+    """A damaged record met while training (TF's DataLossError does not say which file it was
+    reading; the native reader's DamagedRecord does, and the same scan confirms it): find the
+    damaged files, and say what to do."""
     from tpurun.data import records
 
     files = prepared.data.train_files + prepared.data.validation_files

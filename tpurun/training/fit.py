@@ -1,7 +1,8 @@
 """Fitting, for :func:`tpurun.training.session.run`: datasets, model, callbacks, resume, ``fit``, NaN restore.
 
-Imports Keras and TensorFlow inside its functions only: the runner imports this module before
-:func:`tpurun.runtime.activate.activate` has chosen the backend.
+Imports Keras inside its functions only: the runner imports this module before
+:func:`tpurun.runtime.activate.activate` has chosen the backend. TensorFlow comes only with the
+``tf_data`` reader (:mod:`tpurun.data.reader`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from tpurun import frameworks
 from tpurun.config import Config
+from tpurun.data import reader as readers
 from tpurun.display.reporter import Reporter
 from tpurun.errors import DataError, ModelError
 from tpurun.hub import batches
@@ -62,25 +64,12 @@ class TrainResult:
     throughput: dict | None = None  # tokens/s, TFLOP/s a device, MFU: see observe.throughput
 
 
-def _cache(config: Config, split: str) -> str | None:
-    """``data.cache`` for one split: "" keeps records in memory, a path prefix on disk."""
-    cache = config.data.cache
-    if cache is None:
-        return None
-    if cache == "memory":
-        return ""
-    prefix = f"{cache}-{split}"
-    fileio.clear_tf_cache_leftovers(prefix)
-    return prefix
-
-
 def train(job: TrainJob) -> TrainResult:
     """Build datasets, model and callbacks; restore the resume point if any; fit to the end.
 
     With ``callbacks.on_nan: restore``, a NaN loss reloads the latest checkpoint with the learning
     rate cut, and training goes on from there (as Model Garden's loss recovery does).
     """
-    frameworks.tensorflow()
     from tpurun.observe.callbacks import epoch_waits
     from tpurun.training import callbacks as cbs
 
@@ -167,29 +156,29 @@ class _Fitting:
 
 def _datasets(job: TrainJob, transform: Any = None) -> tuple[Callable[[int, int], Any], Any]:
     """This process's training stream from a position, as a function of (epoch, step); and its
-    validation set (None without one); ``transform``: see :func:`pipeline.make_dataset`."""
-    from tpurun.data import pipeline
-
+    validation set (None without one); ``transform``: see :func:`pipeline.make_dataset`. Both as
+    Keras takes them from the run's reader (:func:`tpurun.data.reader.for_keras`)."""
     prepared, runtime = job.prepared, job.runtime
-    config, plan = prepared.config, prepared.plan
+    config, plan, reader = prepared.config, prepared.plan, prepared.reader
     batch = plan.per_process_batch_size
     share, val_share = prepared.train_share, prepared.validation_share
 
     def train_data(epoch: int, step: int):
         """This process's training stream from a position: the batches an unbroken run would see."""
-        return pipeline.make_dataset(
-            share.files, config.data, batch, training=True, seed=config.seed,
+        return readers.for_keras(readers.make_dataset(
+            reader, share.files, config.data, batch, training=True, seed=config.seed,
             start_record=(epoch * plan.steps_per_epoch + step) * batch, records_per_pass=share.records,
-            cache=_cache(config, "train"), shard=share.shard, transform=transform,
-        )  # fmt: skip
+            cache=readers.cache(config.data.cache, "train", reader), shard=share.shard, transform=transform,
+        ))  # fmt: skip
 
     val_ds = None
     if val_share is not None:
-        val_ds = pipeline.make_dataset(
-            val_share.files, config.data, batch, training=False, score_records=val_share.records,
-            take_batches=plan.validation_steps, repeat_eval=runtime.strategy is not None,
-            cache=_cache(config, "validation"), shard=val_share.shard, transform=transform,
-        )  # fmt: skip
+        val_ds = readers.for_keras(readers.make_dataset(
+            reader, val_share.files, config.data, batch, training=False,
+            score_records=val_share.records, take_batches=plan.validation_steps,
+            repeat_eval=runtime.strategy is not None, cache=readers.cache(config.data.cache, "validation", reader),
+            shard=val_share.shard, transform=transform,
+        ))  # fmt: skip
     return train_data, val_ds
 
 
@@ -223,25 +212,25 @@ def _first_inputs(job: TrainJob, model, transform: Any = None) -> Any:
     fit fills the whole buffer once more right after (10,000 NAIC-like records: 0.3-0.4 s), and
     one batch to check needs no more mixing than that.
     """
-    from tpurun.data import pipeline
     from tpurun.training.loss_check import check_loss_fits
 
-    tf = frameworks.tensorflow()
     prepared = job.prepared
     config, share = prepared.config, prepared.train_share
     batch = prepared.plan.per_process_batch_size
     data = config.data.model_copy(
         update={"shuffle_buffer": min(config.data.shuffle_buffer, 4 * batch)}
     )
-    ds = pipeline.make_dataset(share.files, data, batch, training=True, seed=config.seed,
-                               records_per_pass=share.records, shard=share.shard,
-                               transform=transform)  # fmt: skip
+    ds = readers.make_dataset(prepared.reader, share.files, data, batch, training=True,
+                              seed=config.seed, records_per_pass=share.records, shard=share.shard,
+                              transform=transform)  # fmt: skip
     try:
-        first_batch = next(iter(ds.take(1)))
-    except tf.errors.DataLossError as exc:  # a damaged record before the first step
-        raise failures.damaged_while_training(job.prepared, exc) from None
+        first_batch = readers.first_batch(ds)
+    except Exception as exc:
+        if readers.damaged_record(exc):  # a damaged record before the first step
+            raise failures.damaged_while_training(job.prepared, exc) from None
+        raise
     check_loss_fits(model, config, first_batch[1])
-    return first_batch[0], ds.element_spec
+    return first_batch[0], readers.element_spec(ds, first_batch)
 
 
 def _resume(job: TrainJob, model, inputs, checkpoint) -> None:
@@ -369,9 +358,10 @@ def _fit_from(model, train_data, val_ds, val_steps, plan: Plan, epochs: int, che
 def _fit(model, train_ds, val_ds, val_steps, steps: int, epochs: int, initial_epoch: int,
          callbacks: list) -> Any:  # fmt: skip
     """``model.fit``, with data problems turned into clear errors, and a saved stop ended."""
+    import sys
     import warnings
 
-    tf = frameworks.tensorflow()
+    tf_errors = getattr(sys.modules.get("tensorflow"), "errors", None)  # loaded by tf_data only
     try:
         with warnings.catch_warnings():
             # A finite validation set "runs out", on purpose, at the end of each validation pass.
@@ -393,9 +383,13 @@ def _fit(model, train_ds, val_ds, val_steps, steps: int, epochs: int, initial_ep
         getattr(model, "jax_state_sync", lambda: None)()
         model.stop_training = True  # so that a resumed epoch's rest does not go on to the next
         return None
-    except tf.errors.InvalidArgumentError as exc:
+    except Exception as exc:
+        if tf_errors is None or not isinstance(exc, tf_errors.InvalidArgumentError):
+            raise
         first = (exc.message or str(exc)).strip().splitlines()[0]
         raise DataError(f"reading the training data failed: {first}") from None
+    finally:
+        readers.close(train_ds)  # the native reader's threads; the next fit reads afresh
 
 
 def _restore(model, inputs, weights: str, job: TrainJob, source: str) -> None:

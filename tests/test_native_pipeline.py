@@ -1,0 +1,536 @@
+"""The native input pipeline (tpurun/data/native/pipeline.py) and the choice of reader
+(tpurun/data/reader.py), on real TFRecord files in tmp_path.
+
+Unshuffled, the native reader must make ``tf.data``'s batches element for element (checked against
+the tf.data pipeline itself where TensorFlow is installed); shuffled, each pass holds every record
+once, the stream is a function of the seed, and a resume at any record continues it exactly. Real
+fits on the JAX backend read through it, a SIGKILL mid-epoch included.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import (
+    cli_env,
+    read_log,
+    read_summary,
+    run_cli,
+    signal_at,
+    toy_config,
+    write_config,
+    write_with_schema,
+)
+
+from tpurun.config import DataConfig
+from tpurun.data import reader as readers
+from tpurun.data.native import pipeline as native
+from tpurun.data.native import streams
+from tpurun.data.native.framing import DamagedRecord, iter_records
+from tpurun.data.write import write_shards
+from tpurun.errors import DataError, EnvironmentSetupError
+
+ROOT = Path(__file__).resolve().parent.parent
+JAX_VENV = ROOT / ".venv-jax" / "bin"
+
+
+def data_config(features: dict, inputs, targets, **kw) -> DataConfig:
+    return DataConfig.model_validate(
+        {"train": "unused", "features": features, "inputs": inputs, "targets": targets, **kw}
+    )
+
+
+def flat(batch) -> list[np.ndarray]:
+    """A batch's arrays in a fixed order (dicts by key), as numpy."""
+    if isinstance(batch, dict):
+        return [a for key in sorted(batch) for a in flat(batch[key])]
+    if isinstance(batch, (tuple, list)):
+        return [a for value in batch for a in flat(value)]
+    return [batch.numpy() if hasattr(batch, "numpy") else np.asarray(batch)]
+
+
+def assert_same_batches(tf_dataset, native_batches, atol: float = 0.0) -> int:
+    """Both pipelines' batches, element by element: dtypes, shapes and values. Returns the count."""
+    theirs = [flat(b) for b in tf_dataset]
+    ours = [flat(b) for b in native_batches]
+    assert len(ours) == len(theirs) > 0
+    for i, (mine, want) in enumerate(zip(ours, theirs, strict=True)):
+        assert len(mine) == len(want)
+        for a, b in zip(mine, want, strict=True):
+            assert (a.dtype, a.shape) == (b.dtype, b.shape), f"batch {i}"
+            if a.dtype == object:
+                assert a.tolist() == b.tolist(), f"batch {i}"
+            elif atol:
+                np.testing.assert_allclose(a, b, atol=atol, rtol=0, err_msg=f"batch {i}")
+            else:
+                np.testing.assert_array_equal(a, b, err_msg=f"batch {i}")
+    return len(ours)
+
+
+def both(files, data, batch, **kw):
+    """The tf.data pipeline's and the native pipeline's datasets for the same arguments."""
+    pytest.importorskip("tensorflow")
+    from tpurun.data import pipeline
+
+    return (pipeline.make_dataset(files, data, batch, **kw),
+            native.make_dataset(files, data, batch, **kw))  # fmt: skip
+
+
+# ------------------------------------------------------------------------- the same batches
+def uneven_shards(tmp_path: Path, records: list[dict], lengths: list[int]) -> list[str]:
+    """Shards of the given lengths (an empty one among them): interleave order depends on them."""
+    files, start = [], 0
+    for i, n in enumerate(lengths):
+        files += write_shards(str(tmp_path / f"d{i:02d}"), records[start : start + n], 1)
+        start += n
+    return files
+
+
+MIXED = {
+    "x": {"type": "raw", "dtype": "float32", "shape": [2, 3], "cast": "bfloat16"},
+    "label": {"type": "int64", "cast": "int32"},
+    "vec": {"type": "int64", "shape": [3]},
+    "f": {"type": "float", "shape": [2]},
+    "id": {"type": "bytes"},
+    "text": {"type": "text"},
+}
+
+
+def mixed_records(n: int) -> list[dict]:
+    rng = np.random.default_rng(0)
+    raw = rng.normal(size=(n, 2, 3)).astype(np.float32)
+    return [{"x": raw[i].tobytes(), "label": i, "vec": [i, 2 * i, -i], "f": [0.5 * i, 1.0],
+             "id": f"id{i}", "text": f"record {i} é"} for i in range(n)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {},
+        {"take_batches": 5},
+        {"score_records": 131},
+        {"score_records": 60, "take_batches": 9},
+        {"shard": (3, 1), "score_records": 44},
+        {"cache": ""},
+    ],
+    ids=["in-order", "take", "exact", "exact-take", "shard", "memory-cache"],
+)
+def test_unshuffled_the_two_readers_make_the_same_batches(tmp_path, kw):
+    # 20 files of uneven length (one empty): more than the 16 read at once, so files take over
+    # the slots of those that end, in tf.data's order.
+    lengths = [3, 11, 0, 7, 1, 9, 2, 5, 13, 4, 6, 8, 1, 10, 12, 3, 7, 9, 14, 6]
+    files = uneven_shards(tmp_path, mixed_records(sum(lengths)), lengths)
+    data = data_config(MIXED, {"pixels": "x", "vec": "vec", "f": "f", "id": "id", "text": "text"},
+                       ["label", "f"])  # fmt: skip
+    theirs, ours = both(files, data, 8, training=False, **kw)
+    count = assert_same_batches(theirs, ours)
+    assert count == (ours.num_batches or 131 // 8)
+
+
+def test_exact_validation_weighs_every_record_once_and_the_padding_zero(tmp_path):
+    files = write_shards(str(tmp_path / "v"), [{"i": i} for i in range(21)], 3)
+    data = data_config({"i": {"type": "int64"}}, "i", "i")
+    batches = list(native.make_dataset(files, data, 8, training=False, score_records=21))
+    ids = np.concatenate([x for x, _, _ in batches])
+    weights = np.concatenate([w for _, _, w in batches])
+    assert ids.shape == (24,) and weights.dtype == np.float32
+    assert sorted(ids[:21].tolist()) == list(range(21)) and weights[:21].tolist() == [1.0] * 21
+    assert weights[21:].tolist() == [0.0] * 3 and ids[21:].tolist() == [ids[0]] * 3
+    theirs, ours = both(files, data, 8, training=False, score_records=21)
+    assert_same_batches(theirs, ours)
+
+
+def test_repeated_validation_gives_the_same_batches_again(tmp_path):
+    files = write_shards(str(tmp_path / "v"), [{"i": i} for i in range(10)], 1)
+    data = data_config({"i": {"type": "int64"}}, "i", "i")
+    repeated = native.make_dataset(files, data, 4, training=False, take_batches=2,
+                                   repeat_eval=True)  # fmt: skip
+    iterator = iter(repeated)
+    firsts = [next(iterator)[0].tolist()[0] for _ in range(5)]
+    iterator.close()
+    assert firsts == [0, 4, 0, 4, 0] and repeated.num_batches is None
+
+
+def test_tabular_packed_and_normalised_features_are_the_same(tmp_path):
+    from typer.testing import CliRunner
+
+    from tpurun.cli.app import app
+
+    rng = np.random.default_rng(1)
+    rows = [[r, *rng.normal(size=6).round(4), ["a", "b", "c"][r % 3]] for r in range(50)]
+    csv = tmp_path / "t.csv"
+    csv.write_text("\n".join(",".join(map(str, row)) for row in
+                             [["id", *(f"f{i}" for i in range(6)), "kind"], *rows]) + "\n")  # fmt: skip
+    result = CliRunner().invoke(app, ["data", "write", str(csv), str(tmp_path / "tab"), "--label",
+                                      "kind", "--pack", "x=f0:f5", "--plain"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    schema = json.loads((tmp_path / "tab.schema.json").read_text())
+    features = {**schema["features"], "x": {**schema["features"]["x"], "normalize": True}}
+    files = sorted(str(p) for p in tmp_path.glob("tab-*.tfrecord"))
+    data = data_config(features, {"x": "x", "id": "id"}, "kind")
+    theirs, ours = both(files, data, 16, training=False, score_records=50)
+    assert_same_batches(theirs, ours)
+    x = np.concatenate([b[0]["x"] for b in ours])[:50]
+    want = np.array([row[1:7] for row in rows], np.float32)  # normalised in the model, not here
+    np.testing.assert_array_equal(x[np.argsort(np.concatenate([b[0]["id"] for b in ours])[:50])],
+                                  want)  # fmt: skip
+
+
+def encoded(pixels: np.ndarray, fmt: str) -> bytes:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, fmt)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG"])
+def test_images_decode_resize_and_scale_as_tf_data_does(tmp_path, fmt):
+    rng = np.random.default_rng(2)
+    sizes = [(20, 30), (6, 5), (12, 12)]  # down, up and unchanged for a 12x12 feature
+    records = [{"image": encoded(rng.integers(0, 256, (*sizes[i % 3], 3), np.uint8), fmt),
+                "class": i} for i in range(12)]  # fmt: skip
+    files = write_shards(str(tmp_path / "im"), records, 2)
+    for shape, scale in (([12, 12, 3], True), ([12, 12, 1], False)):
+        features = {"image": {"type": "image", "shape": shape, "scale": scale},
+                    "class": {"type": "int64"}}  # fmt: skip
+        theirs, ours = both(files, data_config(features, "image", "class"), 4, training=False)
+        # The same decoders' pixels, resized in float32: equal up to rounding (0..255 unscaled).
+        assert_same_batches(theirs, ours, atol=1e-4 if scale else 3e-2)
+
+
+TOKENS = {
+    name: {"type": "int64", "shape": [9]} for name in ("token_ids", "padding_mask", "weights")
+}
+
+
+def token_records(n: int) -> list[dict]:
+    """Records as ``tpurun data write --tokenize`` lays out a causal LM's: N + 1 token ids, the
+    padding mask and the loss weights, int64."""
+    rng = np.random.default_rng(3)
+    out = []
+    for _ in range(n):
+        length = int(rng.integers(3, 10))
+        mask = (np.arange(9) < length).astype(np.int64)
+        out.append({"token_ids": (rng.integers(1, 500, 9) * mask).tolist(),
+                    "padding_mask": mask.tolist(), "weights": mask.tolist()})  # fmt: skip
+    return out
+
+
+def test_tokenised_text_is_the_same(tmp_path):
+    files = write_shards(str(tmp_path / "tok"), token_records(40), 4)
+    data = data_config(TOKENS, {"token_ids": "token_ids", "padding_mask": "padding_mask"},
+                       {"weights": "weights"})  # fmt: skip
+    theirs, ours = both(files, data, 8, training=False, score_records=40)
+    assert_same_batches(theirs, ours)
+    x, y, w = next(iter(ours))
+    assert x["token_ids"].dtype == np.int64 and x["token_ids"].shape == (8, 9)
+
+
+def test_in_file_order_for_predict_is_the_same_and_padded(tmp_path):
+    pytest.importorskip("tensorflow")
+    from tpurun.data import pipeline
+
+    files = uneven_shards(tmp_path, mixed_records(23), [9, 0, 14])
+    features = {name: data_config(MIXED, "x", "id").features[name] for name in ("x", "id")}
+    kw = {"records": 23, "features": features, "inputs": "x", "extra": ["id"]}
+    ours = native.make_ordered_dataset(files, "auto", 8, **kw)
+    assert_same_batches(pipeline.make_ordered_dataset(files, "auto", 8, **kw), ours)
+    ids = np.concatenate([extra["id"] for _, extra in ours.as_numpy_iterator()])
+    assert ids.tolist() == [f"id{i}".encode() for i in range(23)] + [b"id0"]
+
+
+def test_gzip_records_are_the_same(tmp_path):
+    files = write_shards(str(tmp_path / "gz"), mixed_records(30), 3, "gzip")
+    data = data_config(MIXED, "x", "label", compression="gzip")
+    theirs, ours = both(files, data, 8, training=False, score_records=30)
+    assert_same_batches(theirs, ours)
+
+
+# --------------------------------------------------------------------------------- shuffling
+def int_stream(files, data, batch, batches, **kw) -> np.ndarray:
+    ds = native.make_dataset(files, data, batch, training=True, records_per_pass=100, **kw)
+    iterator = iter(ds)
+    try:
+        return np.concatenate([next(iterator)[0] for _ in range(batches)])
+    finally:
+        iterator.close()
+
+
+@pytest.mark.parametrize("cache", [None, ""], ids=["files", "memory-cache"])
+def test_each_pass_holds_every_record_once_and_the_seed_alone_decides(tmp_path, cache):
+    files = write_shards(str(tmp_path / "s"), [{"i": i} for i in range(100)], 4)
+    data = data_config({"i": {"type": "int64"}}, "i", "i", shuffle_buffer=30)
+    # 10 batches of 10 are one pass, so one epoch: each a permutation of the 100 records.
+    whole = int_stream(files, data, 10, 40, seed=3, cache=cache)
+    passes = [whole[p * 100 : (p + 1) * 100].tolist() for p in range(4)]
+    for records in passes:
+        assert sorted(records) == list(range(100))
+    assert passes[0] != list(range(100)) and len({tuple(p) for p in passes}) == 4
+    assert int_stream(files, data, 10, 40, seed=3, cache=cache).tolist() == whole.tolist()
+    assert int_stream(files, data, 10, 10, seed=4, cache=cache).tolist() != whole[:100].tolist()
+
+
+@pytest.mark.parametrize("start", [1, 37, 99, 100, 216, 250])
+def test_a_resume_at_any_record_continues_the_same_stream(tmp_path, start):
+    files = write_shards(str(tmp_path / "s"), [{"i": i} for i in range(100)], 4)
+    data = data_config({"i": {"type": "int64"}}, "i", "i", shuffle_buffer=50)
+    whole = int_stream(files, data, 1, 300, seed=5)
+    rest = int_stream(files, data, 1, 300 - start, seed=5, start_record=start)
+    assert rest.tolist() == whole[start:].tolist()
+
+
+def test_the_shuffle_buffer_is_a_permutation_of_its_input():
+    rng = streams.pass_rng(-7, 2)  # any seed, negative too
+    out = list(streams.shuffled(range(1000), 64, rng))
+    assert sorted(out) == list(range(1000)) and out != list(range(1000))
+    # A record leaves the buffer only after it entered it: at most 63 places early.
+    assert all(out.index(i) >= i - 63 for i in range(1000))
+    assert list(streams.shuffled(range(5), 1, rng)) == [0, 1, 2, 3, 4]
+
+
+def test_a_file_cache_is_written_once_and_read_back_without_the_files(tmp_path):
+    files = write_shards(str(tmp_path / "s"), [{"i": i} for i in range(40)], 2)
+    data = data_config({"i": {"type": "int64"}}, "i", "i", shuffle_buffer=0)
+    prefix = tmp_path / "cache" / "c-train"
+    prefix.parent.mkdir()
+    ds = native.make_dataset(files, data, 10, training=True, cache=str(prefix))
+    iterator = iter(ds)
+    first = np.concatenate([next(iterator)[0] for _ in range(4)])  # the whole first pass
+    next(iterator)  # the second pass starts: the cache is complete
+    for f in files:
+        os.remove(f)
+    second = np.concatenate([next(iterator)[0] for _ in range(3)])
+    iterator.close()
+    assert sorted(first.tolist()) == list(range(40))
+    assert second.tolist() == first[10:40].tolist()  # one file order, unshuffled here
+    cached = sorted(str(p.name) for p in prefix.parent.iterdir())
+    assert cached == ["c-train.tfrecord"]
+    assert len(list(iter_records(f"{prefix}.tfrecord"))) == 40
+
+
+def test_a_shard_keeps_every_nth_record(tmp_path):
+    files = write_shards(str(tmp_path / "s"), [{"i": i} for i in range(30)], 1)
+    data = data_config({"i": {"type": "int64"}}, "i", "i")
+    shares = [np.concatenate([x for x, _ in native.make_dataset(files, data, 5, training=False,
+                                                                shard=(3, k))]).tolist()
+              for k in range(3)]  # fmt: skip
+    assert shares == [list(range(k, 30, 3)) for k in range(3)]
+
+
+def test_a_damaged_record_is_raised_by_the_next_batch_naming_file_and_record(tmp_path):
+    [path] = write_shards(str(tmp_path / "s"), [{"i": i} for i in range(30)], 1)
+    raw = bytearray(Path(path).read_bytes())
+    raw[-3] ^= 0xFF  # the last record's data CRC
+    Path(path).write_bytes(bytes(raw))
+    data = data_config({"i": {"type": "int64"}}, "i", "i")
+    iterator = iter(native.make_dataset([path], data, 10, training=False))
+    assert next(iterator)[0].tolist() == list(range(10))
+    next(iterator)
+    with pytest.raises(DamagedRecord) as info:
+        next(iterator)
+    assert (info.value.path, info.value.index) == (path, 29)
+    assert readers.damaged_record(info.value)
+
+
+# -------------------------------------------------------------------------------- the choice
+@pytest.mark.parametrize(
+    ("setting", "backend", "tensorflow", "preprocessing", "name", "reason"),
+    [
+        ("auto", "jax", False, None, "native", "TensorFlow is not installed"),
+        ("auto", "jax", True, None, "native", readers.NATIVE_MEASURED),
+        ("native", "jax", True, None, "native", "asked for in data.reader"),
+        ("tf_data", "jax", True, None, "tf_data", "asked for in data.reader"),
+        (
+            "auto",
+            "tensorflow",
+            True,
+            None,
+            "tf_data",
+            "the TensorFlow backend reads through tf.data",
+        ),
+        ("auto", "jax", True, "text", "tf_data", "the preset's tokenizer runs in tf.data"),
+        ("auto", "jax", True, "images", "tf_data", "the preset's image converter runs in tf.data"),
+    ],
+)
+def test_one_function_chooses_the_reader(setting, backend, tensorflow, preprocessing, name, reason):
+    chosen = readers.choose(setting, backend, tensorflow, preprocessing)
+    assert (chosen.name, chosen.reason) == (name, reason)
+    assert chosen.summary == f"reader: {name} ({reason})"
+
+
+@pytest.mark.parametrize(
+    ("setting", "backend", "tensorflow", "preprocessing", "message"),
+    [
+        ("tf_data", "jax", False, None, r"^data.reader: tf_data reads through tf.data, and "
+         r"TensorFlow is not installed here. Set data.reader: auto .* pip install tensorflow-cpu"),
+        ("native", "tensorflow", True, None, r"^data.reader: native feeds the JAX backend only"),
+        ("auto", "jax", False, "text", r"^model.preset: the preset's tokenizer runs inside the "
+         r"input pipeline and needs tensorflow-text, and TensorFlow is not installed. Install the "
+         r"extra \(pip install 'tpurun\[hub\]'\), or tokenise the records once: tpurun data write "
+         r"SOURCE OUT_PREFIX --tokenize PRESET.$"),
+        ("native", "jax", True, "text", r"which data.reader: native does not run \(set "
+         r"data.reader: auto\). Install the extra .* --tokenize PRESET"),
+    ],
+)  # fmt: skip
+def test_a_reader_that_cannot_run_here_says_why_and_the_way_out(setting, backend, tensorflow,
+                                                                preprocessing, message):  # fmt: skip
+    with pytest.raises(EnvironmentSetupError, match=message) as info:
+        readers.choose(setting, backend, tensorflow, preprocessing)
+    assert info.value.exit_code == 2 and "\n" not in info.value.message
+
+
+def test_the_start_line_says_the_reader_and_why():
+    from types import SimpleNamespace
+
+    from tpurun.display.lines import PlainReporter
+
+    plan = SimpleNamespace(replicas=1, per_core_batch_size=8, global_batch_size=8,
+                           learning_rate=1e-3, steps_per_epoch=4, steps_per_execution=1,
+                           reader="native", reader_reason="TensorFlow is not installed")  # fmt: skip
+    out = io.StringIO()
+    PlainReporter(out).start(plan, "runs/x", 2, 0)
+    assert (
+        out.getvalue()
+        .splitlines()[0]
+        .endswith("steps_per_execution 1, reader: native (TensorFlow is not installed) -> runs/x")
+    )
+
+
+def test_tf_data_without_tensorflow_exits_2_naming_the_key(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from tpurun.cli.app import app
+    from tpurun.runtime import machine
+    from tpurun.training import session
+
+    folder = write_with_schema(tmp_path / "data", 64, 32)
+    config = toy_config(folder, tmp_path / "runs")
+    config["data"] = {"train": str(folder / "toy-train-*.tfrecord"), "inputs": "x",
+                      "targets": "y", "reader": "tf_data"}  # fmt: skip
+    no_tf = machine.Machine(jax="0.10.2", keras="3.15.1")  # what probe() finds without TF
+    monkeypatch.setattr(session, "probe", lambda: no_tf)
+    result = CliRunner().invoke(app, ["train", str(write_config(tmp_path, config)), "--plain"])
+    assert result.exit_code == 2, result.output
+    assert "error: data.reader: tf_data reads through tf.data, and TensorFlow is not installed" in (
+        result.output
+    )
+    assert not (tmp_path / "runs" / "toy" / "summary.json").exists()
+
+
+# ------------------------------------------------------------------------------- real fits
+def native_config(folder: Path, out: Path, **train) -> dict:
+    config = toy_config(folder, out, train={"epochs": 2, "steps_per_execution": 1, **train})
+    config["data"]["reader"] = "native"
+    return config
+
+
+def test_a_fit_on_the_native_reader_trains_validates_and_records_the_reader(toy_data, tmp_path):
+    import yaml
+
+    import tpurun
+
+    summary = tpurun.train(native_config(toy_data, tmp_path / "runs"), verbose=False)
+    assert summary["status"] == "completed" and summary["epochs_completed"] == 2
+    run_dir = tmp_path / "runs" / "toy"
+    rows = read_log(run_dir)
+    assert [r["epoch"] for r in rows] == ["0", "1"]
+    assert float(rows[1]["val_accuracy"]) > 0.6 and float(rows[1]["loss"]) < float(rows[0]["loss"])
+    derived = yaml.safe_load((run_dir / "config.yaml").read_text())["derived"]
+    assert (derived["reader"], derived["reader_reason"]) == ("native", "asked for in data.reader")
+    # The input wait is measured on the native reader's batches too.
+    assert len(summary["epoch_input_wait"]) == 2
+
+
+def test_the_validation_loss_is_the_same_on_either_reader(toy_data, tmp_path):
+    """Exact validation: every record once, padding weighted 0, in the same order. Four files of
+    equal length and no record shuffle: each training batch holds the same records (in another
+    order) on either reader, so both train the same weights and score them alike."""
+    pytest.importorskip("tensorflow")
+    import tpurun
+
+    logs = {}
+    for name in ("native", "tf_data"):
+        config = native_config(toy_data, tmp_path / "runs", epochs=1)
+        config["data"].update(reader=name, shuffle_buffer=0)
+        config["name"] = name
+        tpurun.train(config, verbose=False)
+        [logs[name]] = read_log(tmp_path / "runs" / name)
+    assert float(logs["native"]["val_loss"]) == pytest.approx(float(logs["tf_data"]["val_loss"]),
+                                                              rel=1e-6)  # fmt: skip
+    assert logs["native"]["val_accuracy"] == logs["tf_data"]["val_accuracy"]
+
+
+def test_damage_met_mid_fit_by_the_native_reader_is_named(tmp_path):
+    import tpurun
+
+    folder = write_with_schema(tmp_path / "data", n_train=96, n_val=32, train_shards=1)
+    config = native_config(folder, tmp_path / "runs", per_core_batch_size=8)
+    config["data"] = {"train": str(folder / "toy-train-*.tfrecord"), "inputs": "x", "targets": "y",
+                      "shuffle_buffer": 0, "reader": "native"}  # fmt: skip
+    shard = folder / "toy-train-00000-of-00001.tfrecord"
+    raw = bytearray(shard.read_bytes())
+    starts = [0]
+    while starts[-1] < len(raw):
+        starts.append(starts[-1] + 16 + int.from_bytes(raw[starts[-1] : starts[-1] + 8], "little"))
+    raw[starts[70] + 12 + 5] ^= 0xFF  # record 70: after the first batch, in the first epoch
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(DataError) as info:
+        tpurun.train(config, verbose=False)
+    assert str(info.value).startswith(
+        f"{shard}: cannot read it as TFRecords: corrupted record (checksum mismatch) at byte "
+        f"{starts[70]}, after 70 good records."
+    )
+    assert read_summary(tmp_path / "runs" / "toy")["status"] == "failed"
+
+
+@pytest.mark.slow
+def test_sigkill_mid_epoch_then_rerun_is_exact_on_the_native_reader(toy_data, tmp_path):
+    def config(name: str, kill: bool) -> dict:
+        config = native_config(toy_data, tmp_path / "runs", epochs=3)
+        extra = [signal_at(tmp_path / "fired", 2, 7, "SIGKILL")] if kill else []
+        config["callbacks"] = {"checkpoint": {"every_steps": 4}, "extra": extra}
+        return config
+
+    unbroken = run_cli("train", str(write_config(tmp_path, config("unbroken", False), "unbroken")))
+    assert unbroken.returncode == 0, unbroken.stderr
+    assert "reader: native (asked for in data.reader)" in unbroken.stdout
+    path = write_config(tmp_path, config("killed", True), "killed")
+    killed = run_cli("train", str(path))
+    assert killed.returncode == -9, killed.stderr
+    run_dir = tmp_path / "runs" / "killed"
+    state = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
+    assert (state["epoch"], state["step"]) == (1, 4)
+    done = run_cli("train", str(path))
+    assert done.returncode == 0, done.stderr
+    assert read_summary(run_dir)["resumes"][-1]["step"] == 4
+    # Nothing repeated, nothing skipped: every figure of every epoch is the unbroken run's.
+    assert read_log(run_dir) == read_log(tmp_path / "runs" / "unbroken")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (JAX_VENV / "tpurun").exists(), reason="no .venv-jax (without TensorFlow)")
+def test_without_tensorflow_installed_train_reads_natively_and_tf_data_exits_2(toy_data, tmp_path):
+    import subprocess
+
+    env = cli_env()
+    env["PATH"] = f"{JAX_VENV}{os.pathsep}{env.get('PATH', '')}"
+    config = toy_config(toy_data, tmp_path / "runs", train={"epochs": 1})
+    path = write_config(tmp_path, config)
+    done = subprocess.run([str(JAX_VENV / "tpurun"), "train", str(path)], capture_output=True,
+                          text=True, env=env, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "reader: native (TensorFlow is not installed)" in done.stdout
+    refused = subprocess.run(
+        [str(JAX_VENV / "tpurun"), "train", str(path), "--set", "data.reader=tf_data"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "error: data.reader: tf_data reads through tf.data, and TensorFlow is not installed" in (
+        refused.stderr + refused.stdout
+    )
