@@ -150,6 +150,9 @@ def check_resume(cfg: Any, prepared: Any) -> Check:
         locked, point = run.is_locked(), resume_lib.latest(run)
     except StorageError as exc:  # the gcs.reachable check says why, and what to do
         return Check("resume", "skip", f"cannot read {run_dir}: {exc.message}")
+    except resume_lib.DamagedCheckpoint as exc:
+        return Check("resume", "fail", exc.message,
+                     "pass --resume PATH, or start over with --restart or --output DIR")  # fmt: skip
     if locked:
         return Check("resume", "warn", f"{run_dir} is being trained right now by another process",
                      "wait for it to finish, or train this config elsewhere (--output)")  # fmt: skip
@@ -160,13 +163,19 @@ def check_resume(cfg: Any, prepared: Any) -> Check:
         return Check("resume", "skip", f"{point.describe()}; not compared with the config (no "
                      "plan, see the plan check)", None, data)  # fmt: skip
     try:
-        resume_lib.check_unchanged(point, resume_lib.identity(prepared.effective(), prepared.plan))
+        resume_lib.check_unchanged(
+            point,
+            resume_lib.identity(prepared.effective(), prepared.plan, prepared.data.train_files),
+        )
     except TpurunError as exc:
         return Check("resume", "fail", exc.message, "undo the change, or train with --restart",
                      data)  # fmt: skip
     if point.position[0] >= cfg.train.epochs:
         return Check("resume", "ok", f"{run_dir} has finished its {cfg.train.epochs} epoch(s); "
                      "raise train.epochs to train further", None, data)  # fmt: skip
+    if point.damaged:
+        return Check("resume", "warn", f"train will be {point.describe()}: {point.fallback_note()}",
+                     None, data)  # fmt: skip
     return Check("resume", "ok", f"train will be {point.describe()}", None, data)
 
 

@@ -176,7 +176,7 @@ def _run(
     for warning in prepared.plan.warnings:
         reporter.message(warning, "warn")
     effective = prepared.effective()
-    identity = resume_lib.identity(effective, prepared.plan)
+    identity = resume_lib.identity(effective, prepared.plan, prepared.data.train_files)
     point = _given_point(resume, identity, run, restart)
     if point is None and not restart:
         point = _own_point(run)

@@ -8,7 +8,10 @@ the config now; it imports no framework.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,18 +183,49 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def identity(config: dict, plan: Any) -> dict[str, Any]:
-    """What a checkpoint is bound to, as dotted keys (see ``_BINDING``).
+#: What decides the order of the training records (the data stream), recorded as ``stream.*`` in
+#: a checkpoint's identity. At an epoch's end a change is harmless (the next epoch is a new
+#: pass); mid-epoch the rest of the epoch would come from another order, replaying some records
+#: and skipping others, so a change there is refused.
+_STREAM_LABELS = {
+    "stream.seed": "seed",
+    "stream.shuffle_buffer": "data.shuffle_buffer",
+    "stream.cache": "data.cache",
+    "stream.train_files": "the training files (data.train)",
+    "stream.train_records": "the training records",
+    "stream.processes": "the number of processes sharing the files",
+}
+
+
+def _digest(files: Sequence[str]) -> str:
+    """A short digest of the training files' names, in order (the list itself can be long)."""
+    names = "\n".join(fileio.basename(f) for f in files)
+    return f"{len(files)} files, {hashlib.sha256(names.encode()).hexdigest()[:12]}"
+
+
+def identity(config: dict, plan: Any, train_files: Sequence[str] = ()) -> dict[str, Any]:
+    """What a checkpoint is bound to, as dotted keys (see ``_BINDING``), and what decides its
+    data stream (``stream.*``, checked mid-epoch only).
 
     Args:
         config: the effective config as plain data (features filled in from a schema).
         plan: the run's :class:`~tpurun.runtime.plan.Plan` (global batch size, precision).
+        train_files: the training files, expanded, in the order the pipeline takes them.
     """
     derived = {"global_batch_size": plan.global_batch_size, "precision": plan.precision}
     flat = flatten({**config, **derived})
     if flat.get(_ACCUMULATION) == 1:  # the default, which checkpoints from before it leave out
         del flat[_ACCUMULATION]
-    return {k: v for k, v in flat.items() if any(k.startswith(b) for b in _BINDING)}
+    bound = {k: v for k, v in flat.items() if any(k.startswith(b) for b in _BINDING)}
+    stream = {
+        "seed": config.get("seed"),
+        "shuffle_buffer": flat.get("data.shuffle_buffer"),
+        "cache": flat.get("data.cache") is not None,
+        "train_files": _digest(train_files),
+        "train_records": flat.get("derived.train_records"),
+        "processes": getattr(plan, "num_processes", 1),
+    }
+    return {**bound, **{f"stream.{k}": v for k, v in stream.items()}}
 
 
 def _show(value: Any) -> str:
@@ -200,7 +234,8 @@ def _show(value: Any) -> str:
 
 
 def check_unchanged(point: ResumePoint, now: dict[str, Any]) -> None:
-    """Refuse a resume whose checkpoint was trained with another model, features or batch.
+    """Refuse a resume whose checkpoint was trained with another model, features or batch, or,
+    mid-epoch, another data stream.
 
     Raises:
         TpurunError: naming each change, with what was and what is.
@@ -208,17 +243,61 @@ def check_unchanged(point: ResumePoint, now: dict[str, Any]) -> None:
     saved = point.state.get("identity")
     if not saved:
         return  # a warm start: nothing recorded to compare
-    changed = sorted(k for k in set(saved) | set(now) if saved.get(k) != now.get(k))
+    bound = {k for k in set(saved) | set(now) if not k.startswith("stream.")}
+    changed = sorted(k for k in bound if saved.get(k) != now.get(k))
+    if changed:
+        shown = "; ".join(f"{k}: {_show(saved.get(k))} -> {_show(now.get(k))}" for k in changed[:4])
+        more = f" (and {len(changed) - 4} more)" if len(changed) > 4 else ""
+        raise TpurunError(
+            f"cannot resume from {point.source}: the config changed in a way the checkpoint cannot "
+            f"follow ({shown}{more}). A checkpoint only fits the model, features, batch size, "
+            "gradient accumulation and precision it was trained with. Undo the change, pass "
+            "--restart to start over (the old run is moved aside), or give the changed config "
+            "another name."
+        )
+    if point.position[1]:
+        _check_stream(point, saved, now)
+
+
+def _check_stream(point: ResumePoint, saved: dict[str, Any], now: dict[str, Any]) -> None:
+    """Mid-epoch: refuse a change to what orders the records (only what the checkpoint recorded:
+    older ones recorded none)."""
+    changed = [k for k in _STREAM_LABELS if k in saved and saved[k] != now.get(k)]
     if not changed:
         return
-    shown = "; ".join(f"{k}: {_show(saved.get(k))} -> {_show(now.get(k))}" for k in changed[:4])
-    more = f" (and {len(changed) - 4} more)" if len(changed) > 4 else ""
-    raise TpurunError(
-        f"cannot resume from {point.source}: the config changed in a way the checkpoint cannot "
-        f"follow ({shown}{more}). A checkpoint only fits the model, features, batch size, "
-        "gradient accumulation and precision it was trained with. Undo the change, pass --restart to start over (the old run "
-        "is moved aside), or give the changed config another name."
+    shown = "; ".join(
+        f"{_STREAM_LABELS[k]}: {_show(saved[k])} -> {_show(now.get(k))}" for k in changed
     )
+    epoch, step = point.position
+    boundary = _epoch_end(point)
+    back = (
+        f"resume from the end of epoch {boundary[1]} with --resume {boundary[0]} (that epoch's "
+        "steps since are trained again), "
+        if boundary
+        else ""
+    )
+    raise TpurunError(
+        f"cannot resume from {point.source} at epoch {epoch + 1}, step {step}: what orders the "
+        f"training records changed ({shown}). The rest of that epoch would come in another "
+        "order, replaying some records and skipping others. Undo the change to finish the epoch "
+        f"as it began (then change it: an epoch's end takes it), {back}or pass --restart to "
+        "start over."
+    )
+
+
+def _epoch_end(point: ResumePoint) -> tuple[str, int] | None:
+    """The newest epoch-end checkpoint kept beside a mid-epoch one: (its state file, epochs done)."""
+    found = []
+    for name in (PREVIOUS_STATE, "best.json"):
+        path = fileio.join(point.folder, name)
+        with contextlib.suppress(DamagedCheckpoint):
+            other = _from_state(path, path)
+            if other is not None and other.position[1] == 0 and other.position[0] > 0:
+                found.append((other.position[0], path))
+    if not found:
+        return None
+    epochs, path = max(found)
+    return path, epochs
 
 
 def changed_settings(previous: dict | None, now: dict) -> list[str]:

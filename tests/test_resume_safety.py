@@ -1,4 +1,7 @@
-"""A damaged resume point is never read as "no resume point" (issue 26's defect).
+"""A resume never silently loses or changes a run: damaged resume points, and what a mid-epoch
+resume is bound to.
+
+A damaged resume point is never read as "no resume point" (issue 26's defect).
 
 Each session keeps the previous complete resume point (``checkpoints/previous.json`` and its
 weights) beside the latest. When the latest is damaged (its state file truncated or edited, its
@@ -17,7 +20,7 @@ import pytest
 from helpers import logged_epochs, read_log, read_summary, signal_at, toy_config, write_toy_data
 
 import tpurun
-from tpurun.errors import Interrupted
+from tpurun.errors import Interrupted, TpurunError
 from tpurun.storage.rundir import RunDir
 from tpurun.training.checkpoints import integrity, resume
 
@@ -173,6 +176,76 @@ def test_resume_from_a_damaged_best_json_names_it(stopped_run):
     _flip_a_byte(_weights_named_by(best))
     with pytest.raises(resume.DamagedCheckpoint, match=r"best\.keras: its contents changed"):
         tpurun.train({**config, "name": "elsewhere"}, resume=str(best), verbose=False)
+
+
+# ----------------------------------------------------------- what a mid-epoch resume binds
+@pytest.mark.parametrize(
+    ("change", "shown"),
+    [({"seed": 8}, "seed: 7 -> 8"),
+     ({"data": {"shuffle_buffer": 64}}, "data.shuffle_buffer: 256 -> 64"),
+     ({"data": {"cache": "memory"}}, "data.cache: False -> True")],
+)  # fmt: skip
+def test_a_mid_epoch_resume_refuses_a_changed_data_stream(stopped_run, change, shown):
+    run_dir, config, _, _ = stopped_run
+    for key, value in change.items():
+        config[key] = {**config[key], **value} if isinstance(value, dict) else value
+    before = _snapshot(run_dir)
+    with pytest.raises(TpurunError) as info:
+        tpurun.train(config, verbose=False)
+    message = info.value.message
+    assert info.value.exit_code == 2
+    assert f"at epoch 3, step 4: what orders the training records changed ({shown})" in message
+    previous = run_dir / "checkpoints" / "previous.json"
+    assert f"resume from the end of epoch 2 with --resume {previous}" in message
+    assert "Undo the change" in message and "--restart" in message
+    assert _snapshot(run_dir) == before
+
+    # The way out it names works: the epoch's end, with the change.
+    resumed = tpurun.train(config, resume=str(previous), verbose=False)
+    assert resumed["status"] == "completed"
+    assert resumed["resumes"][-1] == {**resumed["resumes"][-1], "epoch": 2, "step": 0}
+
+
+def test_more_training_files_mid_epoch_are_refused(stopped_run, tmp_path):
+    run_dir, config, _, _ = stopped_run
+    extra = tmp_path / "more"
+    write_toy_data(extra, n_train=64, n_val=8, shards=1)
+    config["data"] = {**config["data"], "train": [config["data"]["train"],
+                                                  str(extra / "train-*.tfrecord")]}  # fmt: skip
+    with pytest.raises(TpurunError) as info:
+        tpurun.train(config, verbose=False)
+    message = info.value.message
+    assert "the training files (data.train): 4 files, " in message and "-> 5 files, " in message
+    assert "the training records: 512 -> 576" in message
+
+
+def test_at_an_epoch_end_a_changed_seed_is_allowed_and_said(references, tmp_path, capsys):
+    import shutil
+
+    root, data, _ = references
+    run_dir = tmp_path / "runs" / "unbroken"
+    shutil.copytree(root / "runs" / "unbroken", run_dir)
+    config = _config(data, tmp_path, "unbroken")
+    config["seed"], config["train"] = 8, {**config["train"], "epochs": 4}
+    capsys.readouterr()
+    resumed = tpurun.train(config)
+    assert resumed["epochs_completed"] == 4
+    out = capsys.readouterr().out
+    assert "changed since the last session:" in out and "seed: 7 -> 8" in out
+
+
+def test_the_number_of_processes_is_bound_mid_epoch():
+    from types import SimpleNamespace
+
+    plan = SimpleNamespace(global_batch_size=64, precision="float32", num_processes=2)
+    config = {"seed": 1, "data": {"shuffle_buffer": 10}, "derived": {"train_records": 100}}
+    saved = resume.identity(config, plan, ["a", "b"])
+    point = resume.ResumePoint({"epoch": 1, "step": 3, "identity": saved}, "w", "latest.json")
+    now = resume.identity(config, SimpleNamespace(**{**vars(plan), "num_processes": 1}), ["a", "b"])
+    with pytest.raises(TpurunError, match=r"the number of processes sharing the files: 2 -> 1\)"):
+        resume.check_unchanged(point, now)
+    at_the_end = resume.ResumePoint({**point.state, "step": 0}, "w", "latest.json")
+    resume.check_unchanged(at_the_end, now)  # an epoch's end: allowed
 
 
 # ------------------------------------------------------------------ every kind of checkpoint
