@@ -206,6 +206,18 @@ def test_a_mid_epoch_resume_refuses_a_changed_data_stream(stopped_run, change, s
     assert resumed["resumes"][-1] == {**resumed["resumes"][-1], "epoch": 2, "step": 0}
 
 
+def test_another_reader_mid_epoch_is_refused(stopped_run):
+    pytest.importorskip("tensorflow")
+    run_dir, config, _, _ = stopped_run
+    was = json.loads((run_dir / "checkpoints" / "latest.json").read_text())["identity"]
+    other = {"native": "tf_data", "tf_data": "native"}[was["stream.reader"]]
+    config["data"] = {**config["data"], "reader": other}
+    with pytest.raises(
+        TpurunError, match=rf"the reader \(data.reader\): {was['stream.reader']} -> {other}"
+    ):
+        tpurun.train(config, verbose=False)
+
+
 def test_more_training_files_mid_epoch_are_refused(stopped_run, tmp_path):
     run_dir, config, _, _ = stopped_run
     extra = tmp_path / "more"

@@ -194,6 +194,8 @@ _STREAM_LABELS = {
     "stream.train_files": "the training files (data.train)",
     "stream.train_records": "the training records",
     "stream.processes": "the number of processes sharing the files",
+    # The two readers read files in the same order but shuffle records with their own generators.
+    "stream.reader": "the reader (data.reader)",
 }
 
 
@@ -224,6 +226,7 @@ def identity(config: dict, plan: Any, train_files: Sequence[str] = ()) -> dict[s
         "train_files": _digest(train_files),
         "train_records": flat.get("derived.train_records"),
         "processes": getattr(plan, "num_processes", 1),
+        "reader": getattr(plan, "reader", None),
     }
     return {**bound, **{f"stream.{k}": v for k, v in stream.items()}}
 
