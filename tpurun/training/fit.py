@@ -23,7 +23,7 @@ from tpurun.runtime.plan import Plan
 from tpurun.storage import fileio
 from tpurun.storage.rundir import ADAPTER_SUFFIX, LORA_SUFFIX, SHARDED_SUFFIX, RunDir
 from tpurun.storage.summary import Summary, steady_rate
-from tpurun.training import failures
+from tpurun.training import failures, schedule
 from tpurun.training.checkpoints import resume as resume_lib
 from tpurun.training.signals import Stop, StopNow
 
@@ -82,6 +82,7 @@ def train(job: TrainJob) -> TrainResult:
         config, plan, run, reporter, job.stop, job.identity, sharded=job.runtime.sharded
     )
     checkpoint = control.checkpointer
+    checkpoint.lr_shape = schedule.schedule_shape(config, plan)  # a resume may stretch it
     control.committed = _keep_summary_current(job, progress, checkpoint)
     inputs, batch_spec = _first_inputs(job, model, transform)
     if job.point is not None:
@@ -239,12 +240,19 @@ def _resume(job: TrainJob, model, inputs, checkpoint) -> None:
     _restore(model, inputs, point.weights, job, str(point.source))
     checkpoint.restore(point.state, point.folder)
     checkpoint.restore_seed_states(model, point.state)
-    _apply_lr_scale(model, config, plan, checkpoint.lr_scale, saved=checkpoint.lr_scale)
+    configured = checkpoint.lr_shape
+    epoch, step = point.position
+    checkpoint.lr_shape, stretched = schedule.continued_shape(
+        point.state.get("lr_shape"), configured, epoch * plan.steps_per_epoch + step,
+        decays=config.train.learning_rate.schedule == "cosine",
+    )  # fmt: skip
+    _apply_lr_scale(model, config, plan, checkpoint.lr_scale, saved=checkpoint.lr_scale,
+                    shape=checkpoint.lr_shape, rebuild=checkpoint.lr_shape != configured)  # fmt: skip
     if point.state.get("warm_start"):
         job.reporter.message(f"starting from the weights in {point.source} (no resume state "
                              "beside it: epoch 1, fresh optimizer position)", "note")  # fmt: skip
     else:
-        job.reporter.message(point.describe(), "note")
+        job.reporter.message("; ".join(filter(None, [point.describe(), stretched])), "note")
 
 
 def _first_writes(job: TrainJob, model, control) -> Callable[..., None]:
@@ -304,7 +312,8 @@ def _restore_after_nan(job: TrainJob, f: _Fitting, restores: list[dict]) -> bool
     scale = checkpoint.lr_scale * config.callbacks.nan_lr_factor  # cuts add up
     _restore(f.model, f.inputs, back.weights, job, back.source)
     checkpoint.restore(back.state, back.folder)  # its lr_scale: the one it was saved with
-    _apply_lr_scale(f.model, config, plan, scale, saved=checkpoint.lr_scale)
+    _apply_lr_scale(f.model, config, plan, scale, saved=checkpoint.lr_scale,
+                    shape=checkpoint.lr_shape)  # fmt: skip
     checkpoint.lr_scale = scale
     restores.append({"epoch": epoch, "step": step, "restored_to": list(back.position),
                      "lr_scale": checkpoint.lr_scale})  # fmt: skip
@@ -423,20 +432,18 @@ def _restore(model, inputs, weights: str, job: TrainJob, source: str) -> None:
             ) from None
 
 
-def _apply_lr_scale(model, config: Config, plan: Plan, scale: float, saved: float) -> None:
-    """Run at ``scale`` x the configured learning rate (``on_nan: restore`` cuts it).
-
-    ``saved`` is the scale the loaded checkpoint was saved with. A plain learning rate is an
-    optimizer variable, saved with the checkpoint, so it already holds ``saved``: it is multiplied
-    by ``scale / saved``. A schedule is not saved: it is rebuilt at ``scale``, and the step function
-    retraced (the schedule is compiled into it).
-    """
-    from tpurun.training.model import learning_rate_schedule
-
-    schedule = learning_rate_schedule(config, plan, scale)
-    if isinstance(schedule, float):
+def _apply_lr_scale(
+    model, config: Config, plan: Plan, scale: float, saved: float,
+    shape: dict | None = None, rebuild: bool = False,
+) -> None:  # fmt: skip
+    """Run at ``scale`` x the configured learning rate (``on_nan: restore`` cuts it), on the
+    schedule's ``shape`` (``rebuild``: a resume of another length stretched it). ``saved``: the
+    checkpoint's scale. A plain rate is an optimizer variable, saved with it: multiplied by
+    ``scale / saved``. A schedule is rebuilt and the step retraced (it is compiled into it)."""
+    learning_rate = schedule.learning_rate_schedule(config, plan, scale, shape)
+    if isinstance(learning_rate, float):
         if scale != saved:
             model.optimizer.learning_rate = float(model.optimizer.learning_rate) * scale / saved
-    elif scale != 1.0:
-        model.optimizer.learning_rate = schedule
+    elif scale != 1.0 or rebuild:
+        model.optimizer.learning_rate = learning_rate
         model.train_function = None

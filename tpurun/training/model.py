@@ -1,4 +1,4 @@
-"""The model: import the factory, build optimizer, loss, metrics and the LR schedule, compile."""
+"""The model: import the factory, build optimizer, loss, metrics and compile (the LR schedule is :mod:`.schedule`)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from tpurun.errors import ModelError, TpurunError, describe
 from tpurun.multihost.collectives import lost_peer
 from tpurun.runtime.plan import Plan
 from tpurun.training import remat
+from tpurun.training.schedule import learning_rate_schedule
 
 
 def import_object(spec: str, base_dir: Path, what: str) -> Any:
@@ -196,47 +197,6 @@ def _call(cls: Any, kwargs: dict, what: str, name: str) -> Any:
         return cls(**kwargs)
     except (TypeError, ValueError) as exc:
         raise ModelError(f"{what} '{name}': {exc}") from None
-
-
-def learning_rate_schedule(config: Config, plan: Plan, scale: float = 1.0) -> Any:
-    """A float, or a built-in Keras schedule (so ``model.keras`` loads without tpurun).
-
-    ``scale`` multiplies it throughout (``callbacks.on_nan: restore`` cuts the learning rate).
-
-    The schedule counts optimizer updates, as ``plan.warmup_steps`` and ``plan.total_steps`` do.
-    Under gradient accumulation (N batches an update) Keras reads the schedule at the count of
-    *batches*, and applies update ``k`` (from 0) at batch ``k*N + N-1``
-    (``base_optimizer._backend_apply_gradients``): the schedule is then stretched N times and
-    moved N-1 batches later, so update ``k`` gets the very rate step ``k`` gets without
-    accumulation. A wrapper schedule dividing the step by N would do it too, but would be
-    tpurun's class, which ``keras.saving.load_model`` could not find without tpurun.
-    """
-    keras = frameworks.keras()
-
-    lr = config.train.learning_rate
-    peak = plan.learning_rate * scale
-    n = config.train.gradient_accumulation_steps
-    warmup, total = plan.warmup_steps, plan.total_steps  # in updates
-    if lr.schedule == "constant" and warmup == 0:
-        return peak
-    # CosineDecay covers all cases: linear warmup to `peak` over the warmup, then cosine decay
-    # to 0 over the remaining updates; alpha=1 makes the "decay" a constant. The warmup starts at
-    # peak/warmup, not 0: the first update uses lr(0), and 0 would waste it.
-    start = peak / warmup if warmup else peak
-    if warmup:
-        # The warmup's straight line in batches, through (k*N + N-1, rate of update k): it
-        # starts N-1 batches before the first update, so a little lower.
-        start -= (peak - start) * (n - 1) / (warmup * n)
-    # Without a warmup (and N > 1), a flat one at the peak over the N-1 batches before the first
-    # update moves the decay's start to that update.
-    warmup_batches = warmup * n + n - 1
-    return keras.optimizers.schedules.CosineDecay(
-        initial_learning_rate=start,
-        decay_steps=max(1, total - warmup) * n,
-        alpha=1.0 if lr.schedule == "constant" else 0.0,
-        warmup_target=peak if warmup_batches else None,
-        warmup_steps=warmup_batches,
-    )
 
 
 def _accumulation(config: Config, optimizer_kwargs: dict, what: str) -> int | None:

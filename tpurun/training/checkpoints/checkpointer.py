@@ -113,6 +113,9 @@ class Checkpointer:
         self.resume_at = (0, 0)  # (epochs done, steps into the next) where this fit starts
         self.position = (0, 0)  # the same, as of the last save
         self.lr_scale = 1.0  # on_nan: restore cuts the learning rate; kept for later sessions
+        # The schedule's warmup end and decay length in batches (training.schedule): a resume of
+        # another length stretches it, and later sessions go on with the stretched one.
+        self.lr_shape: dict | None = None
         self.last_logs: dict[str, float] = {}  # the last finished epoch's metrics
         self.metrics_state: list | None = None  # running metric sums to restore mid-epoch
         self._last_save = (0, time.monotonic())  # (global step, time)
@@ -193,6 +196,7 @@ class Checkpointer:
             "best_epoch": self.best_epoch,
             "callbacks": callbacks,
             "lr_scale": self.lr_scale,
+            "lr_shape": self.lr_shape,
             "logs": self.last_logs,
             "identity": self.identity,
             "time": time.time(),
