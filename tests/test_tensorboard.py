@@ -1,12 +1,14 @@
-"""TensorBoard logs, read back from the event files: tags and steps across a SIGTERM and a resume
-(with events a killed session left past its checkpoint), a NaN restore, switched off, and on gs://.
-The TensorFlow backend's events are checked in test_profile (one subprocess for both)."""
+"""TensorBoard logs, read back with TensorBoard's own reader: tags, steps and values across a
+SIGTERM and a resume (with events a killed session left past its checkpoint, the last one cut
+short), a NaN restore, switched off, and on gs://. The TensorFlow backend's events are checked in
+test_profile (one subprocess for both); the event files themselves in test_tensorboard_events."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import FACTORIES, read_log, toy_config, write_config, write_toy_data
 
@@ -14,33 +16,30 @@ import tpurun
 from tpurun.errors import Interrupted
 
 
-def events_in(records) -> list[tuple[str, int, float, str]]:
-    """(tag, step, value, plugin) of each scalar in a sequence of serialized Event records."""
-    import tensorflow as tf
-    from tensorflow.core.util import event_pb2
+def scalars_in(path: Path) -> dict[str, list[tuple[int, float]]]:
+    """``{tag: [(step, value), ...]}`` of an event file (its name must hold ``tfevents``), or of a
+    folder's files in name order, as TensorBoard's own reader reads them, nothing purged (a step
+    that went backwards shows)."""
+    from tensorboard.backend.event_processing import event_accumulator as ea
 
-    found = []
-    for record in records:
-        event = event_pb2.Event.FromString(record)
-        for value in event.summary.value:
-            found.append((value.tag, event.step, float(tf.make_ndarray(value.tensor)),
-                          value.metadata.plugin_data.plugin_name))  # fmt: skip
-    return found
+    reader = ea.EventAccumulator(str(path), size_guidance={ea.SCALARS: 0, ea.TENSORS: 0},
+                                 purge_orphaned_data=False)  # fmt: skip
+    reader.Reload()
+    assert reader.Tags()["tensors"] == []  # every value a scalar summary
+    return {tag: [(e.step, e.value) for e in reader.Scalars(tag)]
+            for tag in reader.Tags()["scalars"]}  # fmt: skip
 
 
 def read_events(folder: Path) -> dict[str, list[tuple[int, float]]]:
-    """``{"train/epoch_loss": [(step, value), ...]}``, files in name order as TensorBoard reads
-    them; every scalar is the scalars plugin's."""
-    import tensorflow as tf
+    """``{"train/epoch_loss": [(step, value), ...]}`` of a run's two event folders."""
+    return {f"{split}/{tag}": points
+            for split in ("train", "validation") if (folder / split).is_dir()
+            for tag, points in scalars_in(folder / split).items()}  # fmt: skip
 
-    out: dict[str, list[tuple[int, float]]] = {}
-    for split in ("train", "validation"):
-        for path in sorted((folder / split).glob("events.out.tfevents.*")):
-            records = [r.numpy() for r in tf.data.TFRecordDataset(str(path))]
-            for tag, step, value, plugin in events_in(records):
-                assert plugin in ("scalars", ""), (tag, plugin)  # metadata on a tag's first event
-                out.setdefault(f"{split}/{tag}", []).append((step, value))
-    return out
+
+def as_float32(values) -> list[float]:
+    """What a value is once written: event files hold float32."""
+    return [float(np.float32(v)) for v in values]
 
 
 def assert_steps_only_go_forward(events: dict[str, list[tuple[int, float]]]) -> None:
@@ -65,14 +64,16 @@ def test_curves_continue_across_a_sigterm_and_resume_without_repeats(toy_data, t
     assert max(step for points in first.values() for step, _ in points) <= 16 + 6
     assert [s for s, _ in first["train/batch_loss"]] == [4, 8, 12, 16, 20]
 
-    # What a session killed after its checkpoint leaves: events past the resume point.
-    import tensorflow as tf
+    # What a session killed after its checkpoint leaves: events past the resume point, the last
+    # one cut short by the kill.
+    from tpurun.observe.events import EventFile
 
-    stale = tf.summary.create_file_writer(str(folder / "train"))
-    with stale.as_default():
-        tf.summary.write("batch_loss", 999.0, step=24)
-        tf.summary.write("epoch_loss", 999.0, step=32)
+    stale = EventFile(str(folder / "train"))
+    stale.scalars({"batch_loss": 999.0}, 24)
+    stale.scalars({"epoch_loss": 999.0}, 32)
     stale.close()
+    Path(stale.path).write_bytes(Path(stale.path).read_bytes()[:-5])
+    assert scalars_in(Path(stale.path)) == {"batch_loss": [(24, 999.0)]}
 
     summary = tpurun.train(config, verbose=False)
     assert summary["status"] == "completed" and summary["resumes"][0]["step"] == 6
@@ -86,13 +87,27 @@ def test_curves_continue_across_a_sigterm_and_resume_without_repeats(toy_data, t
         for metric in ("loss", "accuracy"):
             points = events[f"{split}/epoch_{metric}"]
             assert [s for s, _ in points] == [16, 32, 48]
-            assert [v for _, v in points] == pytest.approx(
-                [float(r[prefix + metric]) for r in rows], rel=1e-6
-            )
-    for tag in ("learning_rate", "examples_per_sec", "input_wait"):
+            assert [v for _, v in points] == as_float32(r[prefix + metric] for r in rows)
+    assert set(events) == {
+        "train/batch_loss", "train/epoch_loss", "train/epoch_accuracy", "train/learning_rate",
+        "train/examples_per_sec", "train/tflops_per_device", "train/input_wait",
+        "validation/epoch_loss", "validation/epoch_accuracy",
+    }  # fmt: skip
+    for tag in ("learning_rate", "examples_per_sec", "tflops_per_device", "input_wait"):
         assert [s for s, _ in events[f"train/{tag}"]] == [16, 32, 48], tag
-    assert [v for _, v in events["train/learning_rate"]] == pytest.approx([0.01] * 3)
-    assert all(0 <= v <= 1 for _, v in events["train/input_wait"])
+    assert [v for _, v in events["train/learning_rate"]] == as_float32([0.01] * 3)
+    # The first session's epoch stays as it wrote it; this session's are its summary's figures.
+    assert events["train/input_wait"][0] == first["train/input_wait"][0]
+    wait = [round(v, 4) for _, v in events["train/input_wait"][1:]]
+    assert wait == summary["epoch_input_wait"]
+    throughput = summary["throughput"]
+    assert (
+        events["train/examples_per_sec"][-1][1]
+        == as_float32([throughput["examples_per_second"]])[0]
+    )
+    assert (
+        events["train/tflops_per_device"][-1][1] == as_float32([throughput["tflops_per_device"]])[0]
+    )
 
 
 def test_a_nan_restore_leaves_no_backwards_steps(toy_data, tmp_path):
@@ -135,12 +150,9 @@ def test_tensorboard_logs_and_curves_in_a_bucket(gcs, tmp_path):
     assert "curves.png" in names and gcs.get(f"{run}/curves.png").startswith(b"\x89PNG")
     for split in ("train", "validation"):
         (events_file,) = [n for n in names if n.startswith(f"{split}/events.out")]
-        raw = gcs.get(f"{run}/{events_file}")
-        local = tmp_path / f"{split}.events"
-        local.write_bytes(raw)
-        import tensorflow as tf
-
-        records = [r.numpy() for r in tf.data.TFRecordDataset(str(local))]
-        steps = [s for tag, s, _, _ in events_in(records) if tag == "epoch_loss"]
+        local = tmp_path / split / Path(events_file).name  # a name the reader takes for a file
+        local.parent.mkdir()
+        local.write_bytes(gcs.get(f"{run}/{events_file}"))
+        steps = [step for step, _ in scalars_in(local)["epoch_loss"]]
         assert steps == [16, 32], split
     assert list(work.iterdir()) == [] and list(temp.iterdir()) == []  # nothing left locally

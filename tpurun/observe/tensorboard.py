@@ -1,4 +1,4 @@
-"""TensorBoard logs in the run directory, written with TensorFlow's own summary writer.
+"""TensorBoard logs in the run directory, written without TensorFlow (:mod:`tpurun.observe.events`).
 
 ``<run>/train`` and ``<run>/validation`` hold the same tags (``epoch_loss``,
 ``epoch_accuracy``...), so TensorBoard draws training and validation on one chart, as Keras'
@@ -10,96 +10,22 @@ the throughput figures (:mod:`tpurun.observe.throughput`): ``tokens_per_sec`` fo
 Steps are global: ``epochs done x steps_per_epoch + step``, so a resumed run continues its curves.
 Events past the resume point (written after the last checkpoint by a session that was stopped or
 killed, or before a NaN restore) are removed when training continues: no step appears twice or
-goes backwards. Scalars are written as the ``scalars`` plugin's summaries with the core
-``tf.summary.write`` (``tf.summary.scalar`` needs the ``tensorboard`` package; viewing does too).
+goes backwards. Viewing them needs the ``tensorboard`` package (``pip install tensorboard``), which
+does not need TensorFlow either.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
 from tpurun import frameworks
+from tpurun.observe.events import SPLITS, EventFile, after_the_last_file, trim_events
 from tpurun.storage import fileio
-from tpurun.storage.rundir import TENSORBOARD_SPLITS, RunDir
+from tpurun.storage.rundir import RunDir
 from tpurun.training.checkpoints.checkpointer import step_offset
 
 keras = frameworks.keras()  # the process is set up: see tpurun.frameworks
-
-SPLITS = TENSORBOARD_SPLITS
-EVENTS_GLOB = "events.out.tfevents.*"
-
-
-def _scalar_metadata() -> Any:
-    summary_pb2 = frameworks.tensorflow("core.framework.summary_pb2")
-
-    return summary_pb2.SummaryMetadata(
-        plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
-        data_class=summary_pb2.DATA_CLASS_SCALAR,
-    )
-
-
-def event_files(folder: str) -> list[str]:
-    """The event files of a run's TensorBoard folder, split by split, oldest name first."""
-    found = []
-    for split in SPLITS:
-        found += fileio.glob(fileio.join(fileio.escape(fileio.join(folder, split)), EVENTS_GLOB))
-    return found
-
-
-def _after_the_last_file(folder: str) -> None:
-    """Wait, if need be, until a new event file's name sorts after every one there.
-
-    TensorFlow names a file ``events.out.tfevents.<seconds>.<host>.<pid>.<counter>``, and
-    TensorBoard reads a folder's files in name order, dropping the points of a step that comes
-    after a later one. Two sessions in the same second (a quick rerun, a notebook, a test) compare
-    on their pids and counters as text, which can put the later session's file first: so a
-    session that would start a file in the same second as the newest one waits for the next.
-    """
-    newest = 0
-    for path in event_files(folder):
-        field = fileio.basename(path).split(".")[3:4]
-        if field and field[0].isdigit():
-            newest = max(newest, int(field[0]))
-    while time.time() < newest + 1:
-        time.sleep(min(1.0, newest + 1 - time.time()))
-
-
-def trim_events(folder: str, last_step: int) -> int:
-    """Drop the summaries with a step past ``last_step`` from every event file under ``folder``
-    (a file left with none is removed). Returns how many were dropped.
-
-    Event files are TFRecord files of ``Event`` protos; each changed file is rewritten whole and
-    atomically (object stores cannot truncate).
-    """
-    tf = frameworks.tensorflow()
-    event_pb2 = frameworks.tensorflow("core.util.event_pb2")
-
-    dropped = 0
-    for path in event_files(folder):
-        records = [bytes(r.numpy()) for r in tf.data.TFRecordDataset(path)]
-        kept, summaries = [], 0
-        for record in records:
-            event = event_pb2.Event.FromString(record)
-            if event.HasField("summary") and event.step > last_step:
-                continue
-            kept.append(record)
-            summaries += event.HasField("summary")
-        if len(kept) == len(records):
-            continue
-        dropped += len(records) - len(kept)
-        if not summaries:
-            fileio.remove(path)
-            continue
-
-        def write(tmp: str, kept: list[bytes] = kept) -> None:
-            with tf.io.TFRecordWriter(tmp) as writer:
-                for record in kept:
-                    writer.write(record)
-
-        fileio.save_atomically(path, write)
-    return dropped
 
 
 class TensorBoardLog(keras.callbacks.Callback):
@@ -117,36 +43,26 @@ class TensorBoardLog(keras.callbacks.Callback):
         self.every = loss_every_steps
         self.checkpointer = checkpointer  # its resume_at: where this fit sequence starts
         self.progress, self.input_wait = progress, input_wait
-        self.writers: dict[str, Any] = {}
+        self.writers: dict[str, EventFile] = {}
         self.last_step = -1  # the highest step written by this session
         self._start: int | None = None  # where the current epoch starts, until the first write
         self._epoch = 0
-        self._metadata = None
 
     # ------------------------------------------------------------------ writing
     def _open(self, start: int) -> None:
-        tf = frameworks.tensorflow()
         if self.writers and self.last_step <= start:
             return  # continuing where this session's events end
         self.close()
         trim_events(self.folder, start)
-        _after_the_last_file(self.folder)
-        self._metadata = _scalar_metadata()
-        self.writers = {
-            split: tf.summary.create_file_writer(fileio.join(self.folder, split))
-            for split in SPLITS
-        }
+        after_the_last_file(self.folder)
+        self.writers = {split: EventFile(fileio.join(self.folder, split)) for split in SPLITS}
         self.last_step = start
 
     def _write(self, split: str, values: Mapping[str, float], step: int) -> None:
-        tf = frameworks.tensorflow()
         if self._start is not None:  # opened at the first write: not before the first step
             self._open(self._start)
             self._start = None
-        with tf.device("/cpu:0"), self.writers[split].as_default():
-            for tag, value in values.items():
-                tf.summary.write(tag, tf.constant(float(value), tf.float32), step=step,
-                                 metadata=self._metadata)  # fmt: skip
+        self.writers[split].scalars(values, step)
         self.last_step = max(self.last_step, step)
 
     def flush(self) -> None:
