@@ -151,3 +151,29 @@ def test_tensorflow_coming_later_is_seeded_and_kept_off_the_gpus(tmp_path):
     pytest.importorskip("tensorflow")
     result = run_python(_SAVE_ON_JAX, str(tmp_path / "model.keras"), "then-tensorflow")
     assert result.stdout.split() == ["True", "True", "False", "7", "True"], result.stderr
+
+
+# A quickstart train on JAX with the native reader, its profile and TensorBoard logs, as a person
+# runs it from Python.
+_TRAIN_ON_JAX = """
+import sys, tpurun
+summary = tpurun.train(sys.argv[1], verbose=False, output=sys.argv[2], overrides=[
+    "data.reader=native", "train.epochs=2", "train.profile={start_step: 3, steps: 2}"])
+print(summary["status"], summary["steps_per_epoch"], "tensorflow" in sys.modules)
+"""
+
+
+@pytest.mark.slow
+def test_a_jax_train_with_the_native_reader_leaves_tensorflow_out(tmp_path):
+    """Where TensorFlow is installed, the JAX path trains, saves .keras checkpoints, writes its
+    TensorBoard logs and a profile without importing it."""
+    from test_tensorboard import read_events
+
+    result = run_python(_TRAIN_ON_JAX, QUICKSTART, str(tmp_path))
+    status, steps, imported = result.stdout.split()[-3:]
+    assert (status, imported) == ("completed", "False"), result.stderr
+    run = tmp_path / "quickstart"
+    assert (run / "model.keras").is_file() and (run / "checkpoints" / "best.keras").is_file()
+    assert len(list((run / "plugins" / "profile").glob("*/*.xplane.pb"))) == 1
+    events = read_events(run)
+    assert [s for s, _ in events["validation/epoch_accuracy"]] == [int(steps), 2 * int(steps)]
