@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 
@@ -147,8 +148,8 @@ def test_a_keras_save_on_jax_leaves_tensorflow_out(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow comes later")
 def test_tensorflow_coming_later_is_seeded_and_kept_off_the_gpus(tmp_path):
-    pytest.importorskip("tensorflow")
     result = run_python(_SAVE_ON_JAX, str(tmp_path / "model.keras"), "then-tensorflow")
     assert result.stdout.split() == ["True", "True", "False", "7", "True"], result.stderr
 

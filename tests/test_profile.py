@@ -5,6 +5,7 @@ and the input wait measured through Keras' eager path."""
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 from pathlib import Path
 
@@ -38,6 +39,7 @@ def test_a_profile_of_some_steps_on_jax_and_training_goes_on(toy_data, tmp_path,
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="the TensorFlow backend")
 def test_tensorflow_backend_profile_tensorboard_and_input_wait(toy_data, tmp_path):
     config = toy_config(toy_data, tmp_path / "runs", name="tf",
                         runtime={"backend": "tensorflow"},
