@@ -9,7 +9,6 @@ from typing import Annotated
 
 import typer
 
-from tpurun import frameworks
 from tpurun.cli.args import ConfigArg, SetOpt
 from tpurun.cli.boundary import SetCommand, exit_codes, fail
 from tpurun.errors import TpurunError
@@ -192,10 +191,8 @@ def data_write(
     plain = want_plain(plain)
     progress = TaskProgress("writing", "records", plain=plain or as_json, closing=False)
     with exit_codes(interrupted="interrupted: nothing was left half-written"):
-        from tpurun.display import reports
-
-        frameworks.tensorflow()  # first: without its start-up notices
         from tpurun.data.write import write_dataset
+        from tpurun.display import reports
 
         map_source = None
         if tokenize is not None:
@@ -236,10 +233,8 @@ def data_inspect(
     plain = want_plain(plain)
     progress = TaskProgress("counting records", "files", plain=plain or as_json)
     with exit_codes():
-        from tpurun.display import reports
-
-        frameworks.tensorflow()  # first: without its start-up notices
         from tpurun.data.inspect import inspect
+        from tpurun.display import reports
 
         with progress:
             report = inspect(globs, sample=sample, progress=progress)

@@ -122,9 +122,10 @@ def check_record(serialized: bytes, features: Mapping[str, Any], filename: str) 
     Raises:
         DataError: naming the feature, the file, what was declared and what the record holds.
     """
-    tf = frameworks.tensorflow()
+    from tpurun.data.native import example as examples  # defers protobuf to the first check
+
     try:
-        example = tf.train.Example.FromString(serialized)
+        example = examples.parse(serialized)
     except Exception:  # protobuf raises its own DecodeError type
         raise DataError(
             f"{filename}: the first record is not a tf.train.Example; tpurun reads Examples "

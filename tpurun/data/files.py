@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from tpurun import frameworks
 from tpurun.errors import DataError
+from tpurun.storage import fileio
 
 _COMPRESSION = {"none": "", "gzip": "GZIP"}
 
@@ -50,20 +50,11 @@ def expand(patterns: str | Sequence[str], rule: PathRule | None = None, key: str
         StorageError: a gs:// glob cannot be listed (storage unreachable, no permission, no such
             bucket), naming the bucket and the fix.
     """
-    tf = frameworks.tensorflow()
-    from tpurun.storage import fileio
-
     rule = rule or working_directory()
     files: list[str] = []
     for pattern in [patterns] if isinstance(patterns, str) else patterns:
         path = rule(pattern)
-        try:
-            matched = _files_only(tf.io.gfile.glob(path))
-        except tf.errors.OpError as exc:
-            if fileio.is_remote(path):
-                what = f"listing the files of {key}" if key else "listing the files"
-                raise fileio.storage_error(path, what, exc) from None
-            raise DataError(f"{path}: cannot list files: {exc.message}") from None
+        matched = _files_only(fileio.glob(path))
         if not matched:
             hint = ""
             if path != pattern:
@@ -75,41 +66,35 @@ def expand(patterns: str | Sequence[str], rule: PathRule | None = None, key: str
 
 
 def _files_only(matched: list[str]) -> list[str]:
-    """The matches that are files. In a bucket, asking each match would cost two requests per
-    file; one listing per folder tells them apart (a folder is listed as ``name/``)."""
-    tf = frameworks.tensorflow()
-    remote = [m for m in matched if "://" in m]
-    if not remote:
-        return [m for m in matched if not tf.io.gfile.isdir(m)]
-    listed: dict[str, set[str]] = {}
-    files = []
-    for match in matched:
-        folder, _, name = match.rpartition("/")
-        if folder not in listed:
-            listed[folder] = set(tf.io.gfile.listdir(folder))
-        if name in listed[folder]:
-            files.append(match)
-    return files
+    """The matches that are files; in a bucket, asked several at a time (a request each)."""
+    if not any(fileio.is_remote(m) for m in matched):
+        return [m for m in matched if not os.path.isdir(m)]
+    with ThreadPoolExecutor(max_workers=min(16, len(matched))) as pool:
+        folders = list(pool.map(fileio.isdir, matched))
+    return [m for m, folder in zip(matched, folders, strict=True) if not folder]
 
 
 def sizes(files: Sequence[str]) -> list[int]:
     """Each file's size in bytes, asked several at a time (one request each in a bucket)."""
-    tf = frameworks.tensorflow()
     if not files:
         return []
     with ThreadPoolExecutor(max_workers=min(16, len(files))) as pool:
-        return list(pool.map(lambda f: int(tf.io.gfile.stat(f).length), files))
+        return list(pool.map(fileio.size, files))
 
 
 def detect_compression(path: str) -> str:
     """GZIP files start with 1f 8b; TFRecord files start with a record length and its CRC."""
-    tf = frameworks.tensorflow()
-    with tf.io.gfile.GFile(path, "rb") as f:
+    with fileio.open_binary(path) as f:
         return "gzip" if f.read(3) == b"\x1f\x8b\x08" else "none"  # magic + deflate
+
+
+def resolve_compression(compression: str, files: Sequence[str]) -> str:
+    """data.compression as "none" or "gzip": "auto" is read from the first file."""
+    if compression == "auto":
+        return detect_compression(files[0]) if files else "none"
+    return compression
 
 
 def compression_type(compression: str, files: Sequence[str]) -> str:
     """TF's ``compression_type`` ("" or "GZIP") for data.compression, "auto" read from a file."""
-    if compression == "auto":
-        compression = detect_compression(files[0]) if files else "none"
-    return _COMPRESSION[compression]
+    return _COMPRESSION[resolve_compression(compression, files)]

@@ -19,11 +19,12 @@ from typing import Any
 
 import yaml
 
-from tpurun import frameworks
 from tpurun.data import files as datafiles
 from tpurun.data import records, schema_file
 from tpurun.data.advice import advise
 from tpurun.data.decode import image_format
+from tpurun.data.native import example as examples
+from tpurun.data.native import framing, images
 from tpurun.errors import DataError
 
 VERSION = 1
@@ -164,28 +165,12 @@ def _write_hint(path: str) -> str:
 # ------------------------------------------------------------------------------------ reading
 def _read_samples(paths: Sequence[str], compression: str, sample: int) -> list[tuple[Any, int]]:
     """The first ``sample`` records, as (parsed tf.train.Example, serialized bytes) pairs."""
-    tf = frameworks.tensorflow()
     samples: list[tuple[Any, int]] = []
     for path in paths:
-        dataset = tf.data.TFRecordDataset(
-            path, compression_type="GZIP" if compression == "gzip" else ""
-        )
-        try:
-            records = [r.numpy() for r in dataset.take(sample - len(samples))]
-        except tf.errors.OpError as exc:
-            from tpurun.storage.fileio import as_storage_error
-
-            unreadable = as_storage_error(exc, "reading it")
-            if unreadable is not None:
-                raise unreadable from None
-            reason = exc.message.split("}} ")[-1].split(" [Op:")[0]  # without TF's op names
-            raise DataError(
-                f"{path}: not a TFRecord file (compression: {compression}): {reason}."
-                + _write_hint(path)
-            ) from None
+        records = _first_records(path, compression, sample - len(samples))
         for record in records:
             try:
-                example = tf.train.Example.FromString(record)
+                example = examples.parse(record)
             except Exception:  # protobuf raises its own DecodeError type
                 example = None
             if example is None or not example.features.feature:
@@ -198,6 +183,30 @@ def _read_samples(paths: Sequence[str], compression: str, sample: int) -> list[t
         if len(samples) >= sample:
             break
     return samples
+
+
+def _first_records(path: str, compression: str, count: int) -> list[bytes]:
+    """Up to ``count`` records from the start of ``path``.
+
+    Raises:
+        DataError: the file is not TFRecords (damaged where its first records should be).
+    """
+    reader = framing.iter_records(path, compression)
+    records: list[bytes] = []
+    try:
+        while len(records) < count and (record := next(reader, None)) is not None:
+            records.append(record)
+    except framing.DamagedRecord as damage:
+        problem = framing.where_damaged(damage.reason, damage.offset, damage.index, compression)
+        raise DataError(
+            f"{path}: not a TFRecord file (compression: {compression}): {problem}."
+            + _write_hint(path)
+        ) from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read it: {exc.strerror or exc}.") from None
+    finally:
+        reader.close()
+    return records
 
 
 # ---------------------------------------------------------------------------------- inference
@@ -273,14 +282,13 @@ def _infer_key(kind: str, values: list[list[Any]]) -> tuple[dict | None, list[st
 
 
 def _image_shape(blobs: list[bytes]) -> tuple[list[int] | None, list[str]]:
-    tf = frameworks.tensorflow()
     shapes = []
     for blob in blobs:
         if not image_format(blob):
             return None, ["some values are JPEG/PNG images, others are not"]
         try:
-            shapes.append(tf.io.decode_image(blob, expand_animations=False).shape.as_list())
-        except tf.errors.OpError:
+            shapes.append(list(images.shape_of(blob)))
+        except images.ImageError:
             return None, ["starts like a JPEG/PNG image but does not decode"]
     height, width, _ = shapes[0]
     # Gray and color images mixed: decoding to the most channels keeps the color.

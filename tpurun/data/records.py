@@ -16,27 +16,23 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from tpurun import frameworks
 from tpurun.data import decode as feat
 from tpurun.data import schema_file as schema_lib
-from tpurun.data.files import compression_type, sizes
+from tpurun.data.files import resolve_compression, sizes
+from tpurun.data.native import framing
 from tpurun.errors import DataError
+from tpurun.storage import fileio
 
-#: Bytes of TFRecord framing around each record: length (8), its CRC (4), the data's CRC (4).
-_FRAMING = 16
 #: Cache keys of damaged files: this prefix + the file's key, so an older tpurun reading the same
 #: cache finds no count for them and reads the file itself.
 _DAMAGED = "damaged|"
 _COUNT_BATCH = 8  # files read together between two progress reports
-_TF_OFFSET = re.compile(r"(truncated|corrupted) record at \d+")
-_TF_INFLATE = re.compile(r"inflate\(\) failed with error -?\d+: ([\w ]+)")
 
 
 # ------------------------------------------------------------------------------------- damage
@@ -64,15 +60,16 @@ class CorruptShard:
     split: str = ""
     compression: str = "none"
 
+    @classmethod
+    def from_damage(cls, damage: framing.DamagedRecord) -> CorruptShard:
+        """The shard of a damaged record that the reader met (one more record than the good
+        ones is lost, as far as it can tell)."""
+        return cls(damage.path, damage.offset, damage.index, damage.index + 1, damage.reason,
+                   compression=damage.compression)  # fmt: skip
+
     def problem(self) -> str:
         """``truncated record at byte 1662, after 19 good records``."""
-        where = ""
-        if self.offset is not None:
-            of = " of the decompressed data" if self.compression == "gzip" else ""
-            where = f" at byte {self.offset}{of}"
-        if not self.good_records:
-            return f"{self.reason}{where} (the first record)" if where else self.reason
-        return f"{self.reason}{where}, after {_plural(self.good_records, 'good record')}"
+        return framing.where_damaged(self.reason, self.offset, self.good_records, self.compression)
 
     def describe(self) -> str:
         """One warning sentence for a shard that data.skip_corrupt left out."""
@@ -105,21 +102,10 @@ def _plural(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def _unreadable(path: str, exc, how: str = "") -> DataError:
-    """A file that cannot be read: storage trouble (unreachable, no permission) says so and how
-    to fix it; anything else is the file's own problem."""
-    from tpurun.storage.fileio import as_storage_error
-
-    storage = as_storage_error(exc, "reading it")
-    if storage is not None:
-        return DataError(storage.message)
-    return DataError(f"{path}: cannot read it{' ' + how if how else ''}: {_tf_message(exc)}")
-
-
-def _tf_message(exc) -> str:
-    """TF's error text without the ``{{function_node ...}}`` prefix and ``[Op:...]`` suffix."""
-    message = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", exc.message or str(exc))
-    return message.split(" [Op:")[0].strip()
+def _unreadable(path: str, exc: OSError, how: str = "") -> DataError:
+    """A local file that cannot be read (no permission, a folder, gone)."""
+    reason = exc.strerror or str(exc)
+    return DataError(f"{path}: cannot read it{' ' + how if how else ''}: {reason}.")
 
 
 # --------------------------------------------------------------------------- reading through
@@ -129,57 +115,23 @@ def _cache_file() -> Path:
 
 
 def _file_key(path: str) -> str:
-    tf = frameworks.tensorflow()
-    stat = tf.io.gfile.stat(path)
-    return f"{path}|{stat.length}|{stat.mtime_nsec}"
-
-
-def _read_through(path: str, compression: str, *, skip_errors: bool) -> tuple[int, int]:
-    """Records and data bytes in a file, in one pass of TF's (CRC-checking) reader."""
-    tf = frameworks.tensorflow()
-    ds = tf.data.TFRecordDataset(path, compression_type=compression)
-    if skip_errors:
-        ds = ds.ignore_errors()  # ends the file at its first damaged record
-    zero = tf.constant(0, tf.int64)
-    n, nbytes = ds.reduce(
-        (zero, zero), lambda acc, r: (acc[0] + 1, acc[1] + tf.cast(tf.strings.length(r), tf.int64))
-    )
-    return int(n), int(nbytes)
+    return f"{path}|{fileio.size(path)}|{fileio.mtime(path)!r}"
 
 
 def _count_one(path: str, compression: str) -> int | CorruptShard:
-    """Read one file to its end: its record count, or where it is damaged.
+    """Read one file to its end, checking every record: its record count, or where it is damaged.
 
     Raises:
         DataError: the file cannot be read for another reason than damage (permissions, ...).
+        StorageError: a remote file cannot be read (unreachable, no permission).
     """
-    tf = frameworks.tensorflow()
-    tf_compression = compression_type(compression, [path])
-    kind = "gzip" if tf_compression else "none"
     try:
-        n, nbytes = _read_through(path, tf_compression, skip_errors=False)
-    except tf.errors.DataLossError as exc:
-        message = _tf_message(exc)
-        good, good_bytes = _read_through(path, tf_compression, skip_errors=True)
-        offset = _FRAMING * good + good_bytes  # where the record after the good ones starts
-        located = _TF_OFFSET.search(message)
-        if located and located[1] == "truncated":
-            reason = "truncated record"
-        elif located:
-            reason = "corrupted record (checksum mismatch)"
-        else:
-            inflate = _TF_INFLATE.search(message)
-            reason = f"GZIP data error ({inflate[1].strip()})" if inflate else message
-            # zlib fails a whole read buffer at once: the damage is somewhere after the offset.
-            offset = None
-        return CorruptShard(path, offset, good, good + 1, reason, compression=kind)
-    except tf.errors.OpError as exc:
+        verdict = framing.scan(path, resolve_compression(compression, [path]))
+    except OSError as exc:
         raise _unreadable(path, exc) from None
-    if kind == "none" and _FRAMING * n + nbytes < tf.io.gfile.stat(path).length:
-        # TF's reader takes a record header cut short by the end of the file for a clean end.
-        reason = "truncated record" if n else "not a TFRecord file, or one truncated in its header"
-        return CorruptShard(path, _FRAMING * n + nbytes, n, n + 1, reason)
-    return n
+    if isinstance(verdict, framing.DamagedRecord):
+        return CorruptShard.from_damage(verdict)
+    return verdict[0]
 
 
 def verify(
@@ -298,19 +250,17 @@ def find_corrupt(files: Sequence[str], compression: str) -> list[CorruptShard]:
 
 def check_first_record(files: Sequence[str], features: Mapping[str, Any], compression: str) -> None:
     """Fail early, with a clear message, when the records do not match the declared features."""
-    tf = frameworks.tensorflow()
-    ds = tf.data.TFRecordDataset(files[0], compression_type=compression_type(compression, files))
     try:
-        first = next(iter(ds.take(1)), None)
-    except tf.errors.OpError as exc:
-        if isinstance(exc, tf.errors.DataLossError):
-            verdict = _count_one(files[0], compression)
-            if isinstance(verdict, CorruptShard):
-                raise corrupt_error([verdict]) from None
+        records = framing.iter_records(files[0], resolve_compression(compression, files))
+        first = next(records, None)
+        records.close()
+    except framing.DamagedRecord as damage:
+        raise corrupt_error([CorruptShard.from_damage(damage)]) from None
+    except OSError as exc:
         raise _unreadable(files[0], exc, "as TFRecords") from None
     if first is None:
         raise DataError(f"{files[0]}: the file holds no records.")
-    feat.check_record(first.numpy(), features, files[0])
+    feat.check_record(first, features, files[0])
 
 
 # ------------------------------------------------------------------------------ one data split

@@ -59,8 +59,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
-from tpurun import frameworks
 from tpurun.errors import DataError
+from tpurun.storage import fileio
 
 #: What tokenised records were made with (``tpurun data write --tokenize``; see above).
 TOKENIZED = "tokenized"
@@ -126,14 +126,13 @@ def make(
 
 def write(path: str, schema: Mapping[str, Any]) -> None:
     """Write atomically (locally: temp name and rename; remote: write then copy)."""
-    from tpurun.storage.fileio import save_atomically
 
     def dump(tmp: str) -> None:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(schema, f, indent=2)
             f.write("\n")
 
-    save_atomically(path, dump)
+    fileio.save_atomically(path, dump)
 
 
 def read(path: str) -> dict[str, Any]:
@@ -142,11 +141,9 @@ def read(path: str) -> dict[str, Any]:
     Raises:
         DataError: the file is not a tpurun schema of a version this tpurun reads.
     """
-    tf = frameworks.tensorflow()
     try:
-        with tf.io.gfile.GFile(path, "r") as f:
-            data = json.loads(f.read())
-    except (tf.errors.OpError, ValueError) as exc:
+        data = json.loads(fileio.read_text(path))
+    except (OSError, ValueError, fileio.StorageError) as exc:
         raise DataError(f"{path}: cannot read the schema file: {exc}") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise DataError(f'{path}: not a tpurun schema file (no "format": "{FORMAT}").')
@@ -164,14 +161,13 @@ def find_for(files: Iterable[str]) -> dict[str, tuple[str, dict]]:
     Looks for ``*.schema.json`` in each shard's folder once; a schema whose listed size disagrees
     is still trusted only for the shards it names.
     """
-    tf = frameworks.tensorflow()
     found: dict[str, tuple[str, dict]] = {}
     folders: dict[str, list[tuple[str, dict]]] = {}
     for file in files:
         folder = file.rsplit("/", 1)[0] if "/" in file else "."
         if folder not in folders:
             schemas = []
-            for path in sorted(tf.io.gfile.glob(f"{folder}/*{SUFFIX}")):
+            for path in sorted(fileio.glob(f"{folder}/*{SUFFIX}")):
                 try:
                     schemas.append((path, read(path)))
                 except DataError:

@@ -2,11 +2,11 @@
 
 A write is all or nothing: shards are written under hidden ``.<name>.partial`` names (which no
 ``*.tfrecord`` glob matches), renamed once every shard is complete, and the old shards of the
-prefix are removed after. Paths are local, gs:// or ram:// (``tf.io.gfile``).
+prefix are removed after. Paths are local, gs:// or ram:// (:mod:`tpurun.storage.fileio`), and
+records are framed by :mod:`tpurun.data.native.framing`, without TensorFlow.
 
-In a bucket, TensorFlow stages each shard in a local temporary file and uploads it when the writer
-closes (an object appears whole, or not at all), and a rename is a server-side copy followed by a
-delete of the source. Each final shard still appears whole, at once; a kill between the copy and
+In a bucket, a shard is uploaded as its writer closes (an object appears whole, or not at all), and
+a rename is a server-side copy followed by a delete of the source. Each final shard still appears whole, at once; a kill between the copy and
 the delete leaves a ``.partial`` beside it, which the next write to the prefix removes.
 """
 
@@ -15,15 +15,10 @@ from __future__ import annotations
 import contextlib
 import re
 
-from tpurun import frameworks
 from tpurun.data import schema_file as schema
+from tpurun.data.native import framing
 from tpurun.errors import DataError
-
-
-def tf_options(compression: str):
-    """TF's writer options for "none" or "gzip"."""
-    tf = frameworks.tensorflow()
-    return tf.io.TFRecordOptions(compression_type="GZIP" if compression == "gzip" else "")
+from tpurun.storage import fileio
 
 
 class ShardSet:
@@ -39,13 +34,10 @@ class ShardSet:
         self.index, self.count, self.writer = 0, 0, None
 
     def write(self, record: bytes) -> None:
-        tf = frameworks.tensorflow()
         if self.writer is None:
             if self.index == len(self.paths):
                 raise DataError("the source yielded more records than it counted.")
-            self.writer = tf.io.TFRecordWriter(
-                self.partials[self.index], tf_options(self.compression)
-            )
+            self.writer = framing.RecordWriter(self.partials[self.index], self.compression)
         self.writer.write(record)
         self.count += 1
         if self.count == self.sizes[self.index]:
@@ -54,21 +46,19 @@ class ShardSet:
 
     def finish(self) -> list[tuple[str, int, int]]:
         """Check every shard is complete; return ``(path, records, bytes)`` for each."""
-        tf = frameworks.tensorflow()
         if self.index != len(self.paths):
             raise DataError("the source yielded fewer records than it counted.")
-        sizes = [tf.io.gfile.stat(p).length for p in self.partials]
+        sizes = [fileio.size(p) for p in self.partials]
         return list(zip(self.paths, self.sizes, sizes, strict=True))
 
     def abandon(self) -> None:
         """Close and remove whatever this set wrote; used when the write fails."""
-        tf = frameworks.tensorflow()
         if self.writer is not None:
             with contextlib.suppress(Exception):
                 self.writer.close()
             self.writer = None
         for partial in self.partials:
-            with contextlib.suppress(tf.errors.OpError):
+            with contextlib.suppress(Exception):  # the failure being handled matters more
                 remove(partial)
 
 
@@ -78,7 +68,6 @@ def commit(out_prefix: str, folder: str, base: str, shard_sets: list[ShardSet]) 
     Renames are atomic one file at a time only: a kill between them leaves shards without a schema
     file, which readers handle by counting records.
     """
-    tf = frameworks.tensorflow()
     new = {basename(path) for s in shard_sets for path in s.paths}
     old = [path for path in files_of(folder, base, partial=False) if basename(path) not in new]
     # The old schema may name shards that the new set reuses with other counts: without a schema,
@@ -86,7 +75,7 @@ def commit(out_prefix: str, folder: str, base: str, shard_sets: list[ShardSet]) 
     remove(schema.schema_path(out_prefix))
     for shard_set in shard_sets:
         for partial, path in zip(shard_set.partials, shard_set.paths, strict=True):
-            tf.io.gfile.rename(partial, path, overwrite=True)
+            fileio.rename(partial, path)
     for path in old:
         remove(path)
 
@@ -107,12 +96,11 @@ def _partial_path(path: str) -> str:
 
 def refuse_existing(out_prefix: str, folder: str, base: str) -> None:
     """Refuse to replace a dataset the user may not mean to lose: its shards or schema file."""
-    tf = frameworks.tensorflow()
-    if not tf.io.gfile.isdir(folder):
+    if not fileio.isdir(folder):
         return
     found = files_of(folder, base, partial=False)
     schema_file = schema.schema_path(out_prefix)
-    if tf.io.gfile.exists(schema_file):
+    if fileio.exists(schema_file):
         found.append(schema_file)
     if found:
         names = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
@@ -124,28 +112,20 @@ def refuse_existing(out_prefix: str, folder: str, base: str) -> None:
 
 def prepare_folder(folder: str, base: str) -> None:
     """Create the output folder; remove partial shards that a killed write left behind."""
-    tf = frameworks.tensorflow()
-    if not tf.io.gfile.isdir(folder):
-        tf.io.gfile.makedirs(folder)
+    if not fileio.isdir(folder):
+        fileio.makedirs(folder)
     for stale in files_of(folder, base, partial=True):
         remove(stale)
 
 
 def files_of(folder: str, base: str, *, partial: bool) -> list[str]:
     """The shards (or partial shards) of prefix ``folder/base``, with or without a split."""
-    tf = frameworks.tensorflow()
     name = rf"{re.escape(base)}(-train|-validation)?-\d{{5,}}-of-\d{{5,}}\.tfrecord"
     pattern = re.compile(rf"\.{name}\.partial" if partial else name)
-    return [
-        f"{folder}/{entry}"
-        for entry in sorted(tf.io.gfile.listdir(folder))
-        if pattern.fullmatch(entry.rstrip("/"))
-    ]
+    stem = fileio.escape(base) + "*"
+    listed = fileio.glob(fileio.join(fileio.escape(folder), f".{stem}" if partial else stem))
+    return [path for path in listed if pattern.fullmatch(fileio.basename(path))]
 
 
 def remove(path: str) -> None:
-    tf = frameworks.tensorflow()
-    try:
-        tf.io.gfile.remove(path)
-    except tf.errors.NotFoundError:
-        pass
+    fileio.remove(path, missing_ok=True)

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tpurun import frameworks
 from tpurun.data import schema_file as schema
 from tpurun.data import shards
+from tpurun.data.native import example, framing
 from tpurun.data.sources.columns import TableOptions, table_options
 from tpurun.data.statistics import Statistics
 from tpurun.errors import DataError, TpurunError
@@ -27,35 +27,13 @@ if TYPE_CHECKING:
 
 
 def example_bytes(record: Mapping[str, Any]) -> bytes:
-    """Serialize one record.
+    """Serialize one record as a ``tf.train.Example`` (see :func:`tpurun.data.native.example.serialize`).
 
     ``bytes``/``str`` (or lists of them) become a bytes_list; integer values or arrays become an
     int64_list; float values or arrays become a float_list. Encode a ``raw`` feature yourself with
     ``array.astype(dtype).tobytes()``.
     """
-    import numpy as np
-
-    tf = frameworks.tensorflow()
-    feature = {}
-    for key, value in record.items():
-        if isinstance(value, str):
-            value = value.encode()
-        if isinstance(value, bytes):
-            feature[key] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
-            continue
-        array = np.asarray(value)
-        if array.dtype.kind in "SUO":
-            items = [v.encode() if isinstance(v, str) else bytes(v) for v in array.ravel().tolist()]
-            feature[key] = tf.train.Feature(bytes_list=tf.train.BytesList(value=items))
-        elif array.dtype.kind in "iub":
-            ints = array.astype(np.int64).ravel()
-            feature[key] = tf.train.Feature(int64_list=tf.train.Int64List(value=ints))
-        elif array.dtype.kind == "f":
-            floats = array.astype(np.float32).ravel()
-            feature[key] = tf.train.Feature(float_list=tf.train.FloatList(value=floats))
-        else:
-            raise TypeError(f"record key {key!r}: cannot store a value of dtype {array.dtype}")
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+    return example.serialize(record)
 
 
 def write_shards(
@@ -66,9 +44,8 @@ def write_shards(
     Returns:
         The shard paths, in order.
     """
-    tf = frameworks.tensorflow()
     paths = schema.shard_names(prefix, None, num_shards)
-    writers = [tf.io.TFRecordWriter(p, shards.tf_options(compression)) for p in paths]
+    writers = [framing.RecordWriter(p, compression) for p in paths]
     try:
         for i, record in enumerate(records):
             writers[i % num_shards].write(example_bytes(record))
@@ -273,17 +250,15 @@ def _write_schema(source: Source, out_prefix: str, splits: dict, compression: st
 
 @contextlib.contextmanager
 def _writing_to(out_prefix: str, doing: str):
-    """TensorFlow's I/O errors as a DataError (a local folder) or a StorageError (a bucket:
-    unreachable, no permission, no such bucket), naming ``out_prefix``."""
-    tf = frameworks.tensorflow()
-    from tpurun.storage import fileio
-
+    """A local folder that cannot be written as a DataError naming ``out_prefix`` (a bucket's
+    failures are StorageErrors already: unreachable, no permission, no such bucket)."""
     try:
         yield
-    except tf.errors.OpError as exc:
-        if fileio.is_remote(out_prefix):
-            raise fileio.storage_error(out_prefix, doing, exc) from None
-        raise DataError(f"{out_prefix}: cannot write the shards there: {exc.message}") from None
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise DataError(
+            f"{out_prefix}: cannot write the shards there ({doing}): {reason}."
+        ) from None
 
 
 def _write_records(source, shard_sets, is_validation, chunk_size, progress) -> Statistics:

@@ -54,7 +54,39 @@ def decode(data: bytes, channels: int) -> np.ndarray:
             f"a {fmt} image cannot be decoded to {channels} channels (TensorFlow's decoder "
             f"takes {allowed}); set the feature's channels to {allowed}."
         )
-    return _pixels(image, channels)
+    pixels = _pixels(image, channels)
+    if fmt == "PNG" and channels == 4 and data[24] < 8 and image.mode in ("1", "L", "P"):
+        if "transparency" not in image.info:
+            # TF's PNG decoder fills the alpha it adds with the file's largest sample value, before
+            # widening samples to 8 bits: 1, 3 or 15 for 1-, 2- and 4-bit images.
+            pixels[..., 3] = (1 << data[24]) - 1
+    return pixels
+
+
+#: Channels ``tf.io.decode_image`` gives without ``channels``, by Pillow's mode (a palette gives
+#: RGB, RGBA when it has a transparent entry).
+_MODE_CHANNELS = {"1": 1, "L": 1, "I": 1, "I;16": 1, "I;16B": 1, "I;16L": 1, "LA": 2,
+                  "RGB": 3, "YCbCr": 3, "P": 3, "RGBA": 4, "PA": 4, "CMYK": 4}  # fmt: skip
+
+
+def shape_of(data: bytes) -> tuple[int, int, int]:
+    """``(height, width, channels)`` of an encoded image, as ``tf.io.decode_image`` decodes it
+    with its own channel count (GIF frames are RGB).
+
+    Raises:
+        ImageError: the bytes do not decode.
+    """
+    try:
+        image = Image.open(io.BytesIO(data))
+        image.load()
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise ImageError(f"cannot decode the image: {exc}") from None
+    channels = _MODE_CHANNELS.get(image.mode, 3)
+    if image.format == "GIF":
+        channels = 3
+    elif image.mode == "P" and "transparency" in image.info:
+        channels = 4
+    return image.height, image.width, channels
 
 
 def _simplejpeg(data: bytes, channels: int) -> np.ndarray | None:
@@ -79,7 +111,7 @@ def _pixels(image: Any, channels: int) -> np.ndarray:
         rgb = np.asarray(image.convert("RGB")).astype(np.uint32)
         gray = (_GRAY[0] * rgb[..., 0] + _GRAY[1] * rgb[..., 1] + _GRAY[2] * rgb[..., 2]) >> 15
         return gray.astype(np.uint8)[..., None]
-    return np.asarray(image.convert("RGB" if channels == 3 else "RGBA"))
+    return np.array(image.convert("RGB" if channels == 3 else "RGBA"))
 
 
 def _interpolation(out_size: int, in_size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

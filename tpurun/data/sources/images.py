@@ -3,14 +3,16 @@ re-encoded at one size)."""
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
-from tpurun import frameworks
 from tpurun.data.decode import image_format
+from tpurun.data.native import images as native_images
 from tpurun.data.sources.base import OVERHEAD_PER_FEATURE, Source
 from tpurun.errors import DataError
 
@@ -75,16 +77,18 @@ class ImageFolderSource(Source):
             yield {"image": images, "label": np.array([label for _, label in batch], np.int64)}
 
     def _resize(self, data: bytes, file: str) -> bytes:
-        tf = frameworks.tensorflow()
-        try:
-            image = tf.io.decode_image(data, channels=self._channels, expand_animations=False)
-        except tf.errors.OpError as exc:
-            raise DataError(f"{file}: cannot decode the image: {exc.message}") from None
-        image = tf.image.resize(image, self._size, antialias=True)
-        image = tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+        """The image at ``image_size``, antialiased (Pillow's bilinear filter widens when it
+        shrinks), re-encoded in its own format: PNG, or JPEG at quality 95."""
+        height, width = self._size
+        pixels = _decoded(data, file, self._channels)
+        image = Image.fromarray(pixels[..., 0] if self._channels == 1 else pixels)  # L or RGB
+        image = image.resize((width, height), Image.Resampling.BILINEAR)
+        out = io.BytesIO()
         if image_format(data) == "png":
-            return tf.io.encode_png(image).numpy()
-        return tf.io.encode_jpeg(image, quality=95).numpy()
+            image.save(out, format="PNG")
+        else:
+            image.save(out, format="JPEG", quality=95)
+        return out.getvalue()
 
 
 def _read_image(file: str) -> bytes:
@@ -97,10 +101,16 @@ def _read_image(file: str) -> bytes:
     return data
 
 
-def _image_shape(data: bytes, file: str) -> tuple[int, int, int]:
-    tf = frameworks.tensorflow()
+def _decoded(data: bytes, file: str, channels: int) -> np.ndarray:
     try:
-        shape = tf.io.decode_image(data, expand_animations=False).shape
-    except tf.errors.OpError as exc:
-        raise DataError(f"{file}: cannot decode the image: {exc.message}") from None
-    return int(shape[0]), int(shape[1]), int(shape[2])
+        return native_images.decode(data, channels)
+    except native_images.ImageError as exc:
+        raise DataError(f"{file}: {exc.message}") from None
+
+
+def _image_shape(data: bytes, file: str) -> tuple[int, int, int]:
+    """Height, width and channels, as ``tf.io.decode_image`` gives them."""
+    try:
+        return native_images.shape_of(data)
+    except native_images.ImageError as exc:
+        raise DataError(f"{file}: {exc.message}") from None
