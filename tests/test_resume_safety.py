@@ -178,6 +178,68 @@ def test_resume_from_a_damaged_best_json_names_it(stopped_run):
         tpurun.train({**config, "name": "elsewhere"}, resume=str(best), verbose=False)
 
 
+@pytest.mark.parametrize("damage", ["truncated", "not_an_object", "binary"])
+def test_a_damaged_summary_is_said_copied_and_rebuilt(stopped_run, capsys, damage):
+    run_dir, config, unbroken_dir, unbroken = stopped_run
+    summary = run_dir / "summary.json"
+    original = summary.read_bytes()
+    summary.write_bytes({"truncated": original[:40], "not_an_object": b"[]",
+                         "binary": b"\xff\xfe\x00garbage"}[damage])  # fmt: skip
+    written = summary.read_bytes()
+    capsys.readouterr()
+    resumed = tpurun.train(config)
+    out = capsys.readouterr().out
+    wrong = {"truncated": "not valid JSON (truncated, or edited)",
+             "not_an_object": "not a JSON object", "binary": "not text (binary garbage)"}[damage]  # fmt: skip
+    assert f"{summary} is damaged: {wrong}; it is copied to {summary}.damaged." in out
+    assert (run_dir / "summary.json.damaged").read_bytes() == written
+    # The new summary is whole, from the checkpoint: the resume is recorded, epochs counted.
+    assert read_summary(run_dir)["epochs_completed"] == 3
+    assert resumed["resumes"][-1]["epoch"] == 2 and resumed["resumes"][-1]["step"] == 4
+    assert read_log(run_dir) == read_log(unbroken_dir)
+
+
+def test_runs_lists_a_damaged_summary_as_such(stopped_run):
+    from tpurun.observe.runs import list_runs
+
+    run_dir, _, _, _ = stopped_run
+    (run_dir / "summary.json").write_text("{")
+    (row,) = [r for r in list_runs(str(run_dir.parent)) if r["name"] == "stopped"]
+    assert row["status"] == "summary damaged"
+    assert row["epochs_completed"] == 2  # from the log's rows
+
+
+@pytest.mark.parametrize(
+    ("damage", "good", "wrong"),
+    [("cut_mid_row", 1, "row 3 is damaged (1,0.5)"),
+     ("garbage_row", 1, "row 3 is damaged (@@@)"),
+     ("binary", 0, "not text (binary garbage)"),
+     ("no_header", 0, "its first row is not a header starting with 'epoch' (zzz)")],
+)  # fmt: skip
+def test_a_damaged_log_keeps_its_good_rows_and_a_copy(stopped_run, capsys, damage, good, wrong):
+    run_dir, config, unbroken_dir, _ = stopped_run
+    log = run_dir / "log.csv"
+    lines = log.read_text().splitlines()
+    log.write_bytes({
+        "cut_mid_row": "\n".join([*lines[:2], "1,0.5"]).encode(),
+        "garbage_row": "\n".join([*lines[:2], "@@@"]).encode(),
+        "binary": b"\x00\xff\xfe" * 10,
+        "no_header": b"zzz\n",
+    }[damage])  # fmt: skip
+    written = log.read_bytes()
+    capsys.readouterr()
+    tpurun.train(config)
+    out = capsys.readouterr().out
+    assert (
+        f"{log} is damaged: {wrong}. Its {good} good row(s) are kept and the log goes on from "
+        f"them; the whole file is copied to {log}.damaged." in out
+    )
+    assert (run_dir / "log.csv.damaged").read_bytes() == written
+    kept = read_log(unbroken_dir)[:good]
+    assert read_log(run_dir)[:good] == kept
+    assert [row["epoch"] for row in read_log(run_dir)] == [str(e) for e in range(good)] + ["2"]
+
+
 # ----------------------------------------------------------- what a mid-epoch resume binds
 @pytest.mark.parametrize(
     ("change", "shown"),

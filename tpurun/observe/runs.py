@@ -53,8 +53,10 @@ def _best_logged(rows: list[dict[str, str]], best: dict[str, Any]) -> dict[str, 
 
 def _row(path: str) -> dict[str, Any]:
     run = RunDir(path, writer=False)
-    summary = run.read_summary()
-    if summary is None:
+    summary, wrong = run.summary_state()
+    if wrong is not None:  # named, not taken for a run that never started
+        status, summary = "summary damaged", {}
+    elif summary is None:
         # No summary yet: starting (checking data, compiling); failed before its first write
         # (only an unexpected failure leaves its error.log behind: a user error leaves no folder);
         # or killed while starting.
@@ -70,7 +72,7 @@ def _row(path: str) -> dict[str, Any]:
     best = summary.get("best") or {}
     epochs_done = summary.get("epochs_completed")
     updated = [_updated(summary.get("updated")) or _mtime(run.file(LOCK))]
-    if status in ("running", "died", "starting"):
+    if status in ("running", "died", "starting", "summary damaged"):
         # Its summary was written when it started: each finished epoch is a row of its log.
         log = run.log_name()
         rows = run.read_log(log) if log else []

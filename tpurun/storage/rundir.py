@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from tpurun.errors import TpurunError
-from tpurun.storage import fileio, runlock
+from tpurun.storage import damaged, fileio, runlock
 from tpurun.storage.summary import Summary
 
 CONFIG = "config.yaml"
@@ -113,7 +113,12 @@ class RunDir:
         return fileio.isdir(self.path)
 
     def read_summary(self) -> dict | None:
-        return fileio.read_json(self.file(SUMMARY))
+        """``summary.json``'s data; None when it is missing or damaged (:meth:`summary_state`)."""
+        return self.summary_state()[0]
+
+    def summary_state(self) -> tuple[dict | None, str | None]:
+        """``summary.json``'s data, and what is wrong with it if it is there but unreadable."""
+        return damaged.read_json(self.file(SUMMARY))
 
     def read_config(self) -> dict | None:
         """The ``config.yaml`` a previous session wrote, or None if missing or unreadable."""
@@ -380,8 +385,7 @@ class RunDir:
 
     # ------------------------------------------------------------------ the CSV log
     def _read_rows(self, filename: str) -> list[list[str]]:
-        text = fileio.read_text_or_none(self.file(filename)) or ""
-        return [row for row in csv.reader(io.StringIO(text)) if row]
+        return damaged.log_rows(self.file(filename))[0]
 
     def _write_rows(self, filename: str, rows: list[list[Any]]) -> None:
         out = io.StringIO()
@@ -404,17 +408,17 @@ class RunDir:
         rows.append([epoch, *(_csv_value(logs.get(key, "NA")) for key in header[1:])])
         self._write_rows(filename, rows)
 
-    def trim_log(self, filename: str, epochs_done: int) -> None:
+    def trim_log(self, filename: str, epochs_done: int) -> str | None:
         """Keep the rows of the checkpointed epochs only, so a resume adds no duplicate row.
 
-        Rows number epochs from 0; ``epochs_done`` counts from 1.
+        Rows number epochs from 0; ``epochs_done`` counts from 1. A damaged log keeps its rows up
+        to the damage, and a copy of it whole (:mod:`.damaged`); returns what to say about it.
         """
-        rows = self._read_rows(filename)
-        if not rows:
-            return
-        kept = [rows[0]] + [r for r in rows[1:] if r[0].isdigit() and int(r[0]) < epochs_done]
-        if len(kept) != len(rows):
+        rows, said = damaged.salvage_log(self.file(filename), keep=self.writer)
+        kept = rows[:1] + [r for r in rows[1:] if int(r[0]) < epochs_done]
+        if said is not None or len(kept) != len(rows):
             self._write_rows(filename, kept)
+        return said
 
     def carry_log(self, source: RunDir, filename: str) -> None:
         """Resuming from another run directory (say, last session's read-only output): start this

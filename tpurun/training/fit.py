@@ -270,7 +270,8 @@ def _first_writes(job: TrainJob, model, control) -> Callable[..., None]:
         if log is not None and point is not None:
             run.carry_log(point.run, log)
         if log is not None:  # rows past the resume point are redone; none at all on a fresh run
-            run.trim_log(log, point.position[0] if point is not None else 0)
+            if said := run.trim_log(log, point.position[0] if point is not None else 0):
+                job.reporter.message(said, "warn")  # a damaged log: what was kept
         run.begin(job.effective, job.summary)
         if config.callbacks.on_nan == "restore" and checkpoint.position == (0, 0):
             checkpoint.save_latest(model, 0, 0, "start")  # something to go back to before epoch 1

@@ -32,7 +32,8 @@ from tpurun.observe import input_wait
 from tpurun.runtime.activate import activate
 from tpurun.runtime.machine import Machine, probe
 from tpurun.runtime.prepare import Prepared, choose_for, prepare
-from tpurun.storage.rundir import CONFIG, LORA_MODEL, RunDir, now_iso, run_path
+from tpurun.storage import damaged
+from tpurun.storage.rundir import CONFIG, LORA_MODEL, SUMMARY, RunDir, now_iso, run_path
 from tpurun.storage.summary import Summary, steady_rate
 from tpurun.training import fit
 from tpurun.training.checkpoints import adapter
@@ -185,7 +186,11 @@ def _run(
     if output is None:
         _warn_if_unfinished_elsewhere(config, run, reporter)
     _create(run, runtime, restart, reporter)
-    previous = run.read_summary() or {}
+    # A damaged summary.json is said and copied aside; the new one is written from the checkpoints.
+    previous, said = damaged.salvage_json(run.file(SUMMARY), keep=run.writer)
+    if said is not None:
+        reporter.message(f"{said} A new one is written from the checkpoints.", "warn")
+    previous = previous or {}
     summary = _new_summary(prepared, run, point, previous)
     done, epochs = summary.epochs_completed, config.train.epochs
     if done > epochs or (done == epochs and run.has_model()):
