@@ -9,6 +9,7 @@ fits on the JAX backend read through it, a SIGKILL mid-epoch included.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -37,6 +38,7 @@ from tpurun.errors import DataError, EnvironmentSetupError
 
 ROOT = Path(__file__).resolve().parent.parent
 JAX_VENV = ROOT / ".venv-jax" / "bin"
+TF = importlib.util.find_spec("tensorflow") is not None
 
 
 def data_config(features: dict, inputs, targets, **kw) -> DataConfig:
@@ -340,26 +342,24 @@ def test_a_damaged_record_is_raised_by_the_next_batch_naming_file_and_record(tmp
 
 # -------------------------------------------------------------------------------- the choice
 @pytest.mark.parametrize(
-    ("setting", "backend", "tensorflow", "preprocessing", "name", "reason"),
+    ("setting", "backend", "tensorflow", "preprocessing", "images", "name", "reason"),
     [
-        ("auto", "jax", False, None, "native", "TensorFlow is not installed"),
-        ("auto", "jax", True, None, "native", readers.NATIVE_MEASURED),
-        ("native", "jax", True, None, "native", "asked for in data.reader"),
-        ("tf_data", "jax", True, None, "tf_data", "asked for in data.reader"),
-        (
-            "auto",
-            "tensorflow",
-            True,
-            None,
-            "tf_data",
-            "the TensorFlow backend reads through tf.data",
-        ),
-        ("auto", "jax", True, "text", "tf_data", "the preset's tokenizer runs in tf.data"),
-        ("auto", "jax", True, "images", "tf_data", "the preset's image converter runs in tf.data"),
+        ("auto", "jax", False, None, False, "native", "TensorFlow is not installed"),
+        ("auto", "jax", False, None, True, "native", "TensorFlow is not installed"),
+        ("auto", "jax", True, None, True, "native", readers.NATIVE_MEASURED),
+        ("auto", "jax", True, None, False, "tf_data", readers.TF_DATA_MEASURED),
+        ("native", "jax", True, None, False, "native", "asked for in data.reader"),
+        ("tf_data", "jax", True, None, True, "tf_data", "asked for in data.reader"),
+        ("auto", "tensorflow", True, None, True, "tf_data",
+         "the TensorFlow backend reads through tf.data"),
+        ("auto", "jax", True, "text", False, "tf_data", "the preset's tokenizer runs in tf.data"),
+        ("auto", "jax", True, "images", True, "tf_data",
+         "the preset's image converter runs in tf.data"),
     ],
-)
-def test_one_function_chooses_the_reader(setting, backend, tensorflow, preprocessing, name, reason):
-    chosen = readers.choose(setting, backend, tensorflow, preprocessing)
+)  # fmt: skip
+def test_one_function_chooses_the_reader(setting, backend, tensorflow, preprocessing, images,
+                                         name, reason):  # fmt: skip
+    chosen = readers.choose(setting, backend, tensorflow, preprocessing, images)
     assert (chosen.name, chosen.reason) == (name, reason)
     assert chosen.summary == f"reader: {name} ({reason})"
 
@@ -534,3 +534,63 @@ def test_without_tensorflow_installed_train_reads_natively_and_tf_data_exits_2(t
     assert "error: data.reader: tf_data reads through tf.data, and TensorFlow is not installed" in (
         refused.stderr + refused.stdout
     )
+
+
+# ------------------------------------------------------------------- a preset's token records
+def test_a_presets_tokenised_records_make_the_same_batches_on_either_reader(tiny_presets, tmp_path):
+    """Records written with ``--tokenize``: the preset's transform (shift, weights times the
+    padding's 0) runs on the native reader's numpy batches as in tf.data."""
+    pytest.importorskip("keras_hub")
+    from test_hub_tokenize import LENGTH, chat_rows, preset_config, write
+
+    import tpurun
+    from tpurun import frameworks
+    from tpurun.hub import batches
+    from tpurun.hub.model import build_preprocessor
+    from tpurun.runtime.prepare import prepare_here
+
+    write(tmp_path, chat_rows(30), "tok", "--tokenize", str(tiny_presets.gemma),
+          "--sequence-length", str(LENGTH))  # fmt: skip
+    config = tpurun.load_config(preset_config(tmp_path, tiny_presets.gemma, "tok",
+                                              sequence_length=LENGTH))  # fmt: skip
+    prepared = prepare_here(config)
+    assert prepared.reader.name == "tf_data"  # auto, with TensorFlow installed
+    frameworks.tensorflow().random.set_seed(1)  # before the tokenizer exists (test_hub_tokenize)
+    transform = batches.transform(build_preprocessor(config), prepared.config.data,
+                                  prepared.data.tokenized)  # fmt: skip
+    files, records = prepared.data.validation_files, prepared.data.validation_records
+    size = 5 if records % 5 else 3  # a last batch with padding
+    theirs, ours = both(files, prepared.config.data, size, training=False, score_records=records,
+                        transform=transform)  # fmt: skip
+    assert_same_batches(theirs, ours)
+    x, y, weights = list(ours)[-1]
+    assert x["token_ids"].shape == y.shape == weights.shape == (size, LENGTH)
+    padding = size * ours.num_batches - records
+    assert padding > 0 and not weights[size - padding :].any()  # padding records weigh nothing
+    assert weights[: size - padding].any()
+
+
+def test_data_bench_times_the_reader_training_would_use(toy_data, tmp_path):
+    from typer.testing import CliRunner
+
+    from tpurun.cli.app import app
+
+    rng = np.random.default_rng(4)
+    images = [{"image": encoded(rng.integers(0, 256, (10, 10, 3), np.uint8), "PNG"), "class": i % 3}
+              for i in range(64)]  # fmt: skip
+    (tmp_path / "im").mkdir()
+    write_shards(str(tmp_path / "im" / "train"), images, 2)
+    config = toy_config(tmp_path / "im", tmp_path / "runs", train={"per_core_batch_size": 8})
+    config["data"] = {"train": str(tmp_path / "im" / "train-*.tfrecord"),
+                      "features": {"image": {"type": "image", "shape": [8, 8, 3]},
+                                   "class": {"type": "int64"}},
+                      "inputs": "image", "targets": "class"}  # fmt: skip
+    cases = {"images": (config, "native"),
+             "raw": (toy_config(toy_data, tmp_path / "runs"), "native" if not TF else "tf_data")}  # fmt: skip
+    for name, (cfg, expected) in cases.items():
+        path = write_config(tmp_path, cfg, name)
+        result = CliRunner().invoke(app, ["data", "bench", str(path), "--steps", "3", "--json"])
+        assert result.exit_code == 0, result.output
+        report = json.loads(result.output)
+        assert report["reader"] == expected, name
+        assert report["examples_per_sec"] > 0 and report["steps"] == 3

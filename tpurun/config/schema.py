@@ -281,9 +281,11 @@ class DataConfig(Section):
         "auto",
         description="What reads the records. `native`: tpurun's own reader (numpy batches, no "
         "TensorFlow), for the JAX backend. `tf_data`: `tf.data` (needs TensorFlow). `auto`: "
-        "`tf_data` on the TensorFlow backend, and for a preset whose preprocessor tokenises text in "
-        "the pipeline (records not written with `--tokenize`); `native` otherwise. Unshuffled, both "
-        "make the same batches; the start line and `tpurun doctor` say which one runs and why.",
+        "`native` where TensorFlow is not installed, and for image features (it decodes them "
+        "faster); `tf_data` on the TensorFlow backend, for a preset whose preprocessor tokenises "
+        "text in the pipeline (records not written with `--tokenize`), and for other records where "
+        "TensorFlow is installed (it parses them faster). Unshuffled, both make the same batches; "
+        "the start line and `tpurun doctor` say which one runs and why.",
     )
 
     @staticmethod
