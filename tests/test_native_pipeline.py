@@ -594,3 +594,74 @@ def test_data_bench_times_the_reader_training_would_use(toy_data, tmp_path):
         report = json.loads(result.output)
         assert report["reader"] == expected, name
         assert report["examples_per_sec"] > 0 and report["steps"] == 3
+
+
+# ------------------------------------------------------------------------------ several hosts
+def test_each_processs_share_reads_every_record_once(tmp_path):
+    from tpurun.multihost.shares import shares
+
+    records = [{"i": i} for i in range(37)]
+    data = data_config({"i": {"type": "int64"}}, "i", "i")
+    for files_n, processes in ((5, 2), (8, 4), (2, 4), (1, 3)):
+        files = sorted(write_shards(str(tmp_path / f"d{files_n}-{processes}"), records, files_n))
+        counts = [len(records) // files_n + (k < len(records) % files_n) for k in range(files_n)]
+        seen = []
+        for share in shares(files, counts, processes):
+            ds = native.make_dataset(share.files, data, 1, training=False, shard=share.shard)
+            ids = [int(x[0]) for x, _ in ds]
+            assert len(ids) == share.records
+            seen += ids
+        assert sorted(seen) == list(range(37)), (files_n, processes)
+
+
+@pytest.mark.slow
+def test_two_processes_train_on_the_native_reader(toy_data, tmp_path):
+    import subprocess
+
+    from helpers import TPURUN
+
+    config = native_config(toy_data, tmp_path / "runs", per_core_batch_size=8)
+    config["runtime"] = {"cpu_devices": 4}
+    path = write_config(tmp_path, config)
+    done = subprocess.run([TPURUN, "launch", "-n", "2", "train", str(path)], cwd=ROOT,
+                          env=cli_env(TPURUN_LOST_AFTER_SECONDS="8"), capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = read_summary(tmp_path / "runs" / "toy")
+    assert (summary["processes"], summary["status"], summary["steps_per_epoch"]) == (
+        2,
+        "completed",
+        16,
+    )
+    assert [r["epoch"] for r in read_log(tmp_path / "runs" / "toy")] == ["0", "1"]
+    assert "reader: native (asked for in data.reader)" in done.stdout
+
+
+# ------------------------------------------------------------------------ evaluate, predict
+def test_evaluate_and_predict_give_the_same_answers_on_either_reader(toy_data, tmp_path):
+    """A run's config.yaml says its reader; evaluate and predict read with it. The same
+    checkpoint scores the same metrics and writes the same rows, whichever reader."""
+    pytest.importorskip("tensorflow")
+    import shutil
+
+    import yaml
+
+    import tpurun
+
+    tpurun.train(native_config(toy_data, tmp_path / "runs", epochs=1), verbose=False)
+    native_run = tmp_path / "runs" / "toy"
+    tf_run = tmp_path / "runs" / "toy-tf"
+    shutil.copytree(native_run, tf_run)
+    config = yaml.safe_load((tf_run / "config.yaml").read_text())
+    assert config["data"]["reader"] == "native"
+    config["data"]["reader"] = "tf_data"
+    (tf_run / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    scores, rows = {}, {}
+    for name, run in (("native", native_run), ("tf_data", tf_run)):
+        scores[name] = tpurun.evaluate(str(run))
+        out = tmp_path / f"{name}.csv"
+        tpurun.predict(str(run), str(toy_data / "val-*.tfrecord"), str(out), id_feature="id")
+        rows[name] = out.read_text()
+    assert scores["native"]["metrics"] == scores["tf_data"]["metrics"]
+    assert scores["native"]["records"] == 128 and scores["native"]["padding_records"] == 0
+    assert rows["native"] == rows["tf_data"] and rows["native"].count("\n") == 129  # + header
