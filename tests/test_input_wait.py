@@ -1,40 +1,61 @@
-"""Input wait: the seconds a real fit spends in ``next()``, measured against inputs and steps made
-slow on purpose by a known sleep (ratios that hold on a loaded machine, where absolute times do
-not); the verdict's thresholds; the measure never reaches the CSV log."""
+"""Input wait: the seconds a real fit spends in ``next()``, measured on a stepped clock (the
+measure's own clock, which only the input and the step move, by known amounts: exact on a loaded
+machine); the verdict's thresholds; the measure never reaches the CSV log."""
 
 from __future__ import annotations
 
 import csv
 import re
-import time
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 from helpers import toy_config
 
 import tpurun
+from tpurun.observe import callbacks
 from tpurun.observe.callbacks import InputWait
 from tpurun.observe.input_wait import verdict
 
-SLEEP = 0.05  # seconds: what a batch costs on purpose, the input's or the step's
 BATCHES = 8
 
 
-def timed_fit(input_sleep: float, step_sleep: float) -> InputWait:
-    """A real Keras fit of a tiny model whose input costs ``input_sleep`` a batch (a generator
-    that sleeps) and whose step costs ``step_sleep`` more (a callback that sleeps before it)."""
+class SteppedClock:
+    """The measure's ``time.perf_counter``: it stands still until something costs time."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def spend(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch) -> SteppedClock:
+    stepped = SteppedClock()
+    monkeypatch.setattr(callbacks, "time", SimpleNamespace(perf_counter=stepped))
+    return stepped
+
+
+def stepped_fit(clock: SteppedClock, input_cost: float, step_cost: float) -> InputWait:
+    """A real Keras fit of a tiny model whose input costs ``input_cost`` seconds a batch (a
+    generator that moves the clock) and whose step costs ``step_cost`` more (a callback that moves
+    it before the step)."""
     import keras
 
     def batches():
         rng = np.random.default_rng(0)
         x, y = rng.normal(size=(4, 8)).astype("float32"), np.ones((4, 1), "float32")
         while True:
-            time.sleep(input_sleep)
+            clock.spend(input_cost)
             yield x, y
 
     class SlowStep(keras.callbacks.Callback):
         def on_train_batch_begin(self, batch, logs=None):
-            time.sleep(step_sleep)
+            clock.spend(step_cost)
 
     keras.distribution.set_distribution(None)
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
@@ -45,22 +66,20 @@ def timed_fit(input_sleep: float, step_sleep: float) -> InputWait:
     return wait
 
 
-def test_a_slow_input_is_measured_as_the_time_it_takes():
-    """Each batch sleeps SLEEP in the input: the wait measured is at least that, batch by batch
-    (a sleep never ends early), and not much more (the measure adds two clock reads)."""
-    wait = timed_fit(input_sleep=SLEEP, step_sleep=0.0)
+def test_a_slow_input_is_measured_as_the_time_it_takes(clock):
+    """Each batch costs 0.25 s of input and 0.5 s of step: of the second epoch's 6 s, the 2 s
+    inside ``next()`` are the wait. (Keras reads the first batches before the first epoch
+    begins, to learn their shapes: that epoch, compiling too, is the one the verdict leaves out.)"""
+    wait = stepped_fit(clock, input_cost=0.25, step_cost=0.5)
     assert len(wait.epoch_waits) == 2
-    waited, seconds = wait.epoch_waits[1]  # the second epoch: nothing compiles in it
-    assert 1.0 <= waited / (BATCHES * SLEEP) < 3.0, wait.epoch_waits
-    assert waited <= seconds
-    assert 0.0 < wait.epoch_value <= 1.0
+    assert wait.epoch_waits[1] == (BATCHES * 0.25, BATCHES * 0.75)
+    assert wait.epoch_value == 0.25 / 0.75
 
 
-def test_a_slow_step_on_a_fast_input_waits_for_almost_nothing():
-    wait = timed_fit(input_sleep=0.0, step_sleep=SLEEP)
-    waited, seconds = wait.epoch_waits[1]
-    assert seconds >= BATCHES * SLEEP  # the steps' sleeps are inside the epoch's time
-    assert waited / (BATCHES * SLEEP) < 0.5, wait.epoch_waits  # but not inside next()
+def test_a_slow_step_on_a_fast_input_waits_for_nothing(clock):
+    wait = stepped_fit(clock, input_cost=0.0, step_cost=0.5)
+    assert wait.epoch_waits[1] == (0.0, BATCHES * 0.5)  # the steps' time is not in next()
+    assert wait.epoch_value == 0.0
 
 
 def test_a_run_shows_its_input_wait_and_keeps_it_out_of_the_log(toy_data, tmp_path, capsys):
