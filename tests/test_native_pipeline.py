@@ -665,3 +665,46 @@ def test_evaluate_and_predict_give_the_same_answers_on_either_reader(toy_data, t
     assert scores["native"]["metrics"] == scores["tf_data"]["metrics"]
     assert scores["native"]["records"] == 128 and scores["native"]["padding_records"] == 0
     assert rows["native"] == rows["tf_data"] and rows["native"].count("\n") == 129  # + header
+
+
+TOKEN_MODEL = """
+import keras
+
+
+def build(vocabulary: int = 500):
+    ids = keras.Input((9,), dtype="int32", name="token_ids")
+    mask = keras.Input((9,), dtype="float32", name="padding_mask")
+    vectors = keras.layers.Embedding(vocabulary, 8)(ids)
+    pooled = keras.layers.Dot(axes=1)([vectors, mask]) / keras.ops.sum(mask, axis=1, keepdims=True)
+    out = keras.layers.Dense(1, activation="sigmoid")(pooled)
+    return keras.Model({"token_ids": ids, "padding_mask": mask}, out)
+"""
+
+
+def test_token_ids_train_on_the_native_reader(tmp_path):
+    """Token ids as ``data write --tokenize`` stores them (int64 ids and padding mask), read
+    without TensorFlow, feed a factory's model; the label: whether any id is below 100."""
+    import tpurun
+
+    records = token_records(256)
+    for record in records:
+        ids = [t for t, m in zip(record["token_ids"], record["padding_mask"], strict=True) if m]
+        record["label"] = int(min(ids) < 100)
+    (tmp_path / "data").mkdir()
+    write_shards(str(tmp_path / "data" / "train"), records[:192], 3)
+    write_shards(str(tmp_path / "data" / "val"), records[192:], 1)
+    (tmp_path / "tokens.py").write_text(TOKEN_MODEL)
+    config = native_config(tmp_path / "data", tmp_path / "runs", epochs=3, per_core_batch_size=16)
+    config["model"] = {"factory": f"{tmp_path / 'tokens.py'}:build", "loss": "binary_crossentropy",
+                       "metrics": ["accuracy"], "optimizer": {"name": "adam"}}  # fmt: skip
+    config["data"].update(
+        features={**{k: {"type": "int64", "shape": [9], "cast": "int32"} for k in TOKENS},
+                  "padding_mask": {"type": "int64", "shape": [9], "cast": "float32"},
+                  "label": {"type": "int64", "cast": "float32"}},
+        inputs={"token_ids": "token_ids", "padding_mask": "padding_mask"}, targets="label",
+    )  # fmt: skip
+    summary = tpurun.train(config, verbose=False)
+    assert summary["status"] == "completed" and summary["epochs_completed"] == 3
+    rows = read_log(tmp_path / "runs" / "toy")
+    assert [r["epoch"] for r in rows] == ["0", "1", "2"]
+    assert float(rows[-1]["loss"]) < float(rows[0]["loss"])
