@@ -4,6 +4,7 @@ meaningful line; a model that fails on JAX because of TensorFlow ops, the backen
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 import typer
@@ -37,11 +38,20 @@ def test_an_unexpected_failure_is_one_readable_line(capsys):
         raise RuntimeError(KERAS_WRAPPED)
     assert info.value.exit_code == 1
     line = capsys.readouterr().err.strip()
-    assert line.startswith(
+    head = (
         "error: unexpected failure: RuntimeError: 'str' object has no attribute '_error_repr'; "
         "the traceback is in "
-    ), line
+    )
+    assert line.startswith(head), line
     assert "kwargs" not in line and "\x1b" not in line
+    # The file named holds the whole traceback: where it was raised, and the full message.
+    written = Path(line.removeprefix(head))
+    assert written.name.startswith("tpurun-error-") and written.suffix == ".log", written
+    text = written.read_text()
+    written.unlink()
+    assert text.startswith("Traceback (most recent call last):\n"), text
+    assert f'"{__file__}", line ' in text and "raise RuntimeError(KERAS_WRAPPED)" in text
+    assert text.endswith(f"RuntimeError: {KERAS_WRAPPED}\n"), text
 
 
 LAMBDA_FACTORY = textwrap.dedent("""
