@@ -201,3 +201,79 @@ def residual_blocks(units: int = 16, blocks: int = 2) -> keras.Model:
         hidden = ResidualBlock(units)(hidden)
     outputs = keras.layers.Dense(1, activation="sigmoid", dtype="float32")(hidden)
     return keras.Model(inputs, outputs)
+
+
+class FillDisk(keras.callbacks.Callback):
+    """At the end of epoch ``epoch`` (1-based), before tpurun's own epoch-end writes (user
+    callbacks run first), fills the disk holding ``folder`` with one file, leaving ``leave``
+    bytes free (tests/test_disk_full.py)."""
+
+    def __init__(self, folder: str, epoch: int, leave: int = 0):
+        super().__init__()
+        self.folder, self.epoch, self.leave = folder, epoch, leave
+
+    def on_epoch_end(self, epoch, logs=None):
+        import shutil
+
+        if epoch + 1 == self.epoch:
+            free = shutil.disk_usage(self.folder).free
+            with open(f"{self.folder}/filler", "wb") as f:
+                f.write(b"\0" * max(0, free - self.leave))
+
+
+class RecordBatches(keras.callbacks.Callback):
+    """Appends to ``out`` one line per training batch the model is fed, in order: a digest of
+    its arrays (inputs, targets, weights). A resumed run's lines, session after session, equal
+    an unbroken run's when it kept its place in the data: a proof that does not depend on the
+    numbers the model computes (which another mesh may round differently)."""
+
+    def __init__(self, out: str):
+        super().__init__()
+        self.out = out
+
+    def on_train_begin(self, logs=None):
+        # A second fit of the session finds its train_function wrapped already, by this and by
+        # tpurun's input-wait measure: wrapped again, the outer recorder records each batch, and
+        # an inner one (``self._pulling`` set) lets it through.
+        function = self._model.train_function
+        self._pulling = False
+
+        def recording(iterator):
+            import hashlib
+
+            import numpy as np
+
+            iterator = iter(iterator)
+            while True:
+                nested, self._pulling = self._pulling, True
+                try:
+                    batch = next(iterator)
+                except StopIteration:
+                    return
+                finally:
+                    self._pulling = nested
+                if not nested:
+                    digest = hashlib.sha1()
+                    for array in keras.tree.flatten(batch):
+                        digest.update(np.ascontiguousarray(keras.ops.convert_to_numpy(array)).data)
+                    with open(self.out, "a") as f:
+                        f.write(digest.hexdigest() + "\n")
+                yield batch
+
+        if keras.backend.backend() == "jax":
+
+            def recorded(state, iterator):
+                return function(state, recording(iterator))
+        else:
+
+            def recorded(iterator):
+                return function(recording(iterator))
+
+        self._model.train_function = recorded
+
+
+def recorded_batches(out) -> list[str]:
+    """The digests :class:`RecordBatches` wrote (none: an empty list)."""
+    import os
+
+    return open(out).read().split() if os.path.exists(out) else []

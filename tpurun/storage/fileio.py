@@ -30,6 +30,7 @@ from typing import Any
 
 from tpurun import frameworks
 from tpurun.errors import TpurunError
+from tpurun.storage import space
 
 
 class StorageError(TpurunError):
@@ -342,9 +343,15 @@ def save_atomically(path: str, write: Callable[[str], Any]) -> None:
         return
     folder = os.path.dirname(path) or "."
     tmp = os.path.join(folder, f".tmp-{os.getpid()}-{name}")  # same suffix: Keras checks it
+    space.check_room(path)  # h5py crashes the process when the disk fills under it
     try:
         write(tmp)
         os.replace(tmp, path)
+    except Exception as exc:
+        if not space.is_disk_full(exc):
+            raise
+        partial = os.path.getsize(tmp) if os.path.exists(tmp) else 0
+        raise space.disk_full(path, partial) from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)

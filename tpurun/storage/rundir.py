@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from tpurun.errors import TpurunError
-from tpurun.storage import damaged, fileio, runlock
+from tpurun.storage import damaged, fileio, runlock, space
 from tpurun.storage.summary import Summary
 
 CONFIG = "config.yaml"
@@ -33,9 +33,7 @@ ERROR_LOG = "error.log"
 LOCK = "run.lock"
 CHECKPOINTS = "checkpoints"
 LATEST_STATE = "latest.json"  # in CHECKPOINTS: the resume point's commit record
-# In CHECKPOINTS: the resume point before the latest, kept (with its weights) so that a damaged
-# latest one costs one checkpoint's work, not the run.
-PREVIOUS_STATE = "previous.json"
+PREVIOUS_STATE = "previous.json"  # in CHECKPOINTS: the resume point before, kept for a damaged one
 BEST_MODEL = "best.keras"  # in CHECKPOINTS
 BEST_ADAPTER = "best.adapter.h5"  # in CHECKPOINTS, instead of BEST_MODEL in a LoRA run
 LATEST_WEIGHTS_PREFIX = "latest-"  # in CHECKPOINTS: latest-e<E>-s<S>.weights.h5 (.adapter.h5)
@@ -303,16 +301,18 @@ class RunDir:
         summary.pid, summary.host, summary.updated = os.getpid(), socket.gethostname(), now_iso()
         if summary.status != "failed":
             fileio.write_json(self.file(SUMMARY), summary.to_dict())
-        elif not fileio.recently_unreachable():
-            with contextlib.suppress(fileio.StorageError):
+        elif not fileio.recently_unreachable():  # a full disk: the error to report, too
+            with contextlib.suppress(fileio.StorageError, space.DiskFull):
                 fileio.write_json(self.file(SUMMARY), summary.to_dict())
 
     def write_error(self, text: str) -> str | None:
-        """Keep an unexpected failure's traceback; returns the file's path (None: not written)."""
-        if not self.writer or not self.exists():
-            return None
-        self._write_text(ERROR_LOG, text)
-        return self.file(ERROR_LOG)
+        """Keep an unexpected failure's traceback; returns the file's path (None: not written,
+        on a full disk too: the caller keeps it in the temporary folder)."""
+        if self.writer and self.exists():
+            with contextlib.suppress(space.DiskFull):
+                self._write_text(ERROR_LOG, text)
+                return self.file(ERROR_LOG)
+        return None
 
     def _save(self, path: str, save: Callable[[str], Any]) -> None:
         if self._writing():

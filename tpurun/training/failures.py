@@ -12,7 +12,7 @@ from tpurun.config import Config, DataConfig
 from tpurun.data import reader as readers
 from tpurun.errors import DataError, ModelError, TpurunError, describe
 from tpurun.runtime.prepare import Prepared
-from tpurun.storage import fileio
+from tpurun.storage import fileio, space
 from tpurun.training.model import TF_OPS_ON_JAX, factory_imports_tensorflow
 
 
@@ -37,6 +37,8 @@ def explain(
         return fileio.training_stopped(exc, checkpoints)
     if isinstance(exc, TpurunError):
         return None  # said already
+    if space.is_disk_full(exc):  # a write of a library's own (TensorBoard's event files)
+        return space.disk_full(getattr(exc, "filename", None) or fileio.dirname(checkpoints))
     if first_step and prepared.plan.backend == "jax" and factory_imports_tensorflow(config):
         # Keras builds the model on a first batch (JAX arrays): TensorFlow ops fail there,
         # wrapped in errors that do not name them.
