@@ -272,6 +272,9 @@ def test_a_workers_error_is_shown_with_its_process_number(tmp_path):
 
 
 def test_without_the_launcher_a_lost_process_is_named_by_the_watchdog(tmp_path):
+    """The worker is frozen (SIGSTOP, as a machine that stopped): its connections stay open, so no
+    collective fails, and the chief would wait in one for ever. Its heartbeat stops, and the
+    chief's watchdog names it and ends the chief, after TPURUN_LOST_AFTER_SECONDS (8 here)."""
     from tpurun.multihost.launch import free_port
 
     path = _config(tmp_path, epochs=40)
@@ -283,12 +286,22 @@ def test_without_the_launcher_a_lost_process_is_named_by_the_watchdog(tmp_path):
     chief = _start(path, 0, 2, port, **env, KERAS_DISTRIBUTION_PROCESS_ID="0")
     worker = _start(path, 1, 2, port, **env, KERAS_DISTRIBUTION_PROCESS_ID="1")
     wait_for_epoch(tmp_path / "runs" / "toy", chief)
-    worker.kill()
-    out, err = chief.communicate(timeout=300)  # a hang guard: the watchdog ends it
+    worker.send_signal(signal.SIGSTOP)
+    try:
+        out, err = chief.communicate(timeout=300)  # a hang guard: the watchdog ends it
+    finally:
+        worker.kill()
+        worker.communicate()
     assert chief.returncode == 2, err
-    assert "process 1 of 2 stopped answering" in err or "another process is gone" in err
+    lost = re.findall(r"^error: process 0: (.*)$", err, re.M)
+    assert len(lost) == 1, err
+    assert re.fullmatch(
+        r"process 1 of 2 stopped answering \d+ s ago: killed, out of memory, or its machine "
+        r"stopped\. This process stops too, since the others cannot go on without it\. Rerun the "
+        r"same command on every host to resume from the last checkpoint\.",
+        lost[0],
+    ), lost
     assert read_summary(tmp_path / "runs" / "toy")["status"] == "failed"
-    worker.communicate()
 
 
 def test_a_run_directory_not_every_process_sees_is_refused(tmp_path):
