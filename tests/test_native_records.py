@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import make_image_folder
 from PIL import Image
 from pydantic import TypeAdapter
 
@@ -493,7 +492,11 @@ def data_write_outputs(tmp_path: Path) -> list[tuple[str, list[str], dict]]:
     csv.write_text("a,b,c,label\n" + "".join(f"{i},{i * 0.5},{-i},{i % 2}\n" for i in range(30)))
     np.savez(tmp_path / "arrays.npz", x=np.arange(120, dtype=np.float32).reshape(30, 4),
              y=np.arange(30) % 3)  # fmt: skip
-    make_image_folder(tmp_path / "pets")
+    for name, fmt, size, level in (("cat", "PNG", (8, 6), 20), ("dog", "JPEG", (10, 12), 230)):
+        (tmp_path / "pets" / name).mkdir(parents=True)
+        for i in range(3):
+            pixels = np.full((*size, 3), level, np.uint8)
+            (tmp_path / "pets" / name / f"{i}.{fmt.lower()}").write_bytes(encoded(pixels, fmt))
     jsonl = tmp_path / "chat.jsonl"
     jsonl.write_text("".join(json.dumps({"prompt": f"q{i} ✓", "n": i}) + "\n" for i in range(12)))
     sources = [(csv, {"label": "label", "pack": ["features"]}), (tmp_path / "arrays.npz", {}),

@@ -125,19 +125,29 @@ def _interpolation(out_size: int, in_size: int) -> tuple[np.ndarray, np.ndarray,
 
 
 def resize(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
-    """``(height, width, channels)`` float32: ``tf.image.resize`` of ``pixels``, bilinear."""
-    image = pixels.astype(np.float32)
-    if image.shape[:2] == (height, width):
-        return image  # every weight is 0: TF's result is the input, exactly
-    top_row, bottom_row, y_lerp = _interpolation(height, image.shape[0])
-    left, right, x_lerp = _interpolation(width, image.shape[1])
-    x_lerp = x_lerp[None, :, None]
-    top, bottom = image[top_row], image[bottom_row]
-    top_left, top_right = top[:, left], top[:, right]
-    bottom_left, bottom_right = bottom[:, left], bottom[:, right]
-    top = top_left + (top_right - top_left) * x_lerp
-    bottom = bottom_left + (bottom_right - bottom_left) * x_lerp
-    return top + (bottom - top) * y_lerp[:, None, None]
+    """``(height, width, channels)`` float32: ``tf.image.resize`` of ``pixels``, bilinear.
+
+    Each output value is TF's ``top + (bottom - top) * y_lerp`` of ``top = top_left +
+    (top_right - top_left) * x_lerp`` (and ``bottom`` alike), in float32: the same numbers. The
+    horizontal step runs once per input row used, not once per output pixel.
+    """
+    if pixels.shape[:2] == (height, width):
+        return pixels.astype(np.float32)  # every weight is 0: TF's result is the input, exactly
+    top_row, bottom_row, y_lerp = _interpolation(height, pixels.shape[0])
+    left, right, x_lerp = _interpolation(width, pixels.shape[1])
+    rows, which = np.unique(np.concatenate([top_row, bottom_row]), return_inverse=True)
+    used = pixels[rows]
+    # In place, as (b - a) * lerp + a: IEEE addition commutes, so these are TF's numbers.
+    lefts = used[:, left].astype(np.float32)
+    across = used[:, right].astype(np.float32)
+    across -= lefts
+    across *= x_lerp[None, :, None]
+    across += lefts
+    top, bottom = across[which[:height]], across[which[height:]]
+    bottom -= top
+    bottom *= y_lerp[:, None, None]
+    bottom += top
+    return bottom
 
 
 def load(data: bytes, shape: tuple[int, int, int] | list[int], scale: bool) -> np.ndarray:
@@ -148,4 +158,6 @@ def load(data: bytes, shape: tuple[int, int, int] | list[int], scale: bool) -> n
     """
     height, width, channels = shape
     image = resize(decode(data, channels), height, width)
-    return image / np.float32(255.0) if scale else image
+    if scale:
+        np.divide(image, np.float32(255.0), out=image)
+    return image
