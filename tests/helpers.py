@@ -9,6 +9,7 @@ imports a framework at import time: conftest.py sets the test process up first.
 from __future__ import annotations
 
 import csv
+import importlib.util
 import io
 import json
 import os
@@ -28,6 +29,25 @@ TPURUN = str(Path(sys.executable).parent / "tpurun")
 
 #: What this process set for itself (conftest.py): a subprocess picks its own, as a user's shell.
 _OWN_SETTINGS = ("KERAS_BACKEND", "XLA_FLAGS", "JAX_PLATFORMS")
+#: TensorFlow is installed. It is optional: without it, the tests that need it are skipped.
+HAS_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
+
+
+def installed_tensorflow_build() -> str | None:
+    """The TensorFlow wheel this environment has, as tpurun names it: ``tensorflow`` where the
+    hub extra's tensorflow-text pulled the full wheel in beside ``tensorflow-cpu`` (make install),
+    ``tensorflow-cpu`` alone, or None (the JAX-only venv)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for build in ("tensorflow", "tensorflow-cpu"):
+        try:
+            version(build)
+        except PackageNotFoundError:
+            continue
+        return build
+    return None
+
+
 #: Whatever asks tpurun for plain lines (a terminal test drops them all).
 PLAIN_SIGNALS = ("TPURUN_PLAIN", "CI", "JPY_PARENT_PID", "COLAB_RELEASE_TAG",
                   "KAGGLE_KERNEL_RUN_TYPE")  # fmt: skip
@@ -149,6 +169,64 @@ def logged_epochs(run_dir: Path) -> list[str]:
     if not (Path(run_dir) / "log.csv").exists():
         return []
     return [row["epoch"] for row in read_log(run_dir)]
+
+
+def assert_same_log(a: Path, b: Path, atol: float = 0.0, filename: str = "log.csv") -> None:
+    """Two runs' CSV logs agree in every row and every column. ``atol`` 0: the same text in each
+    cell (JAX on one device: a resumed run is the unbroken one to the last digit); otherwise each
+    numeric cell within ``atol`` of the other's (TensorFlow: within 1e-4)."""
+    left, right = read_log(a, filename), read_log(b, filename)
+    assert [list(r) for r in left[:1]] == [list(r) for r in right[:1]], "the logs' columns differ"
+    assert len(left) == len(right), f"{len(left)} rows in {a}, {len(right)} in {b}"
+    for row, (one, other) in enumerate(zip(left, right, strict=True)):
+        for column, value in one.items():
+            same = value == other[column] or (
+                atol > 0 and abs(float(value) - float(other[column])) <= atol
+            )
+            assert same, f"row {row}, {column}: {value} in {a}, {other[column]} in {b}"
+
+
+def saved_arrays(path: Path) -> dict[str, np.ndarray]:
+    """Every array a Keras file holds, by its path in the file: a ``.weights.h5`` (or a LoRA
+    ``.adapter.h5``), or a ``.keras`` archive's weights. Read with h5py, so no model is built and
+    any backend's file reads the same; the optimizer's state is included where it was saved."""
+    import zipfile
+
+    import h5py
+
+    path = Path(path)
+    if path.suffix == ".keras":
+        with zipfile.ZipFile(path) as archive:
+            data = io.BytesIO(archive.read("model.weights.h5"))
+        opened = h5py.File(data, "r")
+    else:
+        opened = h5py.File(path, "r")
+    arrays: dict[str, np.ndarray] = {}
+    with opened as f:
+        f.visititems(
+            lambda name, item: arrays.__setitem__(name, item[()])
+            if isinstance(item, h5py.Dataset) else None
+        )  # fmt: skip
+    return arrays
+
+
+def assert_same_arrays(a: dict, b: dict, atol: float = 0.0) -> None:
+    """The same names and, name by name, the same arrays: bit for bit with ``atol`` 0."""
+    assert sorted(a) == sorted(b), "the files hold different arrays"
+    assert a, "no arrays to compare"
+    for name in a:
+        assert a[name].shape == b[name].shape and a[name].dtype == b[name].dtype, name
+        if atol:
+            np.testing.assert_allclose(a[name], b[name], rtol=0, atol=atol, err_msg=name)
+        else:
+            np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def assert_same_model(a: Path, b: Path, atol: float = 0.0) -> None:
+    """Two runs' final ``model.keras`` hold the same weights and optimizer state, array by
+    array (see :func:`saved_arrays`)."""
+    assert_same_arrays(saved_arrays(Path(a) / "model.keras"), saved_arrays(Path(b) / "model.keras"),
+                       atol)  # fmt: skip
 
 
 def read_summary(run_dir: Path) -> dict:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from importlib.metadata import version
 
 import pytest
-from helpers import toy_config
+from helpers import HAS_TENSORFLOW, installed_tensorflow_build, toy_config
 
 from tpurun.config import RuntimeConfig, load_config
 from tpurun.doctor import Check, config_uses_gcs, exit_code, probes, report, run_checks
@@ -50,14 +51,16 @@ def test_platform(tmp_path, env, files, platform, status):
 
 
 # ---------------------------------------------------------------------------------- versions
+@pytest.mark.skipif(not HAS_TENSORFLOW, reason="names the TensorFlow build installed")
 def test_versions_ok_here():
     check = mc.check_versions(probe({}, "/nonexistent"))
     assert check.status == "ok"
     assert check.data["versions"]["keras"].startswith("3.")
     # The build is named: tensorflow-cpu, or tensorflow where the hub extra's tensorflow-text
-    # pulled the full wheel in beside it (both install the same package).
-    build = check.data["versions"]["tensorflow_build"]
-    assert build in ("tensorflow-cpu", "tensorflow") and f"{build} 2." in check.finding
+    # pulled the full wheel in beside it (both install the same package), with its version.
+    build = installed_tensorflow_build()
+    assert check.data["versions"]["tensorflow_build"] == build
+    assert f"{build} {version(build)}, " in check.finding, check.finding
 
 
 def test_versions_tpu_without_libtpu_fails_with_pip_command():

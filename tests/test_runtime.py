@@ -5,7 +5,10 @@ The machine is faked: environment variables, a device-file root, installed frame
 
 from __future__ import annotations
 
+from importlib.metadata import version
+
 import pytest
+from helpers import installed_tensorflow_build
 
 from tpurun.config import RuntimeConfig
 from tpurun.errors import EnvironmentSetupError
@@ -180,9 +183,23 @@ def test_probe_reads_device_files_and_environment(tmp_path):
     assert machine.tpu_vm and machine.tpu_present
     empty = probe(env={}, dev_root=str(tmp_path / "none"))
     assert not empty.tpu_present and empty.gpu_count == 0
-    # this environment's frameworks, as installed by `make install`
-    # (the hub extra's tensorflow-text installs the full tensorflow beside tensorflow-cpu)
-    assert empty.tensorflow_build in ("tensorflow", "tensorflow-cpu") and empty.jax is not None
+    # this environment's frameworks, as installed (make install: the hub extra's tensorflow-text
+    # installs the full tensorflow beside tensorflow-cpu, and the full one is named)
+    assert empty.tensorflow_build == installed_tensorflow_build()
+    assert empty.jax == version("jax") and empty.keras == version("keras")
+
+
+@pytest.mark.parametrize(
+    ("wheels", "build"),
+    [({"tensorflow-cpu", "tensorflow"}, "tensorflow"), ({"tensorflow-cpu"}, "tensorflow-cpu"),
+     ({"tensorflow-tpu", "tensorflow"}, "tensorflow-tpu"), (set(), None)],
+)  # fmt: skip
+def test_probe_names_the_tensorflow_build_that_can_drive_the_most(monkeypatch, wheels, build):
+    from tpurun.runtime import machine
+
+    monkeypatch.setattr(machine, "installed_version", lambda d: "2.21.0" if d in wheels else None)
+    found = probe(env={}, dev_root="/nonexistent")
+    assert (found.tensorflow_build, found.tensorflow) == (build, "2.21.0" if build else None)
 
 
 def tpu_choice(backend: str) -> Choice:
