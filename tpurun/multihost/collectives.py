@@ -3,6 +3,10 @@ directory is shared, wait for each other. Each is a collective: every process mu
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+from typing import Any
+
 from tpurun import frameworks
 from tpurun.errors import EnvironmentSetupError
 from tpurun.multihost.cluster import Cluster
@@ -78,6 +82,70 @@ def check_shared_folder(folder: str, cluster: Cluster) -> None:
             "must read the same checkpoints. Put output.dir on gs://bucket/... (or a filesystem "
             "every host mounts)."
         )
+
+
+def agree_on_start(facts: Mapping[str, str], cluster: Cluster) -> None:
+    """Refuse, on every process, a start the processes do not agree on.
+
+    ``facts`` (the same names, in the same order, on every process) are what every process of one
+    run must share before its first step: the config, section by section, the resume point and the
+    record counts. Two processes started with different config files, or with a ``--resume`` given
+    to one of them, would otherwise train out of step (or wait in a collective forever). A digest
+    of each is exchanged (one small all-gather).
+
+    Raises:
+        EnvironmentSetupError: on every process, naming each fact that differs and the processes
+            whose value is not process 0's, with this process's own value.
+    """
+    import numpy as np
+
+    multihost_utils = frameworks.jax("experimental.multihost_utils")
+
+    names = list(facts)
+    mine = np.array([_digest(facts[name]) for name in names], dtype=np.int32)
+    everyone = np.reshape(multihost_utils.process_allgather(mine), (-1, len(names)))
+    differ = {}
+    for j, name in enumerate(names):
+        others = [i for i in range(len(everyone)) if everyone[i, j] != everyone[0, j]]
+        if others:
+            differ[name] = f"{name} (process {', '.join(map(str, others))} against process 0)"
+    if not differ:
+        return
+    shown = "; ".join(f"{name}: {_short(facts[name])}" for name in differ)
+    raise EnvironmentSetupError(
+        f"the {cluster.num_processes} processes of this run disagree before the first step: "
+        f"{'; '.join(differ.values())}. On process {cluster.process_id}: {shown}. Every process must run "
+        "the same command with the same config file, --set options and --resume, and read the "
+        "same data: start them again alike (tpurun launch -n N train CONFIG does)."
+    )
+
+
+def start_facts(effective: Mapping[str, Any], point: Any) -> dict[str, str]:
+    """What :func:`agree_on_start` compares: each section of the effective config (less the
+    process's own number), the resume point (a ResumePoint, or None), and the record counts."""
+    resume_point = (
+        f"{point.source}, {point.where()}" if point is not None else "none (a fresh start)"
+    )
+    facts = {}
+    for key, value in effective.items():
+        if key == "runtime":
+            value = {k: v for k, v in value.items() if k != "process_id"}
+        if key != "derived":
+            facts[f"the config's {key}"] = json.dumps(value, sort_keys=True, default=str)
+    derived = effective.get("derived") or {}
+    counts = {k: derived.get(k) for k in ("train_files", "train_records", "validation_files",
+                                          "validation_records")}  # fmt: skip
+    return {**facts, "the resume point": resume_point, "the record counts": json.dumps(counts)}
+
+
+def _digest(text: str) -> int:
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big") >> 1  # an int32
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def sync_processes(name: str) -> None:

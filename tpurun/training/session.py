@@ -22,9 +22,11 @@ from tpurun.config import Config
 from tpurun.display.reporter import Reporter
 from tpurun.errors import EXIT_USER_ERROR, Interrupted, TpurunError
 from tpurun.multihost.collectives import (
+    agree_on_start,
     agree_on_stop,
     check_shared_folder,
     lost_peer,
+    start_facts,
     sync_processes,
 )
 from tpurun.multihost.watchdog import Watchdog
@@ -183,6 +185,8 @@ def _run(
         point = _own_point(run)
         if point is not None:
             resume_lib.check_unchanged(point, identity)
+    if prepared.plan.num_processes > 1:  # one config, resume point and data on every process
+        agree_on_start(start_facts(effective, point), runtime.choice.cluster)
     if output is None:
         _warn_if_unfinished_elsewhere(config, run, reporter)
     _create(run, runtime, restart, reporter)
