@@ -18,6 +18,7 @@ import tpurun
 from tpurun import frameworks
 from tpurun.errors import EnvironmentSetupError
 from tpurun.runtime.choice import Choice
+from tpurun.runtime.memory import Activations
 from tpurun.runtime.memory_check import (
     Limit,
     check_fits,
@@ -136,7 +137,11 @@ def test_plain_keras_model_2x4_with_accumulation_is_exact(tmp_path, dense_2x4):
     assert any("model" in e.axes() for e in est.entries)
     assert est.slots.per_variable == 3  # velocity, momentum, average gradient
     assert est.optimizer == 4 * est.gradients + 4  # + the accumulators; a schedule, no LR variable
-    assert est.activations is not None and est.activations.basis.startswith("every layer")
+    # Every layer's float32 output, per example: the input (8), the hidden layer (64), the
+    # output (1); for the device's slice of the global batch of 32 over the data axis of 2.
+    assert est.activations == Activations(
+        "every layer's output for the batch", 16, (8 + 64 + 1) * 4
+    )
 
 
 # --------------------------------------------------------------------------- the device's limit
