@@ -644,3 +644,31 @@ def test_pillows_jpeg_decoder_differs_from_tensorflows_by_a_few_levels():
             theirs = t.io.decode_image(data, channels=3).numpy().astype(int)
             ours = _pillow_decode(data, 3).astype(int)
             assert 0 < np.abs(ours - theirs).max() <= 24, name
+
+
+# ------------------------------------------------------------------------------ no TensorFlow
+@pytest.mark.slow
+def test_data_write_and_inspect_leave_tensorflow_unimported(tmp_path):
+    """Where TensorFlow is installed too, neither command pays for its import (4-5 s)."""
+    import subprocess
+    import sys
+
+    np.savez(tmp_path / "arrays.npz", x=np.zeros((20, 3), np.float32), y=np.arange(20))
+    (tmp_path / "pets" / "cat").mkdir(parents=True)
+    (tmp_path / "pets" / "cat" / "0.png").write_bytes(encoded(np.zeros((4, 4, 3), np.uint8), "PNG"))
+    commands = [
+        ["data", "write", str(tmp_path / "arrays.npz"), str(tmp_path / "a"), "--plain"],
+        ["data", "write", str(tmp_path / "pets"), str(tmp_path / "p"), "--image-size", "2", "2"],
+        ["data", "inspect", str(tmp_path / "a-*.tfrecord"), "--plain"],
+    ]
+    for command in commands:
+        code = (
+            "import runpy, sys\n"
+            f"sys.argv, code = ['tpurun', *{command!r}], 0\n"
+            "try:\n    runpy.run_module('tpurun', run_name='__main__')\n"
+            "except SystemExit as exit:\n    code = exit.code\n"
+            "print('exit', code, 'tensorflow' in sys.modules)\n"
+        )
+        result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                timeout=300)  # fmt: skip
+        assert result.stdout.splitlines()[-1] == "exit 0 False", result.stdout + result.stderr
