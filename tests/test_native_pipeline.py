@@ -708,3 +708,13 @@ def test_token_ids_train_on_the_native_reader(tmp_path):
     rows = read_log(tmp_path / "runs" / "toy")
     assert [r["epoch"] for r in rows] == ["0", "1", "2"]
     assert float(rows[-1]["loss"]) < float(rows[0]["loss"])
+
+
+def test_doctor_says_the_reader_and_why():
+    from tpurun.doctor.config_checks import check_reader
+
+    check = check_reader(readers.choose("auto", "jax", False))
+    assert (check.name, check.status, check.finding) == (
+        "reader", "ok", "native (TensorFlow is not installed)",
+    )  # fmt: skip
+    assert check.data == {"reader": "native", "reason": "TensorFlow is not installed"}

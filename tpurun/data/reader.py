@@ -26,10 +26,10 @@ TF_DATA = "tf_data"
 #: tf.data: measured on 2 cores (docs/benchmarks.md), the native reader decoded JPEGs 1.15x as
 #: fast as tf.data, and parsed raw floats at 0.55x and token ids at 0.23x (protobuf's parsing in
 #: Python against TensorFlow's in C++ on every core).
-NATIVE_MEASURED = "it decodes images as fast as tf.data or faster (benchmarks/input_pipeline.py)"
+NATIVE_MEASURED = "it decodes images as fast as tf.data or faster: benchmarks/input_pipeline.py"
 TF_DATA_MEASURED = (
-    "TensorFlow is installed, and tf.data parses these records faster "
-    "(benchmarks/input_pipeline.py); data.reader: native needs no TensorFlow"
+    "TensorFlow is installed, and tf.data parses these records faster: "
+    "benchmarks/input_pipeline.py; data.reader: native reads them without it"
 )
 
 
