@@ -13,8 +13,9 @@ On the same shards, written once to a local folder and uploaded to the server:
    kill to exit 2), SIGKILL during a checkpoint upload (seconds from the kill to the exit, and
    whether the previous resume point still loads: the rerun's resume).
 
-The server is a pure-Python emulator behind a Python TLS proxy on this machine: the gs:// figures
-measure TensorFlow's GCS client and the protocol's round trips against a slow server, not Google's
+The server is a pure-Python emulator on this machine (TensorFlow's client reaches it through a
+Python TLS proxy): the gs:// figures measure tpurun's GCS client (gcsfs; TensorFlow's own for the
+tf_data reader's reads) and the protocol's round trips against a slow server, not Google's
 network. They bound what the client costs; real GCS throughput is higher per connection and its
 latency is higher per request.
 

@@ -1,11 +1,12 @@
-"""A Google Cloud Storage server on 127.0.0.1 that TensorFlow's own ``gs://`` client talks to.
+"""A Google Cloud Storage server on 127.0.0.1 that both of tpurun's ``gs://`` clients talk to:
+gcsfs (every file operation) and TensorFlow's own (``tf.data``, for the ``tf_data`` reader).
 
-TF's GCS client has its endpoints hard-coded (``www.googleapis.com`` for metadata and uploads,
-``storage.googleapis.com`` for reads) and honours ``HTTPS_PROXY``. So the server process runs two
-things:
+gcsfs goes where ``STORAGE_EMULATOR_HOST`` says, in plain HTTP. TF's GCS client has its endpoints
+hard-coded (``www.googleapis.com`` for metadata and uploads, ``storage.googleapis.com`` for reads)
+and honours ``HTTPS_PROXY``. So the server process runs two things:
 
-- ``gcp-storage-emulator`` (pinned: :data:`EMULATOR`), patched below for TF's requests, on a plain
-  HTTP port that the tests also use directly (seeding, reading back, fault controls);
+- ``gcp-storage-emulator`` (pinned: :data:`EMULATOR`), patched below for both clients' requests, on
+  a plain HTTP port that gcsfs and the tests use directly (seeding, reading back, fault controls);
 - a CONNECT proxy that terminates TLS with a throwaway CA (``trustme``) whose certificate names
   both hosts, and pipes the decrypted bytes to the emulator.
 
@@ -13,13 +14,14 @@ It runs in a process of its own: TF holds the GIL during an upload, so a server 
 process that calls TF deadlocks, and a process can be killed and restarted (its objects are kept
 on disk) to simulate an outage.
 
-The patches (each needed for TF 2.21's requests, or for a fault the tests inject):
+The patches (each needed for TF 2.21's or gcsfs's requests, or for a fault the tests inject):
 
 1. an upload PUT carries ``Transfer-Encoding: chunked`` *and* ``Content-Length``: the chunked body
    wins (else the object is stored with the chunk framing in it);
-2. an empty media upload (``makedirs``' directory marker) is accepted, and ``ifGenerationMatch=0``
-   is honoured (412 when the object exists), as GCS does;
-3. the resumable-upload URL it returns is ``https://`` (the client reached it over TLS);
+2. an empty media upload (TF's directory marker) is accepted, and ``ifGenerationMatch`` is honoured
+   on uploads (media, multipart, resumable) and deletes: 412 unless the object's generation is the
+   one named (``0``: there is none), as GCS does (the run lock creates its object with ``0``);
+3. the resumable-upload URL it returns to TF is ``https://`` (TF reached it over TLS; gcsfs did not);
 4. HTTP/1.1 keep-alive with TCP_NODELAY, on a threading server (else ~40 ms a request);
 5. ``b/<bucket>/storageLayout``, which TF asks for before renaming a folder;
 6. objects stored flat (a hash per name), so a folder marker ``a/`` and an object ``a/b`` coexist;
@@ -50,6 +52,18 @@ EMULATOR = "gcp-storage-emulator==2026.7.19"  # the version the patches below we
 HOSTS = ("www.googleapis.com", "storage.googleapis.com")
 
 
+def _readers():
+    """``data.reader`` values a gs:// run is tested with: the native reader (gcsfs reads the
+    records) and, where TensorFlow is installed, tf_data (TF's own GCS client reads them)."""
+    import importlib.util
+
+    import pytest
+
+    no_tf = importlib.util.find_spec("tensorflow") is None
+    skip = pytest.mark.skipif(no_tf, reason="tf_data reads through TensorFlow, not installed")
+    return ["native", pytest.param("tf_data", marks=skip)]
+
+
 # ============================================================================ the server process
 def _patch_emulator():
     """Apply the patches of the module docstring; returns the handler class to serve."""
@@ -70,25 +84,47 @@ def _patch_emulator():
 
     em._read_raw_data = read_raw_data
 
-    # 2. Empty media uploads, and the create-only precondition.
-    original_insert = objects.insert
+    # 2. Empty media uploads, and generation preconditions (ifGenerationMatch: 0 creates only,
+    # another number replaces only that generation) on uploads of every kind and on deletes.
+    original_insert, original_delete = objects.insert, objects.delete
+
+    def precondition_failed(request, response, storage, name) -> bool:
+        wanted = request.query.get("ifGenerationMatch", [None])[0]
+        if wanted is None or name is None:
+            return False
+        current = storage.objects.get(request.params["bucket_name"], {}).get(name)
+        if (current["generation"] if current else "0") == wanted:
+            return False
+        response.status = HTTPStatus.PRECONDITION_FAILED
+        response.json({"error": {"code": 412, "message": "Precondition Failed"}})
+        return True
+
+    def uploaded_name(request):
+        if "name" in request.query:
+            return request.query["name"][0]
+        data = request.data if isinstance(request.data, dict) else {}
+        return (data.get("meta") or data).get("name")  # multipart: in its metadata part
 
     def insert(request, response, storage, *args, **kwargs):
         if request.data is None:
             request._data = b""
-        if request.query.get("ifGenerationMatch") == ["0"] and "name" in request.query:
-            bucket, name = request.params["bucket_name"], request.query["name"][0]
-            if name in storage.objects.get(bucket, {}):
-                response.status = HTTPStatus.PRECONDITION_FAILED
-                response.json({"error": {"code": 412, "message": "Precondition Failed"}})
-                return None
+        if precondition_failed(request, response, storage, uploaded_name(request)):
+            return None
         return original_insert(request, response, storage, *args, **kwargs)
 
-    # 3. https upload URLs.
+    def delete(request, response, storage, *args, **kwargs):
+        if precondition_failed(request, response, storage, request.params["object_id"]):
+            return None
+        return original_delete(request, response, storage, *args, **kwargs)
+
+    # 3. https upload URLs for TF (it came through the TLS proxy, naming a Google host); gcsfs
+    # talks plain HTTP to the emulator's own address.
     original_init = em.Request.__init__
 
     def request_init(self, handler, method):
         original_init(self, handler, method)
+        if (handler.headers.get("Host") or "").split(":")[0] not in HOSTS:
+            return
         self._base_url = self._base_url.replace("http://", "https://", 1)
         self._full_url = self._base_url + self._path
         self._parsed_url = urllib.parse.urlparse(self._full_url)
@@ -125,6 +161,8 @@ def _patch_emulator():
             methods["POST"] = insert
         if methods.get("GET") is original_download:
             methods["GET"] = download
+        if methods.get("DELETE") is original_delete:
+            methods["DELETE"] = delete
         handlers.append((pattern, methods))
     layout = r"^/storage/v1/b/(?P<bucket_name>[-.\w]+)/storageLayout$"
     em.HANDLERS = ((layout, {"GET": storage_layout}), *handlers)
@@ -205,11 +243,19 @@ def _handler_class(em, faults: _Faults):
             return True
 
         def _hold(self, method: str) -> None:
+            """Hold an upload that names ``faults.hold``: TF's resumable PUTs name the object in
+            their URL, gcsfs's one-request (multipart) POSTs in their body."""
             match = faults.hold
-            if match and method == "PUT" and self.path.startswith("/upload/"):
-                if match in urllib.parse.unquote(self.path):
-                    faults.held += 1
-                    faults.released.wait(120)
+            if not (match and method in ("PUT", "POST") and self.path.startswith("/upload/")):
+                return
+            named = urllib.parse.unquote(self.path)
+            if method == "POST" and self.headers.get("Content-Length"):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                self.rfile = _Replay(body, self.rfile)  # the emulator reads it again
+                named += body[:4096].decode("utf-8", "replace")
+            if match in named:
+                faults.held += 1
+                faults.released.wait(120)
 
         def _route(self, method: str) -> None:
             if self._control() or self._refuse():
@@ -238,6 +284,31 @@ def _handler_class(em, faults: _Faults):
         allow_reuse_address = True
 
     return Handler, Server
+
+
+class _Replay:
+    """A request's body, read already, then the connection's own stream (the next requests)."""
+
+    def __init__(self, body: bytes, rest):
+        self._body, self._rest = body, rest
+
+    def read(self, size: int = -1) -> bytes:
+        if not self._body:
+            return self._rest.read(size)
+        size = len(self._body) if size is None or size < 0 else size
+        out, self._body = self._body[:size], self._body[size:]
+        return out
+
+    def readline(self, size: int = -1) -> bytes:
+        if not self._body:
+            return self._rest.readline(size)
+        end = self._body.find(b"\n") + 1 or len(self._body)
+        end = end if size is None or size < 0 else min(end, size)
+        out, self._body = self._body[:end], self._body[end:]
+        return out
+
+    def __getattr__(self, name: str):
+        return getattr(self._rest, name)
 
 
 def _pump(a: socket.socket, b: socket.socket) -> None:
@@ -383,9 +454,12 @@ class GcsServer:
 
     @property
     def env(self) -> dict[str, str]:
-        """What a process needs to reach this server through TF's GCS client."""
+        """What a process needs to reach this server: gcsfs through ``STORAGE_EMULATOR_HOST``
+        (anonymous there, as Google's clients are with an emulator), TF's GCS client through the
+        proxy; the retry settings (both clients read them) are lowered to fail fast."""
         proxy = f"http://127.0.0.1:{self.proxy_port}"
         return {
+            "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{self.port}",
             "HTTPS_PROXY": proxy, "https_proxy": proxy,
             "NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost",
             "CURL_CA_BUNDLE": str(self.ca_file),
@@ -470,6 +544,14 @@ class GcsServer:
         quoted = urllib.parse.quote(name, safe="")
         status, body = self._call("GET", f"/storage/v1/b/{bucket}/o/{quoted}?alt=media")
         return body if status == 200 else None
+
+    def metadata(self, gs_path: str) -> dict | None:
+        """The object's resource (size, updated, generation...), or None when there is none."""
+        bucket, name = self.split(gs_path)
+        status, body = self._call(
+            "GET", f"/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}"
+        )
+        return json.loads(body) if status == 200 else None
 
     def get_json(self, gs_path: str):
         data = self.get(gs_path)

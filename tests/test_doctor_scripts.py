@@ -4,10 +4,8 @@ starting JAX, TensorFlow or a child. test_doctor.py runs them in their child pro
 
 from __future__ import annotations
 
-import glob
 import importlib
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -150,15 +148,12 @@ def test_the_health_answer():
 
 
 # ---------------------------------------------------------------------------------------- gcs
-# tf.io.gfile's four calls the probe makes, on local files
-LOCAL = SimpleNamespace(exists=os.path.exists, glob=lambda p: sorted(glob.glob(p)), GFile=open,
-                        remove=os.remove)  # fmt: skip
-
-
 def test_the_gcs_actions_read_write_and_ask(tmp_path):
+    from tpurun.storage import fileio  # the probe's own file operations, on local files
+
     for name in ("a.rec", "b.rec"):
         (tmp_path / name).write_bytes(b"0123456789" * 4)
-    act = gcs_probe.actions(LOCAL)
+    act = gcs_probe.actions(fileio)
     assert act["url"](str(tmp_path / "a.rec")) == "exists: True"
     assert act["url"](str(tmp_path / "none")) == "exists: False"
     assert act["read"](str(tmp_path / "*.rec")) == "2 file(s), the first one read"
@@ -169,11 +164,10 @@ def test_the_gcs_actions_read_write_and_ask(tmp_path):
 
 
 def test_each_target_is_tried_and_reported(tmp_path):
-    class UnavailableError(Exception):
-        message = "  connection reset  "
+    from tpurun.storage.fileio import StorageError
 
     def down(path):
-        raise UnavailableError()
+        raise StorageError(f"{path}: did not answer", "unreachable", "  connection reset  ")
 
     results = gcs_probe.run_targets(
         [("read", "gs://b/x"), ("write", "gs://b/out")], {"read": lambda p: "ok", "write": down}
@@ -181,16 +175,18 @@ def test_each_target_is_tried_and_reported(tmp_path):
     assert results[0] == {"kind": "read", "path": "gs://b/x", "ok": True, "detail": "ok",
                           "seconds": results[0]["seconds"]}  # fmt: skip
     assert (results[1]["ok"], results[1]["error_type"], results[1]["error"]) == (
-        False, "UnavailableError", "connection reset",
+        False, "unreachable", "connection reset",
     )  # fmt: skip
     assert gcs_probe.verdict(results)["reachable"]  # one target worked: storage answered
     failed = gcs_probe.verdict(results[1:])
     assert (failed["reachable"], failed["stage"], failed["error"]) == (
-        False, "gfile", "connection reset",
+        False, "files", "connection reset",
     )  # fmt: skip
-    other = [{**results[1], "error_type": "NotFoundError"}]
+    other = [{**results[1], "error_type": "missing"}]
     assert gcs_probe.verdict(other)["reachable"]  # the store answered: the bucket is missing
     assert gcs_probe.error_text(ValueError()) == "ValueError"
+    lookup = gcs_probe.run_targets([("read", "x")], {"read": lambda p: [][0]})[0]
+    assert (lookup["error_type"], lookup["error"]) == ("IndexError", "list index out of range")
 
 
 def test_the_tcp_connection_comes_first():
@@ -209,14 +205,18 @@ def test_the_parent_names_the_path_the_bucket_and_the_fix():
         return {"kind": kind, "path": "gs://bkt/data/*.rec", "error_type": error_type,
                 "error": error}  # fmt: skip
 
-    finding, fix = _problem(failed("read", "PermissionDeniedError", "HTTP 403"))
+    finding, fix = _problem(failed("read", "permission", "HTTP 403"))
     assert finding == "gs://bkt/data/*.rec: cannot read the data: permission denied (HTTP 403)"
     assert "roles/storage.objectViewer on gs://bkt" in fix
-    finding, fix = _problem(failed("write", "NotFoundError"))
-    assert "the bucket gs://bkt does not exist" in finding
+    finding, fix = _problem(failed("write", "missing"))
+    assert finding == (
+        "gs://bkt/data/*.rec: cannot write the run directory: the bucket gs://bkt does not exist"
+    )
     assert fix.startswith("create it (gcloud storage buckets create gs://bkt)")
-    finding, _ = _problem(failed("read", gcs_probe.UNREACHABLE[0]))
-    assert "storage did not answer" in finding
+    finding, _ = _problem(failed("read", "unreachable", "Cannot connect to host"))
+    assert finding == (
+        "gs://bkt/data/*.rec: cannot read the data: storage did not answer (Cannot connect to host)"
+    )
 
 
 # ---------------------------------------------------------------------------------- the model

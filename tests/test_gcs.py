@@ -1,7 +1,8 @@
-"""Run directories and resume on gs://, against the GCS test server (tests/gcs_server.py), with
-TensorFlow's own GCS client in real ``tpurun`` subprocesses: a whole run, SIGTERM and a resume with
-no local state, a kill during a checkpoint upload, the server going away mid-run, the server down
-at the start, and the remote run lock."""
+"""Run directories and resume on gs://, against the GCS test server (tests/gcs_server.py), in
+real ``tpurun`` subprocesses: a whole run, SIGTERM and a resume with no local state, a kill during a
+checkpoint upload, the server going away mid-run, the server down at the start, and the remote run
+lock. gcsfs does every file operation; the records are read by the native reader (gcsfs too) and,
+where TensorFlow is installed, by the tf_data reader (TF's own GCS client): READERS."""
 
 from __future__ import annotations
 
@@ -14,20 +15,27 @@ from pathlib import Path
 
 import pytest
 import yaml
+from gcs_server import _readers
 from helpers import toy_config, write_config, write_toy_data
 
 pytestmark = [pytest.mark.gcs, pytest.mark.slow]
+READERS = _readers()
 
 SLOW = {"name": str(Path(__file__).parent / "gcs_server.py") + ":SlowBatches", "seconds": 0.04}
 
 
-def setup_run(gcs, tmp_path: Path, *, epochs: int = 3, slow: bool = False, **sections) -> Path:
-    """Toy data in the test's bucket, a config reading it and writing runs there."""
+def setup_run(
+    gcs, tmp_path: Path, *, epochs: int = 3, slow: bool = False, reader: str = "native",
+    **sections,
+) -> Path:  # fmt: skip
+    """Toy data in the test's bucket, a config reading it (with ``reader``) and writing runs
+    there."""
     data = write_toy_data(tmp_path / "data")
     gcs.upload(data, f"{gcs.bucket}/data")
     config = toy_config(data, tmp_path, train={"epochs": epochs, "steps_per_execution": 1})
     config["data"]["train"] = f"{gcs.bucket}/data/train-*.tfrecord"
     config["data"]["validation"] = f"{gcs.bucket}/data/val-*.tfrecord"
+    config["data"]["reader"] = reader
     config["output"]["dir"] = f"{gcs.bucket}/runs"
     config.update(sections)
     if slow:
@@ -61,26 +69,31 @@ def assert_loadable(gcs, run: str) -> dict:
     return state
 
 
-def test_train_with_data_and_run_directory_on_gcs(gcs, tmp_path):
+@pytest.mark.parametrize("reader", READERS)
+def test_train_with_data_and_run_directory_on_gcs(gcs, tmp_path, reader):
     config = setup_run(
-        gcs, tmp_path,
+        gcs, tmp_path, reader=reader,
         callbacks={"checkpoint": {"filename": "e{epoch}.weights.h5", "keep": 1,
                                   "save_best_only": False}},
     )  # fmt: skip
     machine = fresh_machine(tmp_path, "vm")
     done = gcs.tpurun("train", str(config), **machine)
     assert done.returncode == 0, done.stderr
+    assert f"reader: {reader} (" in done.stdout
     run = f"{gcs.bucket}/runs/toy"
     names = {p.removeprefix(run + "/") for p in gcs.list(run + "/")}
     assert {"config.yaml", "log.csv", "summary.json", "model.keras"} <= names
-    # The commit point names its weights; older latest weights and pruned files are gone.
+    # The commit point names its weights, the previous one its own; older latest weights and
+    # pruned files are gone.
     state = assert_loadable(gcs, run)
-    assert state["epoch"] == 3
+    previous = gcs.get_json(f"{run}/checkpoints/previous.json")
+    assert (state["epoch"], previous["epoch"]) == (3, 2)
     checkpoints = sorted(n for n in names if n.startswith("checkpoints/") and not n.endswith("/"))
-    assert checkpoints == [
+    assert checkpoints == sorted([
         "checkpoints/best.json", "checkpoints/best.keras", "checkpoints/e3.json",
         "checkpoints/e3.weights.h5", f"checkpoints/{state['weights']}", "checkpoints/latest.json",
-    ]  # fmt: skip
+        f"checkpoints/{previous['weights']}", "checkpoints/previous.json",
+    ])  # fmt: skip
     assert "run.lock" not in names  # released at the end
     summary = gcs.get_json(f"{run}/summary.json")
     assert summary["status"] == "completed" and summary["run_dir"] == run
@@ -91,8 +104,9 @@ def test_train_with_data_and_run_directory_on_gcs(gcs, tmp_path):
     assert list(Path(machine["TMPDIR"]).iterdir()) == []
 
 
-def test_sigterm_mid_epoch_then_resume_from_gcs_with_no_local_state(gcs, tmp_path):
-    config = setup_run(gcs, tmp_path, epochs=3, slow=True)
+@pytest.mark.parametrize("reader", READERS)
+def test_sigterm_mid_epoch_then_resume_from_gcs_with_no_local_state(gcs, tmp_path, reader):
+    config = setup_run(gcs, tmp_path, epochs=3, slow=True, reader=reader)
     run = f"{gcs.bucket}/runs/toy"
     first = gcs.tpurun("train", str(config), wait=False, **fresh_machine(tmp_path, "vm1"))
     gcs.wait_for(lambda: latest(gcs, run).get("epoch", 0) >= 1, 120, "epoch 1's checkpoint")
@@ -139,8 +153,9 @@ def test_a_kill_during_a_checkpoint_upload_keeps_the_previous_resume_point(gcs, 
     assert gcs.get_json(f"{run}/summary.json")["status"] == "completed"
 
 
-def test_the_server_going_away_mid_run_stops_it_and_the_same_command_resumes(gcs, tmp_path):
-    config = setup_run(gcs, tmp_path, epochs=4, slow=True)
+@pytest.mark.parametrize("reader", READERS)
+def test_the_server_going_away_mid_run_stops_it_and_the_same_command_resumes(gcs, tmp_path, reader):
+    config = setup_run(gcs, tmp_path, epochs=4, slow=True, reader=reader)
     run = f"{gcs.bucket}/runs/toy"
     proc = gcs.tpurun("train", str(config), wait=False, cwd=tmp_path)
     gcs.wait_for(lambda: latest(gcs, run).get("epoch", 0) >= 1, 120, "epoch 1's checkpoint")

@@ -1,6 +1,7 @@
 """Data on gs:// against the GCS test server: ``data write`` commits shards into a bucket,
-``data inspect`` and ``data bench`` read them, and the record-count cache notices an object that
-was rewritten in place (same name, same size) and gives ``data.skip_corrupt`` its new verdict."""
+``data inspect`` and ``data bench`` read them (``data bench`` with each reader: READERS), and the
+record-count cache notices an object that was rewritten in place (same name, same size) and gives
+``data.skip_corrupt`` its new verdict."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gcs_server import _readers
 from helpers import make_records, toy_config, write_config
 
 from tpurun.data.write import write_shards
 
 pytestmark = [pytest.mark.gcs, pytest.mark.slow]
+READERS = _readers()
 
 
 def bench_config(tmp_path: Path, train: str, **data) -> Path:
@@ -22,7 +25,8 @@ def bench_config(tmp_path: Path, train: str, **data) -> Path:
     return write_config(tmp_path / "bench.yaml", config)
 
 
-def test_data_write_inspect_and_bench_on_gcs(gcs, tmp_path):
+@pytest.mark.parametrize("reader", READERS)
+def test_data_write_inspect_and_bench_on_gcs(gcs, tmp_path, reader):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(1200, 8)).astype(np.float32)
     np.savez(tmp_path / "arrays.npz", x=x, y=(x.sum(axis=1) > 0).astype(np.float32))
@@ -44,11 +48,12 @@ def test_data_write_inspect_and_bench_on_gcs(gcs, tmp_path):
     assert (inspected["total_records"], inspected["counts_from"]) == (960, "schema")
     assert inspected["schema_path"] == f"{prefix}.schema.json"
 
-    config = bench_config(tmp_path, f"{prefix}-train-*.tfrecord", features={})
+    config = bench_config(tmp_path, f"{prefix}-train-*.tfrecord", features={}, reader=reader)
     done = gcs.tpurun("data", "bench", str(config), "--steps", "10", "--json", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     bench = json.loads(done.stdout)
     assert bench["examples_per_sec"] > 0 and bench["train_records"] == 960
+    assert bench["reader"] == reader
 
 
 def test_the_count_cache_notices_a_rewritten_shard(gcs, tmp_path):

@@ -1,8 +1,9 @@
 """The run lock of a run directory in a bucket (tpurun.storage.runlock.RemoteLock).
 
-What does not depend on atomic writes runs on TensorFlow's ``ram://`` file system, the same
+What does not depend on atomic writes runs on ``ram://`` (fsspec's in-memory file system), the same
 object-store code path as gs:// without a server; the takeover of a stale lock and two runs racing
-for one run against the GCS protocol server (tests/gcs_server.py), whose uploads are atomic."""
+for one run against the GCS protocol server (tests/gcs_server.py), whose uploads are atomic and
+which honours the create-only precondition."""
 
 from __future__ import annotations
 
@@ -153,14 +154,31 @@ def test_a_stale_remote_lock_is_taken_over_and_a_live_one_is_not(gcs):
 
 @pytest.mark.gcs
 @pytest.mark.slow
-def test_two_runs_racing_for_a_remote_lock_never_both_hold_it(gcs):
+def test_of_two_runs_racing_for_a_new_remote_lock_exactly_one_holds_it(gcs):
+    # A free lock is created with ifGenerationMatch=0: the store lets exactly one create it.
+    for attempt in range(2):
+        run = f"{gcs.bucket}/runs/race-{attempt}"
+        start_at = time.time() + 5  # after both processes have imported tpurun and gcsfs
+        racers = [start_locker(gcs, run, start_at, 4) for _ in range(2)]
+        outcomes = [outcome(proc) for proc in racers]
+        assert sorted(o["held"] for o in outcomes) == [False, True], outcomes
+        holder = next(o for o in outcomes if o["held"])
+        refused = next(o for o in outcomes if not o["held"])
+        assert f"in use by another tpurun run (pid {holder['pid']} on " in refused["error"]
+
+
+@pytest.mark.gcs
+@pytest.mark.slow
+def test_two_runs_racing_to_take_over_a_stale_remote_lock_never_both_hold_it(gcs):
     # Safety on every try: never two holders. Liveness: on a very loaded machine both may read
     # back the other's token and step aside (the user reruns), so one of three tries must end
     # with a holder.
     outcomes = []
     for attempt in range(3):
         run = f"{gcs.bucket}/runs/race-{attempt}"
-        start_at = time.time() + 8  # after both processes have imported TensorFlow
+        gcs.put(f"{run}/{LOCK}", json.dumps({"pid": 4242, "host": "another-host",
+                                             "token": "theirs", "heartbeat": 0}).encode())  # fmt: skip
+        start_at = time.time() + 5  # after both processes have imported tpurun and gcsfs
         racers = [start_locker(gcs, run, start_at, 4) for _ in range(2)]
         held = sorted(outcome(proc)["held"] for proc in racers)
         assert held != [True, True], "two holders"

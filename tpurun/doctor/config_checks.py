@@ -31,9 +31,9 @@ def _globs(value: str | list[str] | None) -> list[str]:
 
 
 def _size(path: str) -> int:
-    from tpurun import frameworks
+    from tpurun.storage import fileio
 
-    return int(frameworks.tensorflow().io.gfile.stat(path).length)
+    return fileio.size(path)
 
 
 def check_reader(reader: Any) -> Check:

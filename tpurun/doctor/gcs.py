@@ -3,7 +3,7 @@
 glob, and write then delete a test object where the config writes.
 
 A bucket that does not exist, a permission error and an unreachable store each get a finding that
-names the path and a fix that names the bucket. The child lowers TF's GCS retries, so a closed
+names the path and a fix that names the bucket. The child lowers the GCS retries, so a closed
 network fails in about 2 s, and is killed at the timeout: doctor never hangs on storage.
 """
 
@@ -14,12 +14,11 @@ from typing import Any
 
 from tpurun.doctor.check import Check
 from tpurun.doctor.child import Child, child_env
-from tpurun.doctor.scripts.gcs_probe import UNREACHABLE
 from tpurun.errors import TpurunError
 from tpurun.storage.fileio import short_detail
 
-# The child's TF GCS retries: 2, from 100 ms, fail a closed network in about 2 s (TF's own
-# defaults take minutes), well inside the probe's timeout.
+# The child's GCS retries: 2, from 100 ms, fail a closed network in about 2 s (tpurun's own
+# take about 6 s), well inside the probe's timeout.
 GCS_RETRY_ENV = {
     "GCS_RETRY_CONFIG_MAX_RETRIES": "2",
     "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "100000",
@@ -28,10 +27,16 @@ GCS_PROBE_URL = "gs://cloud-samples-data/README.md"
 GCS_ENDPOINT = ("storage.googleapis.com", 443)
 
 
-def _proxy_endpoint(env: dict[str, str]) -> tuple[str, int] | None:
-    """The HTTPS proxy TensorFlow's GCS client (libcurl) goes through, if one is set."""
+def _endpoint(env: dict[str, str]) -> tuple[str, int] | None:
+    """Where gcsfs connects first, when not to Google: an emulator (``STORAGE_EMULATOR_HOST``),
+    else the HTTPS proxy, if one is set."""
     from urllib.parse import urlparse
 
+    emulator = env.get("STORAGE_EMULATOR_HOST")
+    if emulator:
+        url = urlparse(emulator if "://" in emulator else f"http://{emulator}")
+        default = 443 if url.scheme == "https" else 80
+        return (url.hostname, url.port or default) if url.hostname else None
     proxy = env.get("HTTPS_PROXY") or env.get("https_proxy")
     if not proxy:
         return None
@@ -73,13 +78,13 @@ def _problem(result: dict[str, Any]) -> tuple[str, str]:
     doing = {"read": "cannot read the data", "write": "cannot write the run directory",
              "url": "cannot reach"}[kind]  # fmt: skip
     error_type = result["error_type"]
-    if error_type in ("PermissionDeniedError", "UnauthenticatedError"):
+    if error_type == "permission":
         role = "roles/storage.objectAdmin" if kind == "write" else "roles/storage.objectViewer"
         return (f"{path}: {doing}: permission denied ({error})",
                 f"grant the credentials in use {role} on {bucket} (gcloud storage buckets "
                 f"add-iam-policy-binding {bucket} --member=... --role={role}), or set "
                 "GOOGLE_APPLICATION_CREDENTIALS to an account that has it")  # fmt: skip
-    if error_type == "NotFoundError":
+    if error_type == "missing":
         return (f"{path}: {doing}: the bucket {bucket} does not exist",
                 f"create it (gcloud storage buckets create {bucket}) or fix the path in the "
                 "config")  # fmt: skip
@@ -88,7 +93,7 @@ def _problem(result: dict[str, Any]) -> tuple[str, str]:
             f"{path}: {error}",
             "fix the glob: `tpurun data inspect 'GLOB'` lists what it matches",
         )
-    if error_type in UNREACHABLE:
+    if error_type == "unreachable":
         return (f"{path}: {doing}: storage did not answer ({error})",
                 "check the network (and HTTPS_PROXY, if one is needed); on a TPU the data must be "
                 "in a bucket the TPU can reach")  # fmt: skip
@@ -101,8 +106,8 @@ def _problem(result: dict[str, Any]) -> tuple[str, str]:
 class GcsProbe:
     """Started early; :meth:`check` collects it (bounded by its timeout).
 
-    ``endpoint`` is the host and port tried first, before TensorFlow's client goes on: the HTTPS
-    proxy when one is set, else ``storage.googleapis.com:443``. ``targets`` are ``(kind, path)``
+    ``endpoint`` is the host and port tried first, before the storage client goes on: the
+    emulator or the HTTPS proxy when one is set, else ``storage.googleapis.com:443``. ``targets`` are ``(kind, path)``
     pairs (:func:`gcs_targets`): ``read`` a glob's first file, ``write`` and delete a test object
     in a folder, or ask whether a ``url`` exists.
     """
@@ -115,7 +120,7 @@ class GcsProbe:
         self.url = url
         self.targets = targets or [("url", url)]
         if endpoint is None:
-            endpoint = _proxy_endpoint(dict(os.environ)) or GCS_ENDPOINT
+            endpoint = _endpoint(dict(os.environ)) or GCS_ENDPOINT
         asked = {"endpoint": list(endpoint), "connect": max(0.5, timeout / 2),
                  "targets": [list(t) for t in self.targets]}  # fmt: skip
         self.child = Child.script("gcs_probe", asked, timeout=timeout, env=child_env(GCS_RETRY_ENV))

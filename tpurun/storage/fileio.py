@@ -1,17 +1,18 @@
 """File operations for local paths and remote ones (``gs://``, ``ram://``), in one place.
 
 Everything tpurun reads or writes in a run directory, a data folder or a cache goes through here, so
-that a path on a bucket works wherever a local one does. Local paths use the OS directly (fast, and
-no TensorFlow import on the paths that must answer instantly); remote paths use ``tf.io.gfile``,
-TensorFlow's own GCS client, which the input pipeline uses anyway.
+that a path on a bucket works wherever a local one does. Local paths use the OS directly; remote
+paths use fsspec: ``gs://`` through gcsfs, ``ram://`` in this process's memory
+(:mod:`tpurun.storage.remote`). Neither imports TensorFlow, installed or not: its own GCS client
+serves only ``tf.data``, when a run reads gs:// data with the ``tf_data`` reader.
 
 Object stores cannot append or rename: an atomic write of a remote file is a local write, then one
 upload (an object appears whole or not at all), and :func:`rename` is a copy plus a delete.
 
 A remote operation that fails raises :class:`StorageError`, which says which bucket, why (not
 reachable, no permission, no such bucket) and what to do; a missing file still raises
-``NotFoundError`` for the reads that expect one. How long TF's GCS client retries before it gives
-up is bounded by :data:`tpurun.frameworks.GCS_DEFAULTS`, set with TensorFlow's import.
+``FileNotFoundError`` for the reads that expect one. How long a request is retried before it gives
+up is bounded by :data:`tpurun.frameworks.GCS_DEFAULTS` (see :mod:`tpurun.storage.remote`).
 """
 
 from __future__ import annotations
@@ -20,141 +21,48 @@ import contextlib
 import glob as globlib
 import json
 import os
-import re
 import shutil
-import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from tpurun import frameworks
-from tpurun.errors import TpurunError
-from tpurun.storage import space
-
-
-class StorageError(TpurunError):
-    """A bucket could not be read or written: unreachable, no permission, or no such bucket."""
-
-
-#: How long after storage was last found unreachable (TF's retries exhausted) the writes that are
-#: only worth a try (a failed run's last summary, releasing its lock) are skipped: each would
-#: spend the whole retry time again, and a run stopped by an outage should end promptly.
-UNREACHABLE_MEMORY_SECONDS = 30.0
-_unreachable_at: float | None = None
-
-
-def recently_unreachable() -> bool:
-    """Whether a gs:// request of this process gave up on an unreachable store just now."""
-    return _unreachable_at is not None and time.monotonic() - _unreachable_at < (
-        UNREACHABLE_MEMORY_SECONDS
-    )
+from tpurun.storage import remote, space
+from tpurun.storage.remote import (  # noqa: F401 (fileio is where the rest of tpurun finds them)
+    StorageError,
+    as_storage_error,
+    bucket_of,
+    recently_unreachable,
+    short_detail,
+    storage_error,
+    training_stopped,
+)
 
 
 def is_remote(path: str) -> bool:
     return "://" in str(path)
 
 
-def bucket_of(path: str) -> str:
-    """``gs://bucket/a/b`` -> ``gs://bucket``."""
-    scheme, _, rest = str(path).partition("://")
-    return f"{scheme}://{rest.split('/', 1)[0]}"
-
-
-def storage_error(path: str, doing: str, exc: BaseException) -> StorageError:
-    """A clear error for a failed remote operation on ``path`` (``doing``: "writing it", ...).
-
-    TF's GCS client reports a refused or unreachable endpoint as ``AbortedError`` ("All N retry
-    attempts failed") or ``UnavailableError``, HTTP 401/403 as ``PermissionDeniedError``, and a
-    write into a bucket that does not exist as ``NotFoundError``.
-    """
-    global _unreachable_at
-    name = type(exc).__name__
-    first = short_detail(getattr(exc, "message", None) or str(exc)) or name
-    bucket = bucket_of(path)
-    if name in ("PermissionDeniedError", "UnauthenticatedError"):
-        return StorageError(
-            f"{path}: permission denied while {doing} ({first}). The credentials in use cannot "
-            f"do this in {bucket}: grant them access (roles/storage.objectViewer to read data, "
-            "roles/storage.objectAdmin to write run directories), or set "
-            "GOOGLE_APPLICATION_CREDENTIALS to an account that has it. `tpurun doctor CONFIG` "
-            "checks the buckets a config uses."
-        )
-    if name == "NotFoundError":
-        return StorageError(
-            f"{path}: the bucket {bucket} does not exist (or this account may not see it), so "
-            f"{doing} failed. Create it (gcloud storage buckets create {bucket}) or fix the path."
-        )
-    if name in ("AbortedError", "UnavailableError", "DeadlineExceededError",
-                "FailedPreconditionError") or "HTTP request" in first:  # fmt: skip
-        retries = os.environ.get("GCS_RETRY_CONFIG_MAX_RETRIES", "10")
-        _unreachable_at = time.monotonic()
-        return StorageError(
-            f"{path}: Google Cloud Storage did not answer while {doing} ({first}); tpurun gave "
-            f"up after {retries} retries. Check the network (and HTTPS_PROXY, if one is needed), "
-            "then run the same command again; to wait longer for storage, set "
-            "GCS_RETRY_CONFIG_MAX_RETRIES (see docs/gcs.md, 'When storage fails')."
-        )
-    return StorageError(f"{path}: {doing} failed: {name}: {first}")
-
-
-def short_detail(text: str) -> str:
-    """TF's error text in one short line: without its ``{{function_node ...}}`` prefix and
-    ``[Op:...]`` suffix, and for an HTTP error, the code and the server's own message rather than
-    the whole response body."""
-    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text).strip()
-    first = (text.splitlines() or [""])[0].split(" [Op:")[0]
-    code = re.search(r"HTTP response code (\d+)", first)
-    if code:
-        message = re.search(r'"message":\s*"((?:[^"\\]|\\.)*)"', text)
-        first = f"HTTP {code[1]}" + (f": {message[1]}" if message else "")
-    return first[:240]
-
-
-def as_storage_error(exc: BaseException, doing: str) -> StorageError | None:
-    """The :class:`StorageError` behind a TensorFlow error raised while reading or writing a
-    bucket (say, by ``tf.data`` mid-training), or None when ``exc`` is not one."""
-    tf = sys.modules.get("tensorflow")
-    if tf is None or not isinstance(exc, tf.errors.OpError):
-        return None
-    text = getattr(exc, "message", None) or str(exc)
-    start = text.find("gs://")
-    if start < 0 and "HTTP request" not in text:
-        return None
-    path = text[start:].split()[0].rstrip(".,:;'\"") if start >= 0 else "gs://"
-    return storage_error(path, doing, exc)
-
-
-def training_stopped(exc: BaseException, checkpoints: str) -> StorageError | None:
-    """What to say when a bucket failed mid-training (a checkpoint write, or ``tf.data`` reading
-    the data): the storage problem, and that the last committed checkpoint is kept. None when
-    ``exc`` is not a storage failure."""
-    storage = exc if isinstance(exc, StorageError) else as_storage_error(exc, "reading it")
-    if storage is None:
-        return None
-    return StorageError(
-        f"training stopped: {storage.message} The last checkpoint committed is kept in "
-        f"{checkpoints}; once storage answers, run the same command to continue."
-    )
-
-
 @contextlib.contextmanager
 def _remote(path: str, doing: str, *, missing_is_error: bool = False) -> Iterator[None]:
-    """Turn TensorFlow's errors about ``path`` into :class:`StorageError`; a NotFoundError passes
-    through unless ``missing_is_error`` (writes: only a missing bucket makes one)."""
-    tf = sys.modules.get("tensorflow")
+    """Turn a failed remote operation on ``path`` into :class:`StorageError`; a missing file
+    (``FileNotFoundError``) passes through unless ``missing_is_error`` (writes: only a missing
+    bucket makes one), and so does ``FileExistsError`` (a create-only write's answer)."""
     try:
         yield
+    except StorageError:
+        raise
     except Exception as exc:
-        if tf is None or not isinstance(exc, tf.errors.OpError):
-            raise
-        if isinstance(exc, tf.errors.NotFoundError) and not missing_is_error:
+        kind = remote.error_kind(exc)
+        if kind in (None, "exists") or (kind == "missing" and not missing_is_error):
             raise
         raise storage_error(path, doing, exc) from None
 
 
-def _gfile():
-    return frameworks.tensorflow().io.gfile
+def _store(path: str) -> tuple[remote.Store, str]:
+    """The store of a remote path, and the path as its file system takes it."""
+    with _remote(path, "opening its store"):
+        found = remote.store(path)
+    return found, found.inner(path)
 
 
 def join(folder: str, *names: str) -> str:
@@ -175,35 +83,45 @@ def dirname(path: str) -> str:
 def exists(path: str) -> bool:
     if not is_remote(path):
         return os.path.exists(path)
-    gfile = _gfile()
+    found, inner = _store(path)
     with _remote(path, "checking whether it exists"):
-        return gfile.exists(path)
+        return bool(found.fs.exists(inner))
 
 
 def isdir(path: str) -> bool:
+    """Whether ``path`` is a folder; in a store, a prefix that objects are named under."""
     if not is_remote(path):
         return os.path.isdir(path)
-    gfile = _gfile()
+    found, inner = _store(path)
     with _remote(path, "checking whether it is a folder"):
-        return gfile.isdir(path)
+        try:  # (gcsfs's own isdir answers False for any failure, an outage included)
+            return found.fs.info(inner)["type"] == "directory"
+        except FileNotFoundError:
+            return False
 
 
 def makedirs(path: str) -> None:
+    """Make a folder and its parents. A bucket has no folders: there, check that the bucket
+    exists (one listing), so that a run into a missing bucket fails before it starts."""
     if not is_remote(path):
         os.makedirs(path, exist_ok=True)
         return
-    gfile = _gfile()
+    found, inner = _store(path)
     with _remote(path, "creating it", missing_is_error=True):
-        gfile.makedirs(path)
+        if found.scheme == "gs":
+            bucket, _, key = inner.partition("/")
+            found.fs.call("GET", "b/{}/o", bucket, prefix=key, maxResults=1, json_out=True)
+        else:
+            found.fs.makedirs(inner, exist_ok=True)
 
 
 def glob(pattern: str) -> list[str]:
-    """Sorted matches of a glob (remote globs are expanded by the store)."""
+    """Sorted matches of a glob (remote globs are expanded by the store: one listing)."""
     if not is_remote(pattern):
         return sorted(globlib.glob(pattern))
-    gfile = _gfile()
+    found, inner = _store(pattern)
     with _remote(pattern, "listing it", missing_is_error=True):
-        return sorted(gfile.glob(pattern))
+        return sorted(found.outer(p) for p in found.fs.glob(inner))
 
 
 def escape(path: str) -> str:
@@ -211,31 +129,33 @@ def escape(path: str) -> str:
     return globlib.escape(str(path))
 
 
+def _info(path: str) -> dict[str, Any]:
+    found, inner = _store(path)
+    with _remote(path, "reading its metadata"):
+        return found.fs.info(inner)
+
+
 def mtime(path: str) -> float:
     if not is_remote(path):
         return os.path.getmtime(path)
-    gfile = _gfile()
-    with _remote(path, "reading its metadata"):
-        return gfile.stat(path).mtime_nsec / 1e9
+    return remote.modified(_info(path))
 
 
 def size(path: str) -> int:
     if not is_remote(path):
         return os.path.getsize(path)
-    gfile = _gfile()
-    with _remote(path, "reading its metadata"):
-        return gfile.stat(path).length
+    return int(_info(path)["size"])
 
 
 def remove(path: str, missing_ok: bool = True) -> None:
     try:
         if is_remote(path):
-            gfile = _gfile()
+            found, inner = _store(path)
             with _remote(path, "deleting it"):
-                gfile.remove(path)
+                found.fs.rm_file(inner)
         else:
             os.remove(path)
-    except (FileNotFoundError, _not_found()):
+    except FileNotFoundError:
         if not missing_ok:
             raise
 
@@ -245,53 +165,119 @@ def remove_tree(path: str) -> None:
     if not is_remote(path):
         shutil.rmtree(path, ignore_errors=True)
         return
-    gfile = _gfile()
-    with contextlib.suppress(_not_found()), _remote(path, "deleting it"):
-        gfile.rmtree(path)
-
-
-def _not_found() -> type[BaseException]:
-    """The exception a missing remote file raises (TF's NotFoundError), without importing TF for
-    local paths."""
-    tf = sys.modules.get("tensorflow")
-    return tf.errors.NotFoundError if tf is not None else FileNotFoundError
+    found, inner = _store(path)
+    with contextlib.suppress(FileNotFoundError), _remote(path, "deleting it"):
+        found.fs.rm(inner, recursive=True)
 
 
 def rename(src: str, dst: str) -> None:
-    """Move a file or folder; remote paths are copied, then deleted (what a store's rename is:
-    a folder moves object by object, so it is not atomic)."""
-    if is_remote(src) or is_remote(dst):
-        gfile = _gfile()
-        with _remote(src, f"moving it to {dst}"):
-            gfile.rename(src, dst, overwrite=True)
-    else:
+    """Move a file or folder; remote paths are copied, then deleted, object by object (what a
+    store's rename is: a folder's move is not atomic)."""
+    if not (is_remote(src) or is_remote(dst)):
         os.replace(src, dst)
+        return
+    if not (is_remote(src) and is_remote(dst)):
+        copy(src, dst)
+        (remove if is_remote(src) else os.remove)(src)
+        return
+    found, inner = _store(src)
+    with _remote(src, f"moving it to {dst}"):
+        if found.fs.info(inner)["type"] == "directory":
+            # (A folder marker, "name/", that TensorFlow's client made stays: gcsfs cannot name
+            # it, and it holds nothing.)
+            moves = [(found.outer(f), join(dst, found.outer(f)[len(src.rstrip("/")) + 1 :]))
+                     for f in found.fs.find(inner) if not f.endswith("/")]  # fmt: skip
+        else:
+            moves = [(src, dst)]
+    for one, other in moves:
+        copy(one, other)
+        remove(one)
 
 
 def copy(src: str, dst: str) -> None:
-    if is_remote(src) or is_remote(dst):
-        gfile = _gfile()
-        where, writing = (dst, not is_remote(src)) if is_remote(dst) else (src, False)
-        with _remote(where, f"copying {src} to {dst}", missing_is_error=writing):
-            gfile.copy(src, dst, overwrite=True)
-    else:
+    """Copy a file: within a store, by the store (no download); else streamed."""
+    if not (is_remote(src) or is_remote(dst)):
         shutil.copyfile(src, dst)
+        return
+    where, writing = (dst, not is_remote(src)) if is_remote(dst) else (src, False)
+    with _remote(where, f"copying {src} to {dst}", missing_is_error=writing):
+        if is_remote(src) and is_remote(dst) and remote.store(src) is remote.store(dst):
+            found = remote.store(src)
+            found.fs.cp_file(found.inner(src), found.inner(dst))
+        elif not is_remote(src):
+            found = remote.store(dst)
+            found.fs.put_file(src, found.inner(dst))
+        else:
+            with open_binary(src) as source, open_binary(dst, "wb") as target:
+                shutil.copyfileobj(source, target, remote.BLOCK_SIZE)
+
+
+class _RemoteFile:
+    """A store's file object whose failures, when it reads, writes or closes, are
+    :class:`StorageError` (a missing file's stays ``FileNotFoundError``)."""
+
+    def __init__(self, file: Any, path: str, writing: bool):
+        self._file, self.path, self._writing = file, path, writing
+        self._doing = "writing it" if writing else "reading it"
+
+    def read(self, size: int = -1) -> bytes:
+        with _remote(self.path, self._doing):
+            return self._file.read(size)
+
+    def readinto(self, buffer: Any) -> int:
+        with _remote(self.path, self._doing):
+            return self._file.readinto(buffer)
+
+    def write(self, data: Any) -> int:
+        with _remote(self.path, self._doing, missing_is_error=True):
+            return self._file.write(data)
+
+    def flush(self) -> None:
+        with _remote(self.path, self._doing, missing_is_error=self._writing):
+            self._file.flush()
+
+    def close(self) -> None:
+        with _remote(self.path, self._doing, missing_is_error=self._writing):
+            self._file.close()
+
+    def __enter__(self) -> _RemoteFile:
+        return self
+
+    def __exit__(self, failed: type[BaseException] | None, *exc_info: Any) -> None:
+        if failed is not None and self._writing and hasattr(self._file, "discard"):
+            # A write that failed leaves no object, as a kill would: the upload is cancelled
+            # and the file marked closed, so that closing it uploads nothing.
+            with contextlib.suppress(Exception):
+                self._file.discard()
+            with contextlib.suppress(AttributeError):  # (a memory file cannot be marked)
+                self._file.closed = True
+            return
+        self.close()
+
+    def __getattr__(self, name: str) -> Any:  # seek, tell, closed, readable, ...
+        return getattr(self._file, name)
 
 
 def open_binary(path: str, mode: str = "rb"):
-    """A binary file object for streaming reads (``rb``) or writes (``wb``), local or remote."""
-    if is_remote(path):
-        gfile = _gfile()
-        with _remote(path, "reading it" if "r" in mode else "writing it"):
-            return gfile.GFile(path, mode)
-    return open(path, mode)  # noqa: SIM115 (the caller closes it)
+    """A binary file object for streaming reads (``rb``) or writes (``wb``), local or remote.
+
+    A remote file reads ahead and uploads in blocks of :data:`tpurun.storage.remote.BLOCK_SIZE`;
+    a file written to a store appears there whole, when it is closed.
+    """
+    if not is_remote(path):
+        return open(path, mode)  # noqa: SIM115 (the caller closes it)
+    writing = "r" not in mode
+    found, inner = _store(path)
+    with _remote(path, "writing it" if writing else "reading it", missing_is_error=writing):
+        file = found.fs.open(inner, mode, block_size=remote.BLOCK_SIZE)
+    return _RemoteFile(file, path, writing)
 
 
 def read_bytes(path: str) -> bytes:
     if is_remote(path):
-        gfile = _gfile()
-        with _remote(path, "reading it"), gfile.GFile(path, "rb") as f:
-            return f.read()
+        found, inner = _store(path)
+        with _remote(path, "reading it"):
+            return found.fs.cat_file(inner)
     with open(path, "rb") as f:
         return f.read()
 
@@ -304,7 +290,7 @@ def read_text_or_none(path: str) -> str | None:
     """The file's text, or None when it does not exist."""
     try:
         return read_text(path)
-    except (FileNotFoundError, _not_found()):
+    except FileNotFoundError:
         return None
 
 
@@ -321,6 +307,22 @@ def read_json(path: str) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def create_exclusively(path: str, data: bytes) -> None:
+    """Write a new file, only if there is none: in a bucket, in one request with the create-only
+    precondition (``ifGenerationMatch=0``), so that of two writers, exactly one succeeds.
+
+    Raises:
+        FileExistsError: the file exists (another writer made it first).
+    """
+    if not is_remote(path):
+        with open(path, "xb") as f:
+            f.write(data)
+        return
+    found, inner = _store(path)
+    with _remote(path, "creating it", missing_is_error=True):
+        found.fs.pipe_file(inner, data, mode="create")
+
+
 def save_atomically(path: str, write: Callable[[str], Any]) -> None:
     """Call ``write(tmp_path)`` and move the result to ``path`` only once it is complete.
 
@@ -332,14 +334,12 @@ def save_atomically(path: str, write: Callable[[str], Any]) -> None:
     """
     name = basename(path)
     if is_remote(path):
-        gfile = _gfile()
+        found, inner = _store(path)
         with tempfile.TemporaryDirectory(prefix="tpurun-") as tmp:
             local = os.path.join(tmp, name)
             write(local)
             with _remote(path, "uploading it", missing_is_error=True):
-                if path.startswith("ram://") and gfile.exists(path):
-                    gfile.remove(path)  # TF's ram:// writes over an old file without truncating it
-                gfile.copy(local, path, overwrite=True)
+                found.fs.put_file(local, inner)
         return
     folder = os.path.dirname(path) or "."
     tmp = os.path.join(folder, f".tmp-{os.getpid()}-{name}")  # same suffix: Keras checks it

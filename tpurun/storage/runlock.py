@@ -4,27 +4,30 @@
 
 - **Local folders**: an ``flock`` on the file. The kernel releases it when the holder dies, so a
   run killed with SIGKILL never blocks the next one.
-- **Buckets** (``gs://``): an object store has no flock, and TensorFlow's GCS client cannot send
-  the create-only precondition (``ifGenerationMatch=0``) that would make creating an object a
-  lock: TF sends one only for folder markers, and ``tf.io.gfile.mkdir`` hides its answer. So the
-  lock is the ``run.lock`` object itself, with a token and a **heartbeat** that the holder
-  rewrites every :data:`HEARTBEAT_SECONDS`. A lock is live while its heartbeat is younger than
+- **Buckets** (``gs://``): an object store has no flock. The lock is the ``run.lock`` object
+  itself, with a token and a **heartbeat** that the holder rewrites every
+  :data:`HEARTBEAT_SECONDS`. A lock is live while its heartbeat is younger than
   :data:`STALE_SECONDS`; on the holder's own host, a holder whose process is gone is dead at once.
   A dead or stale lock is taken over.
 
-  Taking it: read the lock (refuse a live one), write ours, wait :data:`SETTLE_SECONDS`, read it
-  back: whoever's token is there holds it, the other refuses. Each heartbeat reads the lock first,
-  and a holder that finds another's token knows it lost the lock; its run directory then refuses
-  to write (:class:`LockLost`). **The race window**: two runs that both read "free" and whose
-  read-to-write gaps differ by more than :data:`SETTLE_SECONDS` can both believe they hold the
-  lock, until the first heartbeat (at most :data:`HEARTBEAT_SECONDS` later) tells the earlier one
-  that it lost. Both must start on the same run directory within about a second for this.
+  Taking a free lock creates the object with the create-only precondition
+  (``ifGenerationMatch=0``, :func:`tpurun.storage.fileio.create_exclusively`): of runs that start
+  together on a new run directory, exactly one creates it, and the others refuse. Taking over a
+  dead or stale lock rewrites it: write ours, wait :data:`SETTLE_SECONDS`, read it back: whoever's
+  token is there holds it, the other refuses. Each heartbeat reads the lock first, and a holder
+  that finds another's token knows it lost the lock; its run directory then refuses to write
+  (:class:`LockLost`). **The race window**, for takeovers only: two runs that both read the same
+  dead lock and whose read-to-write gaps differ by more than :data:`SETTLE_SECONDS` can both
+  believe they hold it, until the first heartbeat (at most :data:`HEARTBEAT_SECONDS` later) tells
+  the earlier one that it lost. (Closing that window too takes a write conditional on the
+  generation read, which gcsfs does not send: its only precondition is ``ifGenerationMatch=0``.)
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import socket
 import threading
@@ -158,26 +161,36 @@ class RemoteLock:
         return is_live(self.read())
 
     def acquire(self) -> None:
-        current = self.read()
+        text = fileio.read_text_or_none(self.path)  # None: there is no lock
+        current = fileio.read_json(self.path) if text is not None else None
         if is_live(current):
             raise Busy(current or {})
         token = uuid.uuid4().hex
         since = now_iso()
         self._record = {"pid": os.getpid(), "host": socket.gethostname(), "since": since,
                         "token": token}  # fmt: skip
-        self._write()
-        time.sleep(SETTLE_SECONDS)  # a writer that read "free" when we did has written by now
-        back = self.read() or {}
-        if back.get("token") != token:
-            raise Busy(back)
+        if text is None:
+            try:
+                fileio.create_exclusively(self.path, self._payload())
+            except FileExistsError:  # another run created it since we looked
+                raise Busy(self.read() or {}) from None
+        else:  # a dead or stale holder's: taken over
+            self._write()
+            time.sleep(SETTLE_SECONDS)  # a writer that read it when we did has written by now
+            back = self.read() or {}
+            if back.get("token") != token:
+                raise Busy(back)
         self.token, self.lost = token, None
         self._stop.clear()
         self._thread = threading.Thread(target=self._beat, name="tpurun-lock-heartbeat",
                                         daemon=True)  # fmt: skip
         self._thread.start()
         # A process that ends holding the lock (a notebook kernel, a script that never unlocked)
-        # releases it first: a heartbeat thread cut off inside TensorFlow's I/O aborts the exit.
+        # releases it first, so that the next run need not wait for it to go stale.
         atexit.register(self.release)
+
+    def _payload(self) -> bytes:
+        return (json.dumps({**self._record, "heartbeat": time.time()}, indent=2) + "\n").encode()
 
     def _write(self) -> None:
         fileio.write_json(self.path, {**self._record, "heartbeat": time.time()})

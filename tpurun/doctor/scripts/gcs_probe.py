@@ -3,16 +3,19 @@ object where the run writes (doctor's ``gcs.reachable`` check).
 
 Run by :class:`tpurun.doctor.gcs.GcsProbe` as ``python -m tpurun.doctor.scripts.gcs_probe
 '{"endpoint": [host, port], "connect": seconds, "targets": [[kind, path], ...]}'``, in a child
-whose environment lowers TensorFlow's GCS retries (TF reads them once, at its first gs:// use), and
-which the parent kills at its timeout: storage that does not answer never holds doctor up.
+whose environment lowers the GCS retries (read once, at its first gs:// use), and which the parent
+kills at its timeout: storage that does not answer never holds doctor up.
 
-First a plain TCP connection to ``endpoint`` (the HTTPS proxy, or storage.googleapis.com:443): a
-closed network fails there in ``connect`` seconds, before TensorFlow is imported. Then each target
-through ``tf.io.gfile``: ``read`` a glob's first file (16 bytes), ``write`` and delete a test
-object in a folder, or ask whether a ``url`` exists.
+First a plain TCP connection to ``endpoint`` (the emulator, the HTTPS proxy, or
+storage.googleapis.com:443): a closed network fails there in ``connect`` seconds. Then each target
+through :mod:`tpurun.storage.fileio` (gcsfs; no TensorFlow), as train reads and writes: ``read`` a
+glob's first file (16 bytes), ``write`` and delete a test object in a folder, or ask whether a
+``url`` exists.
 
-Answer: ``{"reachable": bool, "stage": "connect" | "gfile", "error"?, "results"?: [{"kind",
-"path", "ok", "detail" | "error_type" and "error", "seconds"}], "seconds"}``.
+Answer: ``{"reachable": bool, "stage": "connect" | "files", "error"?, "results"?: [{"kind",
+"path", "ok", "detail" | "error_type" and "error", "seconds"}], "seconds"}``; a storage failure's
+``error_type`` is its :attr:`~tpurun.storage.fileio.StorageError.kind` (``permission``,
+``missing``, ``unreachable``, ``other``), any other error's its class name.
 """
 
 from __future__ import annotations
@@ -25,37 +28,35 @@ from typing import Any
 
 from tpurun.doctor.child import payload, reply
 
-# TensorFlow's errors when the store cannot be reached at all (its retries spent).
-UNREACHABLE = ("AbortedError", "UnavailableError", "DeadlineExceededError",
-               "FailedPreconditionError")  # fmt: skip
 TEST_OBJECT = ".tpurun-doctor-"  # the test object's name starts so; a random suffix follows
 
 
 def error_text(exc: BaseException) -> str:
-    """TensorFlow's message for an error (its ``message``), else ``str``; at most 2000 chars."""
-    return (getattr(exc, "message", None) or str(exc)).strip()[:2000] or type(exc).__name__
+    """A storage error's cause in one line (its ``detail``), else ``str``; at most 2000 chars."""
+    return (getattr(exc, "detail", None) or str(exc)).strip()[:2000] or type(exc).__name__
 
 
-def actions(gfile: Any) -> dict[str, Callable[[str], str]]:
-    """What each kind of target does, through ``gfile`` (``tf.io.gfile`` or a stand-in); each
-    returns a short detail, or raises."""
+def actions(files: Any) -> dict[str, Callable[[str], str]]:
+    """What each kind of target does, through ``files`` (:mod:`tpurun.storage.fileio` or a
+    stand-in with its ``exists``, ``glob``, ``open_binary`` and ``remove``); each returns a short
+    detail, or raises."""
 
     def url(path: str) -> str:
-        return f"exists: {bool(gfile.exists(path))}"
+        return f"exists: {bool(files.exists(path))}"
 
     def read(path: str) -> str:
-        files = [f for f in gfile.glob(path) if not f.endswith("/")]
-        if not files:
+        found = [f for f in files.glob(path) if not f.endswith("/")]
+        if not found:
             raise LookupError(f"no file matches {path}")
-        with gfile.GFile(files[0], "rb") as f:
+        with files.open_binary(found[0]) as f:
             f.read(16)
-        return f"{len(files)} file(s), the first one read"
+        return f"{len(found)} file(s), the first one read"
 
     def write(folder: str) -> str:
         probe = folder.rstrip("/") + "/" + TEST_OBJECT + uuid.uuid4().hex[:12]
-        with gfile.GFile(probe, "w") as f:
-            f.write("written by tpurun doctor to test access; safe to delete\n")
-        gfile.remove(probe)
+        with files.open_binary(probe, "wb") as f:
+            f.write(b"written by tpurun doctor to test access; safe to delete\n")
+        files.remove(probe)
         return "a test object written and deleted"
 
     return {"url": url, "read": read, "write": write}
@@ -71,7 +72,8 @@ def run_targets(
         try:
             result = {"kind": kind, "path": path, "ok": True, "detail": act[kind](path)}
         except Exception as exc:
-            result = {"kind": kind, "path": path, "ok": False, "error_type": type(exc).__name__,
+            kind_of = getattr(exc, "kind", None) or type(exc).__name__  # a StorageError's cause
+            result = {"kind": kind, "path": path, "ok": False, "error_type": kind_of,
                       "error": error_text(exc)}  # fmt: skip
         result["seconds"] = round(time.perf_counter() - started, 3)
         results.append(result)
@@ -86,15 +88,15 @@ def verdict(results: list[dict[str, Any]]) -> dict[str, Any]:
     if (
         results
         and len(failed) == len(results)
-        and all(r["error_type"] in UNREACHABLE for r in failed)
+        and all(r["error_type"] == "unreachable" for r in failed)
     ):
         return {
             "reachable": False,
-            "stage": "gfile",
+            "stage": "files",
             "error": failed[0]["error"],
             "results": results,
         }
-    return {"reachable": True, "stage": "gfile", "results": results}
+    return {"reachable": True, "stage": "files", "results": results}
 
 
 def connect(endpoint: tuple[str, int], timeout: float) -> dict[str, Any] | None:
@@ -112,10 +114,9 @@ def probe(asked: dict[str, Any]) -> dict[str, Any]:
     refused = connect(endpoint, float(asked["connect"]))
     if refused is not None:
         return refused
-    from tpurun import frameworks
+    from tpurun.storage import fileio
 
-    gfile = frameworks.tensorflow().io.gfile
-    return verdict(run_targets([tuple(t) for t in asked["targets"]], actions(gfile)))
+    return verdict(run_targets([tuple(t) for t in asked["targets"]], actions(fileio)))
 
 
 def main() -> None:
