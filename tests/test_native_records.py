@@ -484,6 +484,19 @@ def test_a_record_that_is_not_an_example():
         BatchParser(features({"y": {"type": "int64"}}))([b"\xff\xff\xff"])
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_an_image_that_does_not_decode_names_its_feature_and_record(threads):
+    good = encoded(np.zeros((4, 4, 3), np.uint8), "PNG")
+    batch = [example.serialize({"img": good}) for _ in range(5)]
+    batch[3] = example.serialize({"img": good[:40]})  # cut short
+    parser = BatchParser(features({"pic": {"type": "image", "shape": [2, 2, 3], "key": "img"}}),
+                         threads=threads)  # fmt: skip
+    with pytest.raises(images.ImageError, match=r"^feature 'pic' \(record key 'img'\), record 3 "
+                       r"of the batch: cannot decode the image"):  # fmt: skip
+        parser(batch)
+    parser.close()
+
+
 # ------------------------------------------------------------------------ data write output
 def data_write_outputs(tmp_path: Path) -> list[tuple[str, list[str], dict]]:
     """(prefix, files, features) of data write's sources: packed CSV, raw arrays, an image
