@@ -155,7 +155,7 @@ def write_dataset(
                    chunk_records, image_size)  # fmt: skip
     folder, base = shards.split_prefix(out_prefix)
     if not overwrite:
-        with _writing_to(out_prefix, "looking for a dataset written there"):
+        with _writing_to(out_prefix):
             shards.refuse_existing(out_prefix, folder, base)
     table = table_options(label, pack, fill_missing, text)
     source = _opened(source, image_size, seed, table, map_source)
@@ -165,7 +165,7 @@ def write_dataset(
     chunk_size = max(1, min(chunk_records, CHUNK_BYTES * source.records // max(1, source.nbytes)))
     committed = False
     try:
-        with _writing_to(out_prefix, "writing the shards"):
+        with _writing_to(out_prefix):
             shards.prepare_folder(folder, base)
             stats = _write_records(source, shard_sets, is_validation, chunk_size, progress)
             splits = {split: shard_set.finish() for split, shard_set in shard_sets.items()}
@@ -249,16 +249,15 @@ def _write_schema(source: Source, out_prefix: str, splits: dict, compression: st
 
 
 @contextlib.contextmanager
-def _writing_to(out_prefix: str, doing: str):
+def _writing_to(out_prefix: str):
     """A local folder that cannot be written as a DataError naming ``out_prefix`` (a bucket's
     failures are StorageErrors already: unreachable, no permission, no such bucket)."""
     try:
         yield
     except OSError as exc:
         reason = exc.strerror or str(exc)
-        raise DataError(
-            f"{out_prefix}: cannot write the shards there ({doing}): {reason}."
-        ) from None
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise DataError(f"{out_prefix}: cannot write the shards there: {reason}{where}.") from None
 
 
 def _write_records(source, shard_sets, is_validation, chunk_size, progress) -> Statistics:
