@@ -51,16 +51,18 @@ class EventFile:
         self.path = fileio.join(folder, name)
         self._remote = fileio.is_remote(self.path)
         self._written: list[bytes] = []  # remote: every framed event, uploaded whole
-        self._file = None if self._remote else open(self.path, "wb", buffering=0)  # noqa: SIM115
         self._add(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2"))
         self.flush()
 
     def _add(self, event: event_pb2.Event) -> None:
         framed = framing.frame(event.SerializeToString())
-        if self._file is not None:
-            self._file.write(framed)
-        else:
+        if self._remote:
             self._written.append(framed)
+            return
+        # Opened for each event (tens of microseconds, a few times an epoch): nothing is held
+        # open between a run's epochs, or after it in a notebook.
+        with open(self.path, "ab") as f:
+            f.write(framed)
 
     def scalars(self, values: Mapping[str, float], step: int) -> None:
         """One event holding ``values`` (tag: value) at ``step``."""
@@ -83,10 +85,8 @@ class EventFile:
         fileio.save_atomically(self.path, write)
 
     def close(self) -> None:
+        """Flush; nothing else is held."""
         self.flush()
-        if self._file is not None:
-            self._file.close()
-            self._file = None
 
 
 def after_the_last_file(folder: str) -> None:
