@@ -9,10 +9,11 @@ The layout is the one of Kaggle's public image TFRecords (e.g. the flowers compe
     python configs/data/make_digits.py
 """
 
+import io
 from pathlib import Path
 
 import numpy as np
-import tensorflow as tf
+from PIL import Image
 from sklearn.datasets import load_digits
 
 from tpurun.data.write import write_shards
@@ -28,8 +29,9 @@ def main() -> None:
 
     def records(indices):
         for i in indices:
-            png = tf.io.encode_png(images[i]).numpy()
-            yield {"image": png, "class": int(digits.target[i]), "id": f"digit-{i:04d}"}
+            png = io.BytesIO()
+            Image.fromarray(images[i][..., 0], mode="L").save(png, format="PNG")
+            yield {"image": png.getvalue(), "class": int(digits.target[i]), "id": f"digit-{i:04d}"}
 
     HERE.mkdir(parents=True, exist_ok=True)
     for old in HERE.glob("*.tfrecord"):
