@@ -57,6 +57,15 @@ def test_file_operations_read_and_write_what_the_server_has(store, tmp_path):
     assert store.get(f"{b}/copies/again.bin") == (tmp_path / "down.bin").read_bytes()
     assert (tmp_path / "down.bin").read_bytes() == b"local bytes"
 
+    with fileio.local_copy(f"{b}/copies/again.bin") as copied:  # for Keras' loads, by name
+        assert (os.path.basename(copied), open(copied, "rb").read()) == (
+            "again.bin",
+            b"local bytes",
+        )
+    assert not os.path.exists(copied)
+    with fileio.local_copy(str(local)) as same:
+        assert same == str(local)
+
     fileio.rename(f"{b}/copies/again.bin", f"{b}/copies/moved.bin")
     assert store.list(f"{b}/copies/") == [f"{b}/copies/moved.bin", f"{b}/copies/up.bin"]
     fileio.rename(f"{b}/run", f"{b}/run-aside")  # a folder, object by object

@@ -54,7 +54,7 @@ def expand(patterns: str | Sequence[str], rule: PathRule | None = None, key: str
     files: list[str] = []
     for pattern in [patterns] if isinstance(patterns, str) else patterns:
         path = rule(pattern)
-        matched = _files_only(fileio.glob(path))
+        matched = fileio.glob(path, files_only=True)
         if not matched:
             hint = ""
             if path != pattern:
@@ -63,15 +63,6 @@ def expand(patterns: str | Sequence[str], rule: PathRule | None = None, key: str
             raise DataError(f"{where}{path}: no file matches this glob.{hint}")
         files.extend(sorted(matched))
     return list(dict.fromkeys(files))
-
-
-def _files_only(matched: list[str]) -> list[str]:
-    """The matches that are files; in a bucket, asked several at a time (a request each)."""
-    if not any(fileio.is_remote(m) for m in matched):
-        return [m for m in matched if not os.path.isdir(m)]
-    with ThreadPoolExecutor(max_workers=min(16, len(matched))) as pool:
-        folders = list(pool.map(fileio.isdir, matched))
-    return [m for m, folder in zip(matched, folders, strict=True) if not folder]
 
 
 def sizes(files: Sequence[str]) -> list[int]:

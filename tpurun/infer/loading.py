@@ -241,15 +241,16 @@ def build(trained: TrainedRun, checkpoint: Checkpoint, runtime: Any = None) -> A
 
             sharded.load(model, checkpoint.path, trained.run.path, weights_only=True)
             return model
-        try:
-            model.load_weights(checkpoint.path)
-        except Exception as exc:  # Keras raises ValueError, KeyError, OSError... for a misfit
-            first = (str(exc).strip().splitlines() or [""])[0]
-            raise ModelError(
-                f"{checkpoint.path}: cannot load it into the model {config.model.factory} builds: "
-                f"{type(exc).__name__}: {first}. Was the factory or model.kwargs changed since "
-                "training? The checkpoint only fits the model it was trained as."
-            ) from None
+        with fileio.local_copy(checkpoint.path) as local:  # Keras reads gs:// only through TF
+            try:
+                model.load_weights(local)
+            except Exception as exc:  # Keras raises ValueError, KeyError, OSError... for a misfit
+                first = (str(exc).strip().splitlines() or [""])[0]
+                raise ModelError(
+                    f"{checkpoint.path}: cannot load it into the model {config.model.factory} "
+                    f"builds: {type(exc).__name__}: {first}. Was the factory or model.kwargs "
+                    "changed since training? The checkpoint only fits the model it was trained as."
+                ) from None
     return model
 
 

@@ -115,13 +115,17 @@ def makedirs(path: str) -> None:
             found.fs.makedirs(inner, exist_ok=True)
 
 
-def glob(pattern: str) -> list[str]:
-    """Sorted matches of a glob (remote globs are expanded by the store: one listing)."""
+def glob(pattern: str, files_only: bool = False) -> list[str]:
+    """Sorted matches of a glob (remote globs are expanded by the store: one listing);
+    ``files_only`` leaves folders out (told apart by the same listing)."""
     if not is_remote(pattern):
-        return sorted(globlib.glob(pattern))
+        matched = sorted(globlib.glob(pattern))
+        return [m for m in matched if not os.path.isdir(m)] if files_only else matched
     found, inner = _store(pattern)
     with _remote(pattern, "listing it", missing_is_error=True):
-        return sorted(found.outer(p) for p in found.fs.glob(inner))
+        listed = found.fs.glob(inner, detail=True)
+    return sorted(found.outer(name) for name, info in listed.items()
+                  if not (files_only and info["type"] == "directory"))  # fmt: skip
 
 
 def escape(path: str) -> str:
@@ -271,6 +275,24 @@ def open_binary(path: str, mode: str = "rb"):
     with _remote(path, "writing it" if writing else "reading it", missing_is_error=writing):
         file = found.fs.open(inner, mode, block_size=remote.BLOCK_SIZE)
     return _RemoteFile(file, path, writing)
+
+
+@contextlib.contextmanager
+def local_copy(path: str) -> Iterator[str]:
+    """A local path to read ``path`` from, for a library that opens files by name (Keras' loads,
+    h5py): ``path`` itself when it is local, else a copy under its own name in a private temporary
+    folder, removed after.
+
+    Raises:
+        StorageError: a remote ``path`` cannot be read (a missing file: ``FileNotFoundError``).
+    """
+    if not is_remote(path):
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="tpurun-") as tmp:
+        local = os.path.join(tmp, basename(path))
+        copy(path, local)
+        yield local
 
 
 def read_bytes(path: str) -> bytes:

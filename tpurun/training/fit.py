@@ -424,13 +424,15 @@ def _restore(model, inputs, weights: str, job: TrainJob, source: str) -> None:
         if weights.endswith(SHARDED_SUFFIX):  # restored under this run's mesh, whatever it was
             sharded.load(model, weights, source)
             return
-        try:
-            model.load_weights(weights)
-        except Exception as exc:  # Keras raises ValueError, KeyError, OSError... for a misfit file
-            raise ModelError(
-                f"{source}: cannot load {fileio.basename(weights)} into this model: {type(exc).__name__}: "
-                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-            ) from None
+        with fileio.local_copy(weights) as local:  # Keras reads gs:// only through TensorFlow
+            try:
+                model.load_weights(local)
+            except Exception as exc:  # Keras raises ValueError, KeyError, OSError... for a misfit
+                raise ModelError(
+                    f"{source}: cannot load {fileio.basename(weights)} into this model: "
+                    f"{type(exc).__name__}: "
+                    f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+                ) from None
 
 
 def _apply_lr_scale(
