@@ -103,6 +103,16 @@ def test_train_with_data_and_run_directory_on_gcs(gcs, tmp_path, reader):
     assert list(machine["cwd"].iterdir()) == []
     assert list(Path(machine["TMPDIR"]).iterdir()) == []
 
+    # Scored from the bucket: the resume point's weights (copied for Keras, then removed) on the
+    # validation set, as the last epoch's validation scored them; the result written beside.
+    done = gcs.tpurun("evaluate", run, "--checkpoint", "latest", "--json", **machine)
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    last = list(csv.DictReader(io.StringIO(gcs.get(f"{run}/log.csv").decode())))[-1]
+    assert shown["metrics"]["loss"] == pytest.approx(float(last["val_loss"]), rel=1e-5)
+    assert gcs.get_json(f"{run}/eval-validation.json")["metrics"] == shown["metrics"]
+    assert list(Path(machine["TMPDIR"]).iterdir()) == []
+
 
 @pytest.mark.parametrize("reader", READERS)
 def test_sigterm_mid_epoch_then_resume_from_gcs_with_no_local_state(gcs, tmp_path, reader):
