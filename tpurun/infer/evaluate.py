@@ -43,14 +43,14 @@ def split_name(data: str | None) -> str:
 def _check_targets(data: Any, found: Any) -> None:
     """A test set without labels cannot be evaluated: say so, and what to use instead; then check
     the targets' types and shapes."""
-    tf = frameworks.tensorflow()
     from tpurun.config import DataConfig
     from tpurun.data import decode as feat
+    from tpurun.data.native import example
     from tpurun.infer.loading import first_record
 
     targets = {n: data.features[n] for n in DataConfig.names(data.targets)}
     serialized = first_record(found)
-    stored = tf.train.Example.FromString(serialized).features.feature
+    stored = example.parse(serialized).features.feature
     missing = [n for n, f in targets.items() if feat.record_key(n, f) not in stored]
     if missing:
         raise DataError(

@@ -354,14 +354,19 @@ def global_batch(config: Config, replicas: int) -> int:
 
 
 def first_record(found: Records) -> bytes:
-    """The first serialized record of ``found`` (what a command checks before it reads the rest)."""
-    tf = frameworks.tensorflow()
-    from tpurun.data.files import compression_type
+    """The first serialized record of ``found`` (what a command checks before it reads the rest),
+    read by the native reader: no TensorFlow."""
+    from tpurun.data.files import detect_compression
+    from tpurun.data.native.framing import iter_records
 
-    ds = tf.data.TFRecordDataset(
-        found.files[:1], compression_type=compression_type(found.compression, found.files)
-    )
-    return next(iter(ds.take(1))).numpy()
+    compression = found.compression
+    if compression == "auto":
+        compression = detect_compression(found.files[0])
+    records = iter_records(found.files[0], compression)
+    try:
+        return next(records)
+    finally:
+        records.close()
 
 
 def writable_output(path: str, key: str = "--output") -> str:

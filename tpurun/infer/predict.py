@@ -44,8 +44,8 @@ def output_kind(path: str, generates: bool | None = False) -> str:
 def id_spec(data: Any, name: str, serialized: bytes, filename: str) -> Any:
     """How to read ``--id-feature NAME``: as data.features declares it, else as the first record
     holds it (one bytes, int64 or float value)."""
-    tf = frameworks.tensorflow()
     from tpurun.config.features import BytesFeature, FloatFeature, Int64Feature
+    from tpurun.data.native import example
 
     if name in data.features:
         feature = data.features[name]
@@ -53,7 +53,7 @@ def id_spec(data: Any, name: str, serialized: bytes, filename: str) -> Any:
             raise DataError(f"--id-feature {name}: data.features declares {feature.shape} values "
                             "per record; an id is one value.")  # fmt: skip
         return feature
-    stored = tf.train.Example.FromString(serialized).features.feature
+    stored = example.parse(serialized).features.feature
     if name not in stored:
         raise DataError(
             f"--id-feature {name}: {filename} holds no feature '{name}'; its records hold: "
