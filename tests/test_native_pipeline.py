@@ -526,6 +526,20 @@ def test_without_tensorflow_installed_train_reads_natively_and_tf_data_exits_2(t
                           text=True, env=env, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "reader: native (TensorFlow is not installed)" in done.stdout
+    run_dir = tmp_path / "runs" / "toy"
+    for command in (["evaluate", str(run_dir)],
+                    ["predict", str(run_dir), "--data", str(toy_data / "val-*.tfrecord"),
+                     "--output", str(tmp_path / "p.csv"), "--id-feature", "id"]):  # fmt: skip
+        after = subprocess.run([str(JAX_VENV / "tpurun"), *command], capture_output=True,
+                               text=True, env=env, timeout=600)  # fmt: skip
+        assert after.returncode == 0, after.stdout + after.stderr
+    scored = json.loads((run_dir / "eval-validation.json").read_text())
+    assert scored["records"] == 128 and scored["metrics"]["loss"] == pytest.approx(
+        float(read_log(run_dir)[-1]["val_loss"]), rel=1e-5
+    )
+    rows = (tmp_path / "p.csv").read_text().splitlines()
+    assert rows[0] == "id,y" and [r.split(",")[0] for r in rows[1:4]] == ["r0", "r2", "r4"]
+    assert len(rows) == 129
     refused = subprocess.run(
         [str(JAX_VENV / "tpurun"), "train", str(path), "--set", "data.reader=tf_data"],
         capture_output=True, text=True, env=env, timeout=600,
