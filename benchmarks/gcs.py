@@ -55,14 +55,14 @@ def write_shards(folder: Path, shards: int, per_shard: int, width: int) -> None:
     write(str(folder / "train"), ({"x": x[i].tobytes(), "y": int(y[i])} for i in range(n)), shards)
 
 
-def config_dict(train: str, output: str, width: int, batch: int) -> dict:
+def config_dict(train: str, output: str, width: int, batch: int, reader: str = "auto") -> dict:
     return {
         "name": "bench",
         "seed": 1,  # (seed 0 trips a TF bug in the pipeline: reported)
         "runtime": {"accelerator": "cpu", "cpu_devices": 1},
         "model": {"factory": f"{ROOT / 'benchmarks' / 'gcs.py'}:mlp", "loss": "binary_crossentropy",
                   "kwargs": {"width": width}},
-        "data": {"train": train, "inputs": "x", "targets": "y",
+        "data": {"train": train, "inputs": "x", "targets": "y", "reader": reader,
                  "features": {"x": {"type": "raw", "dtype": "float32", "shape": [width]},
                               "y": {"type": "int64", "cast": "float32"}}},
         "train": {"per_core_batch_size": batch, "epochs": 1},
@@ -85,7 +85,7 @@ def pipeline(local: Path, remote: str, args) -> dict:
 
     out = {}
     for where, glob in (("local", str(local / "train-*.tfrecord")), ("gs", f"{remote}/train-*")):
-        config = load_config(config_dict(glob, "runs", args.width, args.batch))
+        config = load_config(config_dict(glob, "runs", args.width, args.batch, args.reader))
         runs = [bench(config, steps=args.steps, warmup=5) for _ in range(args.repeats)]
         best = max(runs, key=lambda r: r["examples_per_sec"])
         out[where] = {"examples_per_sec": round(best["examples_per_sec"]),
@@ -128,7 +128,8 @@ def _latest(local_runs: Path) -> str:
 
 def faults(server: GcsServer, remote: str, work: Path, args) -> dict:
     """Each case with a real `tpurun train` and tpurun's own retry defaults."""
-    config = config_dict(f"{remote}/train-*", f"{server.bucket}/runs", args.width, args.batch)
+    config = config_dict(f"{remote}/train-*", f"{server.bucket}/runs", args.width, args.batch,
+                         args.reader)  # fmt: skip
     config["train"].update({"epochs": 30, "steps_per_execution": 1})
     config["callbacks"] = {"extra": [{"name": f"{ROOT / 'tests' / 'gcs_server.py'}:SlowBatches",
                                       "seconds": 0.02}]}  # fmt: skip
@@ -186,6 +187,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60, help="batches timed per measurement")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--commits", type=int, default=5)
+    parser.add_argument(
+        "--reader",
+        default="auto",
+        choices=["auto", "native", "tf_data"],
+        help="data.reader: what reads the records (gcsfs, or TF's own client)",
+    )
     parser.add_argument("--skip-faults", action="store_true")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -205,7 +212,7 @@ def main() -> None:
             server.upload(work / "shards", remote)
             size = sum(p.stat().st_size for p in (work / "shards").iterdir()) / 1e6
             report = {"shards": args.shards, "records": args.shards * args.records_per_shard,
-                      "megabytes": round(size, 1)}  # fmt: skip
+                      "megabytes": round(size, 1), "reader": args.reader}  # fmt: skip
             report["pipeline"] = pipeline(work / "shards", remote, args)
             report["checkpoint_commit"] = commits(work / "runs", f"{server.bucket}/runs", args)
             if not args.skip_faults:
@@ -216,7 +223,10 @@ def main() -> None:
         print(json.dumps(report, indent=2))
         return
     p, c = report["pipeline"], report["checkpoint_commit"]
-    print(f"{report['shards']} shards, {report['records']} records, {report['megabytes']} MB")
+    print(
+        f"{report['shards']} shards, {report['records']} records, {report['megabytes']} MB, "
+        f"data.reader: {report['reader']}"
+    )
     print(f"input pipeline  local {p['local']['examples_per_sec']:>9,} ex/s "
           f"({p['local']['mb_per_sec']} MB/s)   gs:// {p['gs']['examples_per_sec']:>9,} ex/s "
           f"({p['gs']['mb_per_sec']} MB/s)   gs/local {p['ratio']}")  # fmt: skip
