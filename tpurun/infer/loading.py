@@ -379,7 +379,7 @@ def writable_output(path: str, key: str = "--output") -> str:
     if fileio.is_remote(str(path)):
         raise TpurunError(
             f"{key} {path}: this command writes local files; write it here, then copy it "
-            "(gsutil cp -r, or tf.io.gfile.copy)."
+            "(gcloud storage cp -r)."
         )
     path = os.path.abspath(path)
     folder = existing = os.path.dirname(path)
