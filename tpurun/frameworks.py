@@ -244,7 +244,8 @@ def keras_hub() -> ModuleType:
     loaded = sys.modules.get("keras_hub")
     if loaded is not None:
         return loaded
-    tensorflow()  # first and quietly: keras_hub imports it through tensorflow-text
+    if importlib.util.find_spec("tensorflow") is not None:
+        tensorflow()  # first and quietly: keras_hub imports it where installed (tensorflow-text)
     try:
         return _quiet_import("keras_hub")
     except ImportError as exc:

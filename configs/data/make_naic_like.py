@@ -70,10 +70,8 @@ def write_dataset(
         For each split (``train``, ``validation``): ``{"paths": [...], "records": n,
         "positives": fraction of labels that are 1}``.
     """
-    from tpurun import frameworks
     from tpurun.data.write import write_shards
 
-    frameworks.tensorflow()  # without TensorFlow's start-up notices on stderr
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob(f"{prefix}-*.tfrecord"):

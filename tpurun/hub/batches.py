@@ -35,17 +35,31 @@ from tpurun.config import Config, DataConfig
 from tpurun.errors import ConfigError
 from tpurun.hub import tokenize
 
+#: The task's methods that take batches: plain Keras' while the preprocessor is detached.
+_BATCH_METHODS = ("fit", "evaluate", "predict")
+
 
 def detach(task: Any) -> Any:
     """Take the preprocessor off ``task`` for the fit (``Task.fit`` would apply it again) and
-    return it; :func:`attach` puts it back before the model is saved for inference."""
+    return it; :func:`attach` puts it back before the model is saved for inference.
+
+    Until then the task's ``fit``, ``evaluate`` and ``predict`` are plain Keras' (``keras.Model``'s):
+    KerasHub 0.32's turn any input that is not a ``tf.data`` or Grain dataset (the native reader's
+    ``PyDataset``) into one of their own, which needs TensorFlow or Grain and fails on an endless
+    stream. With no preprocessor they have nothing else to add.
+    """
+    keras = frameworks.keras()
     preprocessor = task.preprocessor
     task.preprocessor = None
+    for name in _BATCH_METHODS:
+        object.__setattr__(task, name, getattr(keras.Model, name).__get__(task))
     return preprocessor
 
 
 def attach(task: Any, preprocessor: Any) -> None:
     task.preprocessor = preprocessor
+    for name in _BATCH_METHODS:
+        task.__dict__.pop(name, None)
 
 
 def transform(
