@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import typer
 from conftest import toy_config
+from helpers import HAS_TENSORFLOW
 
 import tpurun
 from tpurun.cli.boundary import exit_codes
@@ -65,6 +66,7 @@ LAMBDA_FACTORY = textwrap.dedent("""
 """)
 
 
+@pytest.mark.skipif(not HAS_TENSORFLOW, reason="the factory uses TensorFlow ops")
 @pytest.mark.parametrize("output_shape", [None, [8]], ids=["fails-building", "fails-at-fit"])
 def test_tensorflow_ops_on_jax_are_told_the_backend_that_runs_them(
     toy_data, tmp_path, output_shape

@@ -8,7 +8,7 @@ from __future__ import annotations
 from importlib.metadata import version
 
 import pytest
-from helpers import installed_tensorflow_build
+from helpers import HAS_TENSORFLOW, installed_tensorflow_build
 
 from tpurun.config import RuntimeConfig
 from tpurun.errors import EnvironmentSetupError
@@ -239,6 +239,7 @@ def test_jax_without_the_tpu_platform_is_a_clear_error(monkeypatch):
         process._jax_devices(tpu_choice("jax"))
 
 
+@pytest.mark.skipif(not HAS_TENSORFLOW, reason="TensorFlow's TPU resolver")
 def test_tf_tpu_resolver_failure_is_a_clear_error(monkeypatch):
     import tensorflow as tf
 
