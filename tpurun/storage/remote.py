@@ -145,11 +145,58 @@ def _gcs() -> Any:
         "session_kwargs": {"trust_env": True},  # HTTPS_PROXY and NO_PROXY, as TF's client
         **fsspec.config.conf.get("gs", {}),  # the user's FSSPEC_GS_* settings win
     }
-    if os.environ.get("STORAGE_EMULATOR_HOST"):
-        options.setdefault("token", "anon")  # as Google's own client does for an emulator
+    options.setdefault("token", credentials())
     fs = _gcs_class()(skip_instance_cache=True, **options)
     fs.retry = Retries.from_environment()
     return fs
+
+
+#: The name of a Google Cloud VM's metadata server (its credentials), resolvable only there.
+METADATA_HOST = "metadata.google.internal"
+_anonymous = False  # no credentials were found: requests go without (see credentials())
+
+
+def credentials() -> str | None:
+    """How gcsfs gets credentials: None, its own search (Application Default Credentials: the
+    ``GOOGLE_APPLICATION_CREDENTIALS`` file, ``gcloud auth application-default login``'s, or the
+    VM's metadata server), or ``"anon"`` (none: an emulator, as Google's own clients do; or a
+    machine that has none of the three). The search asks the metadata server even where there is
+    none, about 17 s of timeouts before it goes on without credentials: its name, which resolves
+    only on Google Cloud, is looked up first."""
+    global _anonymous
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        return "anon"
+    gcloud = os.environ.get("CLOUDSDK_CONFIG") or os.path.join(
+        os.environ.get("APPDATA") or os.path.expanduser("~/.config"), "gcloud"
+    )
+    if (
+        os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+        or os.path.exists(os.path.join(gcloud, "application_default_credentials.json"))
+        or os.environ.get("GCE_METADATA_HOST")
+        or os.environ.get("GCE_METADATA_IP")
+        or _resolves(METADATA_HOST)
+    ):
+        return None
+    _anonymous = True
+    return "anon"
+
+
+def _resolves(host: str, seconds: float = 1.0) -> bool:
+    """Whether ``host`` resolves within ``seconds`` (a broken resolver counts as no)."""
+    import socket
+
+    answer: list[bool] = []
+
+    def resolve() -> None:
+        try:
+            answer.append(bool(socket.getaddrinfo(host, 80)))
+        except OSError:
+            answer.append(False)
+
+    thread = threading.Thread(target=resolve, name="tpurun-resolve", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return bool(answer and answer[0])
 
 
 @dataclass(frozen=True)
@@ -292,7 +339,15 @@ def storage_error(path: str, doing: str, exc: BaseException) -> StorageError:
     """A clear error for a failed remote operation on ``path`` (``doing``: "writing it", ...)."""
     global _unreachable_at
     kind, first, bucket = error_kind(exc) or "other", detail(exc), bucket_of(path)
-    if kind == "permission":
+    if kind == "permission" and _anonymous:
+        message = (
+            f"{path}: permission denied while {doing} ({first}). This machine has no Google "
+            "Cloud credentials (no GOOGLE_APPLICATION_CREDENTIALS, no `gcloud auth "
+            "application-default login`, no metadata server), so tpurun asked without any: "
+            f"give it an account that may use {bucket} (gcloud auth application-default login, "
+            "or GOOGLE_APPLICATION_CREDENTIALS=KEY.json)."
+        )
+    elif kind == "permission":
         message = (
             f"{path}: permission denied while {doing} ({first}). The credentials in use cannot "
             f"do this in {bucket}: grant them access (roles/storage.objectViewer to read data, "

@@ -15,7 +15,7 @@ from tpurun import frameworks
 from tpurun.config import Config
 from tpurun.data import reader as readers
 from tpurun.display.reporter import Reporter
-from tpurun.errors import DataError, ModelError
+from tpurun.errors import DataError, ModelError, describe
 from tpurun.hub import batches
 from tpurun.observe import throughput
 from tpurun.runtime.activate import ActiveRuntime
@@ -428,11 +428,8 @@ def _restore(model, inputs, weights: str, job: TrainJob, source: str) -> None:
             try:
                 model.load_weights(local)
             except Exception as exc:  # Keras raises ValueError, KeyError, OSError... for a misfit
-                raise ModelError(
-                    f"{source}: cannot load {fileio.basename(weights)} into this model: "
-                    f"{type(exc).__name__}: "
-                    f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-                ) from None
+                raise ModelError(f"{source}: cannot load {fileio.basename(weights)} into this "
+                                 f"model: {describe(exc)}") from None  # fmt: skip
 
 
 def _apply_lr_scale(
