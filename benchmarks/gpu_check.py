@@ -209,7 +209,7 @@ def build_preset(folder: Path, sizes: dict) -> tuple[Path, int]:
     embeddings.assign(keras.random.normal(embeddings.shape, stddev=1 / backbone.hidden_dim,
                                           dtype=embeddings.dtype, seed=0))  # fmt: skip
     print(
-        f"Gemma: {backbone.count_params() / 1e9:.3g}B parameters, "
+        f"Gemma: {backbone.count_params():,} parameters, "
         + ", ".join(f"{k} {v}" for k, v in {**hub_presets.GEMMA_SIZES, **sizes}.items())
     )
     task = keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=preprocessor)

@@ -106,7 +106,8 @@ install() {
     fi
     if ! "$PYTHON" -m pip install --quiet --no-index --no-deps --no-build-isolation --no-compile \
         --disable-pip-version-check --target "$site" "$ROOT" 2>"$WORK/tpurun-build.log"; then
-        echo "tpurun: cannot be built from the checkout here (see $WORK/tpurun-build.log): the carried wheel"
+        echo "tpurun: not built from the checkout here (see $WORK/tpurun-build.log): installing" \
+            "$(basename "$WHEELS"/tpurun-*.whl), built by fetch"
         "$PYTHON" -m pip install --quiet --no-index --no-deps --no-compile --disable-pip-version-check \
             --find-links "$WHEELS" --target "$site" tpurun
     fi
