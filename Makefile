@@ -38,6 +38,10 @@ $(JAX_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(JAX_VENV)
 	$(JAX_VENV)/bin/pip install --quiet --upgrade pip
 	$(JAX_VENV)/bin/pip install --quiet $(JAX_PINS) -e '.[dev,export,viz,sharded]'
+	# keras-hub without its tensorflow-text requirement (it imports without it): a preset on
+	# token ids trains here, and a preset whose tokenizer needs tf-text is refused as it should be.
+	$(JAX_VENV)/bin/pip install --quiet --no-deps keras-hub==0.32.0
+	$(JAX_VENV)/bin/pip install --quiet sentencepiece regex tokenizers
 	@if $(JAX_VENV)/bin/python -c "import tensorflow" 2>/dev/null; then \
 		echo "$(JAX_VENV) has TensorFlow: a dependency pulled it in"; exit 1; fi
 	@touch $@
