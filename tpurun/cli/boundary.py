@@ -141,10 +141,17 @@ def _broken_framework(exc: BaseException) -> TpurunError | None:
             " in this environment, with the same environment variables; `tpurun doctor` shows "
             "what it finds."
         )
+    if package == "tensorflow" and missing:
+        return EnvironmentSetupError(
+            f"TensorFlow is not installed here ({describe(exc)}), and this needs it. tpurun "
+            "trains on JAX without it (the native reader); what needs TensorFlow is its "
+            "backend, data.reader: tf_data and export --format saved_model. Install it with "
+            "pip install 'tpurun[tensorflow]' (or tensorflow-cpu), or change the config."
+        )
     return EnvironmentSetupError(
         f"{name} cannot be imported ({describe(exc)}), and this command needs it. "
         f"Check it with `python -c 'import {package}'` in this environment; "
-        "`tpurun doctor` lists the versions installed. Where no framework is installed, "
+        "`tpurun doctor` lists the versions installed. Where no JAX is installed, "
         "pip install 'tpurun[cpu]' (or [gpu], [tpu]); on Kaggle and Colab, keep the image's own."
     )
 

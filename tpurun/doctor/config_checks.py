@@ -275,7 +275,10 @@ def run(cfg: Any, m: Machine, holder: list, devices: dict, with_model: bool) -> 
             activation_error = exc  # the plan check reports it
     elif choice is not None and "keras" not in sys.modules:
         os.environ["KERAS_BACKEND"] = choice.backend  # never activate an accelerator here
-    frameworks.tensorflow()  # quietly, before the data checks import it
+    if m.tensorflow and (
+        cfg.data.reader == "tf_data" or (choice and choice.backend == "tensorflow")
+    ):
+        frameworks.tensorflow()  # quietly, before anything else imports it (the native reader never does)
     checks = timed("config", lambda: check_config(cfg))
     if cfg.model.preset is not None:
         checks += timed("model.preset", lambda: check_preset(cfg))

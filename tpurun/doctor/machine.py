@@ -87,14 +87,6 @@ def check_versions(m: Machine) -> Check:
         problems.append(("fail", "Keras is not installed", "pip install 'keras>=3'"))
     elif int(m.keras.split(".")[0]) < 3:
         problems.append(("fail", f"Keras {m.keras} is Keras 2", "pip install -U 'keras>=3'"))
-    if m.tensorflow is None:
-        problems.append(
-            (
-                "fail",
-                "TensorFlow is missing: tf.data feeds every backend",
-                "pip install tensorflow-cpu",
-            )
-        )
     if m.jax is None and m.tensorflow is None:
         problems.append(("fail", "no Keras backend (JAX or TensorFlow)", "pip install jax"))
     if m.jax and versions["jaxlib"] and versions["jaxlib"] != m.jax:

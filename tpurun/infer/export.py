@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from tpurun import frameworks
-from tpurun.errors import TpurunError
+from tpurun.errors import EnvironmentSetupError, TpurunError
 from tpurun.infer import checking, hub_export, preset
 
 FORMATS = ("keras", "saved_model", "onnx", "lora")  # lora: a preset run's adapter alone
@@ -47,8 +47,19 @@ _HERE = Path(__file__).resolve().parent
 
 
 def check_format(value: str) -> str:
+    """``--format``, checked before anything is loaded: a SavedModel is TensorFlow's format.
+
+    Raises:
+        TpurunError: an unknown format; ``saved_model`` where TensorFlow is not installed.
+    """
     if value not in FORMATS:
         raise TpurunError(f"--format {value}: expected one of {', '.join(FORMATS)}.")
+    if value == "saved_model" and importlib.util.find_spec("tensorflow") is None:
+        raise EnvironmentSetupError(
+            "--format saved_model writes a TensorFlow SavedModel, and TensorFlow is not "
+            "installed here: pip install 'tpurun[tensorflow]' (or tensorflow-cpu), or export "
+            "--format keras or onnx, which need none."
+        )
     return value
 
 
