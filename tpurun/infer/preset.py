@@ -30,6 +30,7 @@ from typing import Any
 
 from tpurun import frameworks
 from tpurun.errors import ModelError, describe
+from tpurun.storage import fileio
 from tpurun.storage.rundir import ADAPTER_SUFFIX, LORA_SUFFIX, SHARDED_SUFFIX
 
 
@@ -164,7 +165,10 @@ def _load_keras(trained: Any, path: str) -> Any:
             # The task compiles itself as it is rebuilt; the file's optimizer state is for a
             # resume, and Keras says it skips it.
             warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
-            task = keras.saving.load_model(path, compile=False)
+            with fileio.local_copy(path) as local:  # Keras reads gs:// only through TensorFlow
+                task = keras.saving.load_model(local, compile=False)
+    except fileio.StorageError:
+        raise
     except Exception as exc:  # Keras raises ValueError, TypeError, OSError... for a bad file
         raise ModelError(
             f"{path}: cannot load it as a KerasHub task: {describe(exc)}. Give a .keras file this "
@@ -182,7 +186,10 @@ def _load_keras(trained: Any, path: str) -> Any:
 
 def _load_weights(task: Any, path: str, config: Any) -> None:
     try:
-        task.load_weights(path)
+        with fileio.local_copy(path) as local:  # Keras reads gs:// only through TensorFlow
+            task.load_weights(local)
+    except fileio.StorageError:
+        raise
     except Exception as exc:
         raise ModelError(
             f"{path}: cannot load it into {type(task).__name__} from {config.model.preset}: "
