@@ -555,6 +555,7 @@ def test_without_tensorflow_installed_train_reads_natively_and_tf_data_exits_2(t
 def test_a_presets_tokenised_records_make_the_same_batches_on_either_reader(tiny_presets, tmp_path):
     """Records written with ``--tokenize``: the preset's transform (shift, weights times the
     padding's 0) runs on the native reader's numpy batches as in tf.data."""
+    pytest.importorskip("tensorflow")  # tf.data, and --tokenize (tensorflow-text)
     from test_hub_tokenize import LENGTH, chat_rows, preset_config, write
 
     import tpurun

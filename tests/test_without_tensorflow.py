@@ -191,3 +191,9 @@ def test_a_lora_fine_tune_on_token_ids_trains_and_exports(tiny_presets, chat_rec
     err = refused(jax_cli("train", str(write_config(tmp_path, text, "text")), cwd=tmp_path))
     assert "tensorflow-text" in err
     assert "pip install 'tpurun[hub]'" in err and "--tokenize" in err
+    # And tokenising itself, which runs KerasHub's tokenizer: refused the same way, nothing made.
+    err = refused(jax_cli("data", "write", str(data.parent / "chat.jsonl"), "again", "--tokenize",
+                          str(tiny_presets.gemma), cwd=tmp_path))  # fmt: skip
+    assert err.startswith(f"error: --tokenize {tiny_presets.gemma}: KerasHub's tokenizers run on")
+    assert "pip install 'tpurun[hub]'" in err and "training on token ids needs no TensorFlow" in err
+    assert not list(tmp_path.glob("again*"))

@@ -145,7 +145,8 @@ def _broken_framework(exc: BaseException) -> TpurunError | None:
         return EnvironmentSetupError(
             f"TensorFlow is not installed here ({describe(exc)}), and this needs it. tpurun "
             "trains on JAX without it (the native reader); what needs TensorFlow is its "
-            "backend, data.reader: tf_data and export --format saved_model. Install it with "
+            "backend, data.reader: tf_data, export --format saved_model and KerasHub's "
+            "tokenizers (tensorflow-text). Install it with "
             "pip install 'tpurun[tensorflow]' (or tensorflow-cpu), or change the config."
         )
     return EnvironmentSetupError(

@@ -124,7 +124,8 @@ def _preprocessing_error(
         return EnvironmentSetupError(
             "model.preset: the preset's tokenizer runs inside the input pipeline and needs "
             f"tensorflow-text, {why}. Install the extra ({HUB_EXTRA}), or tokenise the records "
-            "once: tpurun data write SOURCE OUT_PREFIX --tokenize PRESET."
+            "once (where TensorFlow is installed, if not here): tpurun data write SOURCE "
+            "OUT_PREFIX --tokenize PRESET; token ids train without it."
         )
     return EnvironmentSetupError(
         "model.preset: the preset's image converter runs inside the tf.data pipeline, "

@@ -23,6 +23,7 @@ preprocessor differs is refused (:func:`check`).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import tempfile
@@ -33,7 +34,7 @@ from typing import Any
 from tpurun import frameworks
 from tpurun.data.schema_file import TOKEN_INPUTS, TOKENIZED
 from tpurun.data.sources.base import OVERHEAD_PER_FEATURE, MappedSource, Source
-from tpurun.errors import ConfigError, DataError, ModelError
+from tpurun.errors import ConfigError, DataError, EnvironmentSetupError, ModelError
 
 #: The features a tokenised causal LM record holds, in order.
 CAUSAL_FEATURES = ("token_ids", "padding_mask", "weights")
@@ -227,6 +228,13 @@ def mapper(preset: str, sequence_length: int | None) -> Callable[[Source], Sourc
     """
     from tpurun.hub.report import set_up_cpu
 
+    if importlib.util.find_spec("tensorflow") is None:
+        raise EnvironmentSetupError(
+            f"--tokenize {preset}: KerasHub's tokenizers run on tensorflow-text (keras-hub 0.32), "
+            "and TensorFlow is not installed here. Install the extra (pip install "
+            "'tpurun[hub]'), or tokenise where it is (a Kaggle or Colab CPU session, a laptop) "
+            "and copy the records here: training on token ids needs no TensorFlow."
+        )
     set_up_cpu("jax", why="tpurun data write tokenises text on the CPU")
     preprocessor, entry = load(preset, sequence_length)
     return lambda source: _Tokenizing(source, preprocessor, entry).mapped()
