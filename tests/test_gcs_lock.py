@@ -61,6 +61,30 @@ def test_a_remote_lock_names_its_holder_refuses_a_second_run_and_goes_on_release
     assert not fileio.exists(run.file(LOCK)) and not run.is_locked()
 
 
+@pytest.mark.parametrize("content", [b'{"pid": 4242, "ho', b"\x00\xff garbage", b"[1, 2]"])
+def test_a_damaged_remote_lock_is_held_until_it_goes_stale(fast, monkeypatch, content):
+    """A lock object that is not a lock record (cut short, garbage, not an object) is never read
+    as "no lock": it counts as held from its last write, and is taken over once that is stale."""
+    run = bucket_run()
+    fileio.makedirs(run.path)
+    with fileio.open_binary(run.file(LOCK), "wb") as f:
+        f.write(content)
+    assert run.is_locked()
+    with pytest.raises(TpurunError) as info:
+        RunDir(run.path).lock()
+    assert info.value.message == (
+        f"{run.path}/run.lock is damaged (not a lock record), so tpurun cannot tell whether a run "
+        "holds it: it is taken over 3 minutes after it was last written. Wait and rerun, or train "
+        "this one elsewhere (--output DIR)."
+    )
+    monkeypatch.setattr(runlock, "STALE_SECONDS", 0.0)  # its last write is now long ago
+    assert not run.is_locked()
+    taker = RunDir(run.path)
+    taker.lock()
+    assert fileio.read_json(run.file(LOCK))["pid"] == os.getpid()
+    taker.unlock()
+
+
 def test_status_tells_a_live_remote_run_from_a_dead_or_silent_one(fast):
     run = bucket_run()
     fileio.makedirs(run.checkpoints)

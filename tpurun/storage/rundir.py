@@ -184,23 +184,7 @@ class RunDir:
         try:
             self._lock.acquire()
         except runlock.Busy as busy:
-            raise self._busy(busy.holder) from None
-
-    def _busy(self, holder: dict) -> TpurunError:
-        who = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
-        age = runlock.heartbeat_age(holder)
-        alive = ""
-        if age is not None:
-            alive = (
-                f"; its last heartbeat was {age:.0f} s ago, and a lock silent for "
-                f"{runlock.STALE_SECONDS / 60:g} minutes is taken over"
-            )
-        return TpurunError(
-            f"{self.path} is in use by another tpurun run ({who}, since {holder.get('since', '?')}"
-            f"{alive}); two runs would overwrite each other's checkpoints. Wait for it to finish "
-            f"or stop it (kill {holder.get('pid', 'PID')}), or train this one elsewhere (--output "
-            "DIR, or --set name=NEW_NAME)."
-        )
+            raise runlock.busy_error(self.path, busy.holder) from None
 
     def unlock(self) -> None:
         """Release the lock. A folder this session made and never began (the run failed before

@@ -87,6 +87,30 @@ def is_live(holder: dict[str, Any] | None) -> bool:
     return age is not None and age < STALE_SECONDS
 
 
+def busy_error(run_dir: str, holder: dict[str, Any]) -> TpurunError:
+    """What a run says when another holds ``run_dir``'s lock (``holder``: its record)."""
+    if holder.get("damaged"):  # see RemoteLock.read
+        return TpurunError(
+            f"{run_dir}/run.lock is damaged (not a lock record), so tpurun cannot tell whether a "
+            f"run holds it: it is taken over {STALE_SECONDS / 60:g} minutes after it was last "
+            "written. Wait and rerun, or train this one elsewhere (--output DIR)."
+        )
+    who = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
+    age = heartbeat_age(holder)
+    alive = ""
+    if age is not None:
+        alive = (
+            f"; its last heartbeat was {age:.0f} s ago, and a lock silent for "
+            f"{STALE_SECONDS / 60:g} minutes is taken over"
+        )
+    return TpurunError(
+        f"{run_dir} is in use by another tpurun run ({who}, since {holder.get('since', '?')}"
+        f"{alive}); two runs would overwrite each other's checkpoints. Wait for it to finish "
+        f"or stop it (kill {holder.get('pid', 'PID')}), or train this one elsewhere (--output "
+        "DIR, or --set name=NEW_NAME)."
+    )
+
+
 class LocalLock:
     """An ``flock`` on ``run.lock``, held for the life of the process (or until release)."""
 
@@ -155,21 +179,35 @@ class RemoteLock:
         return self.token is not None
 
     def read(self) -> dict[str, Any] | None:
-        return fileio.read_json(self.path)
+        """The lock's record; None when there is no lock. A lock object that is there but not a
+        record (a bad copy, a hand edit) is never read as "no lock": it stands for a holder that
+        last beat when the object was written, so it is taken over only once that is stale."""
+        try:
+            text = fileio.read_text_or_none(self.path)
+        except UnicodeDecodeError:
+            text = ""  # not text: damaged
+        if text is None:
+            return None
+        try:
+            record = json.loads(text)
+        except ValueError:
+            record = None
+        if isinstance(record, dict):
+            return record
+        return {"damaged": True, "heartbeat": fileio.mtime(self.path)}
 
     def is_locked(self) -> bool:
         return is_live(self.read())
 
     def acquire(self) -> None:
-        text = fileio.read_text_or_none(self.path)  # None: there is no lock
-        current = fileio.read_json(self.path) if text is not None else None
+        current = self.read()  # None: there is no lock
         if is_live(current):
-            raise Busy(current or {})
+            raise Busy(current)
         token = uuid.uuid4().hex
         since = now_iso()
         self._record = {"pid": os.getpid(), "host": socket.gethostname(), "since": since,
                         "token": token}  # fmt: skip
-        if text is None:
+        if current is None:
             try:
                 fileio.create_exclusively(self.path, self._payload())
             except FileExistsError:  # another run created it since we looked
