@@ -240,6 +240,18 @@ def test_a_damaged_log_keeps_its_good_rows_and_a_copy(stopped_run, capsys, damag
     assert [row["epoch"] for row in read_log(run_dir)] == [str(e) for e in range(good)] + ["2"]
 
 
+def test_evaluate_refuses_a_damaged_best_model_and_names_the_others(stopped_run):
+    run_dir, _, _, _ = stopped_run
+    best = run_dir / "checkpoints" / "best.keras"
+    _flip_a_byte(best)
+    with pytest.raises(TpurunError) as info:
+        tpurun.evaluate(str(run_dir))
+    assert info.value.message == (
+        f"--checkpoint best: {best} is damaged: its contents changed since it was written "
+        "(CRC32C mismatch). Give another: latest."
+    )
+
+
 # ----------------------------------------------------------- what a mid-epoch resume binds
 @pytest.mark.parametrize(
     ("change", "shown"),

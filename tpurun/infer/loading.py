@@ -116,6 +116,7 @@ def find_checkpoint(trained: TrainedRun, which: str = "best") -> Checkpoint:
     if which == "best":
         for name in _BESTS:
             if _committed(run, name):
+                _check_whole(run, name)
                 return Checkpoint(run.checkpoint(name), "best")
         final = run.model_file()
         if final is not None:
@@ -161,6 +162,23 @@ def available(run: RunDir) -> list[str]:
                       if not name.startswith(LATEST_WEIGHTS_PREFIX)
                       and _committed(run, name)]  # fmt: skip
     return found + ([final] if final else [])
+
+
+def _check_whole(run: RunDir, name: str) -> None:
+    """Refuse a checkpoint that is not as its state file recorded it (a bad copy, a bit flip).
+
+    Raises:
+        TpurunError: naming the file, what is wrong and the other checkpoints.
+    """
+    from tpurun.training.checkpoints import integrity
+
+    state = fileio.read_json(run.checkpoint(state_file(name))) or {}
+    wrong = integrity.problem(run.checkpoint(name), state.get("check"))
+    if wrong is not None:
+        raise TpurunError(
+            f"--checkpoint best: {run.checkpoint(name)} is damaged: {wrong}. Give another: "
+            f"{', '.join(c for c in available(run) if c not in ('best', f'{CHECKPOINTS}/{name}')) or 'none is there'}."
+        )
 
 
 def _committed(run: RunDir, name: str) -> bool:
