@@ -773,19 +773,21 @@ def print_report(result: dict) -> None:
                 f"{max(runs):10,d}{p['cores_own_median']:7.2f}{p['rss_baseline_mb'] or 0:13.0f}"
                 f"{p['peak_rss_mb']:9.0f}{growth if growth is not None else float('nan'):8.0f}"
             )
-        print("  ratios of the medians: " + _ratio_line(d["ratios"], d["targets"]))
-        per_round = d["ratios_per_round_median"]
-        print(
-            "  median of per-round ratios: "
-            + ", ".join(f"{key} = {value:.2f}" for key, value in per_round.items())
-        )
+        if d["ratios"]:
+            print("  ratios of the medians: " + _ratio_line(d["ratios"], d["targets"]))
+            per_round = d["ratios_per_round_median"]
+            print(
+                "  median of per-round ratios: "
+                + ", ".join(f"{key} = {value:.2f}" for key, value in per_round.items())
+            )
         others = " ".join(f"{o:.1f}" for o in d["cores_others_max_per_round"])
         print(f"  cores taken by other processes, per round (max of the round): {others}")
         if d.get("quiet"):
             q = d["quiet"]
             rates = ", ".join(f"{k} {v:,}" for k, v in q["examples_per_s_median"].items())
             print(f"  {d['quiet_rounds']} quiet round(s) (others < {QUIET} cores): {rates}")
-            print("    their ratios: " + _ratio_line(q["ratios"], d["targets"]))
+            if q["ratios"]:
+                print("    their ratios: " + _ratio_line(q["ratios"], d["targets"]))
         else:
             print(f"  no quiet round (others < {QUIET} cores): 2-core figures not measured")
         for kind in ("tpurun", "native"):
