@@ -7,6 +7,11 @@ the same keys (feature names), dtypes, shapes and values, for every type of
 (upb), and each feature's values land straight in a preallocated batch array. Images decode in
 threads (their decoders release the GIL).
 
+Where the model reads only features of a fixed size in bytes (raw, float lists, int64 lists of
+values 0-127) and a batch's records share one layout, the batch is parsed at once instead, as
+columns of its records' bytes (:mod:`tpurun.data.native.layout`); any other batch is parsed
+record by record, with the same results and the same errors.
+
 A record that does not hold a feature as declared (missing, another list kind, another length)
 fails the batch with a :class:`RecordMismatch` naming the feature, as ``parse_example`` fails it.
 """
@@ -28,7 +33,7 @@ from tpurun.config import (
     TextFeature,
 )
 from tpurun.data.decode import record_key
-from tpurun.data.native import example, images
+from tpurun.data.native import example, images, layout
 from tpurun.errors import DataError
 
 _LIST = {"int64": "int64_list", "float": "float_list", "bytes": "bytes_list"}
@@ -87,12 +92,23 @@ class BatchParser:
     Args:
         features: the features to decode (``tpurun.data.decode.used_features(data)``).
         threads: images decoded at once (default: the CPU count, at most 8).
+        fast_path: parse a batch at once where its records share one layout (False: always
+            record by record).
     """
 
-    def __init__(self, features: Mapping[str, Any], *, threads: int | None = None):
+    def __init__(self, features: Mapping[str, Any], *, threads: int | None = None,
+                 fast_path: bool = True):  # fmt: skip
         self.columns = [_Column(name, spec) for name, spec in features.items()]
         self.threads = threads or min(8, os.cpu_count() or 1)
         self._pool: ThreadPoolExecutor | None = None
+        wanted = [_wanted(column) for column in self.columns]
+        fixed = fast_path and None not in wanted
+        self._layout = layout.FixedLayout(wanted) if fixed else None
+
+    @property
+    def fast_batches(self) -> int:
+        """Batches parsed at once, their records sharing one layout (the rest: record by record)."""
+        return self._layout.fast_batches if self._layout is not None else 0
 
     def __call__(self, serialized: Sequence[bytes]) -> dict[str, np.ndarray]:
         """Decode one batch.
@@ -102,29 +118,27 @@ class BatchParser:
             DataError: a record is not a ``tf.train.Example``; an image does not decode.
         """
         n = len(serialized)
-        values = [column.allocate(n) for column in self.columns]
-        _fill(serialized, self.columns, values)
+        arrays = self._layout.parse(serialized) if self._layout is not None else None
+        if arrays is None:
+            values = [column.allocate(n) for column in self.columns]
+            _fill(serialized, self.columns, values)
+            arrays = [self._finish(c, out, n) for c, out in zip(self.columns, values, strict=True)]
         return {
-            column.name: self._finish(column, out, n)
-            for column, out in zip(self.columns, values, strict=True)
+            column.name: _cast(column, array)
+            for column, array in zip(self.columns, arrays, strict=True)
         }
 
     def _finish(self, column: _Column, out: Any, n: int) -> np.ndarray:
         spec = column.spec
         if isinstance(spec, RawFeature):
-            array = _raw(column, out, n)
-        elif isinstance(spec, ImageFeature):
-            array = self._images(column, out)
-        elif column.scalar:
+            return _raw(column, out, n)
+        if isinstance(spec, ImageFeature):
+            return self._images(column, out)
+        if column.scalar:
             array = np.empty(n, _DTYPES[column.kind])
             array[:] = out
-            array = array.reshape(n, *column.shape)
-        else:
-            array = out.reshape(n, *column.shape)
-        if column.cast is not None:
-            with np.errstate(all="ignore"):  # TF casts out-of-range values without a word too
-                array = array.astype(column.cast)
-        return array
+            return array.reshape(n, *column.shape)
+        return out.reshape(n, *column.shape)
 
     def _images(self, column: _Column, encoded: list[bytes]) -> np.ndarray:
         spec = column.spec
@@ -153,6 +167,27 @@ class BatchParser:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+
+
+def _cast(column: _Column, array: np.ndarray) -> np.ndarray:
+    if column.cast is None:
+        return array
+    with np.errstate(all="ignore"):  # TF casts out-of-range values without a word too
+        return array.astype(column.cast)
+
+
+def _wanted(column: _Column) -> layout.Wanted | None:
+    """How the column's values lie in a record when their size is fixed in bytes (else None)."""
+    spec, shape = column.spec, tuple(column.shape)
+    if isinstance(spec, RawFeature):
+        dtype = numpy_dtype(spec.dtype).newbyteorder("<")  # decode_raw reads little-endian
+        return layout.Wanted(column.key, column.kind, dtype.itemsize * math.prod(spec.shape),
+                             dtype, tuple(spec.shape))  # fmt: skip
+    if column.kind == "float_list":
+        return layout.Wanted(column.key, column.kind, 4 * column.size, np.dtype("<f4"), shape)
+    if column.kind == "int64_list":  # one byte a value, where every value is 0-127
+        return layout.Wanted(column.key, column.kind, column.size, np.dtype(np.uint8), shape)
+    return None
 
 
 def _fill(serialized: Sequence[bytes], columns: list[_Column], values: list[Any]) -> None:
