@@ -332,3 +332,61 @@ def test_train_refuses_records_it_would_not_have_made(tiny_presets, tmp_path, ch
     for words in expected:
         assert words in result.output.replace("\n", " "), result.output
     assert not (tmp_path / "runs" / "tok" / "config.yaml").exists()  # nothing trained or kept
+
+
+# ------------------------------------------------------------------ export
+@pytest.mark.slow
+def test_a_fine_tune_on_tokenised_records_exports_an_adapter_and_a_task_taking_token_ids(
+    tiny_presets, tmp_path
+):
+    """`export --format lora` and `keras` of a LoRA run on token ids: each checked in a fresh
+    process on the records' token ids, and each, loaded as its usage line says (preprocessor
+    off), gives the run's logits for the batches the run was fed."""
+    pytest.importorskip("tensorflow")  # --tokenize: tensorflow-text (test_without_tensorflow)
+    keras, keras_hub = frameworks.keras(), frameworks.keras_hub()
+    write(tmp_path, chat_rows(48), "tok", "--tokenize", str(tiny_presets.gemma),
+          "--sequence-length", "24")  # fmt: skip
+    config = preset_config(tmp_path, tiny_presets.gemma, "tok", sequence_length=24,
+                           lora={"rank": 4, "alpha": 8})  # fmt: skip
+    result = runner.invoke(app, ["train", str(write_config(tmp_path, config, "tok"))])
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "runs" / "tok"
+    sidecars = {}
+    for fmt, name in (("lora", "adapter.lora.h5"), ("keras", "merged.keras")):
+        result = runner.invoke(app, ["export", str(run), "--format", fmt, "--output",
+                                     str(tmp_path / name)])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        sidecars[fmt] = json.loads((tmp_path / f"{name}.json").read_text())
+    for sidecar in sidecars.values():
+        checked = sidecar["checked"]
+        assert checked["on"] == "the first 12 records of data.validation"
+        assert checked["loaded_without_tpurun"] and checked["max_abs_diff"] <= 1e-5
+        assert {(i["name"], i["feature"]) for i in sidecar["inputs"]} == {
+            ("token_ids", "token_ids"), ("padding_mask", "padding_mask")}  # fmt: skip
+        assert "preprocessor = None" in sidecar["usage"] and "predict_on_batch" in sidecar["usage"]
+        assert "takes token ids (padding_mask, token_ids: [batch, 24])" in sidecar["notes"][0]
+        assert "less each record's last position" in sidecar["notes"][0]
+    assert "enable_lora(4)" in sidecars["lora"]["usage"]
+    assert "lora_alpha', 8.0" in sidecars["lora"]["usage"]
+
+    x, _, _ = pipeline_batches(config, training=False, count=1)[0]
+    x = {k: np.asarray(v) for k, v in x.items()}
+    tuned, _ = tpurun.load(str(run))  # first: a load re-seeds, freeing older tokenizers
+    tuned.preprocessor = None
+    want = np.asarray(tuned.predict_on_batch(x))
+    base = keras_hub.models.GemmaCausalLM.from_preset(str(tiny_presets.gemma))
+    adapted = keras_hub.models.GemmaCausalLM.from_preset(str(tiny_presets.gemma))
+    adapted.backbone.enable_lora(4)
+    for layer in adapted.backbone._flatten_layers():
+        if getattr(layer, "lora_enabled", False):
+            layer.lora_alpha = 8.0
+    adapted.backbone.load_lora_weights(str(tmp_path / "adapter.lora.h5"))
+    merged = keras.saving.load_model(str(tmp_path / "merged.keras"), compile=False)
+    assert not [layer for layer in merged.backbone._flatten_layers()
+                if getattr(layer, "lora_enabled", False)]  # fmt: skip
+    for model in (base, adapted, merged):
+        model.preprocessor = None
+    assert want.shape == (4, 24, 256)
+    assert np.max(np.abs(np.asarray(base.predict_on_batch(x)) - want)) > 1e-2  # it learned
+    for model in (adapted, merged):
+        np.testing.assert_allclose(np.asarray(model.predict_on_batch(x)), want, atol=1e-5)

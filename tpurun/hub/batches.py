@@ -166,6 +166,15 @@ def _classifier_tokens(inputs, targets):
     return inputs, targets, None
 
 
+def token_inputs(preprocessor: Any, inputs: dict) -> dict:
+    """Tokenised records' input features alone -> the task's inputs, as :func:`transform` makes
+    them (a causal LM's ``N + 1`` tokens less the last): what ``export`` checks an artifact on,
+    read without the targets."""
+    if tokenize.kind(preprocessor) == tokenize.CAUSAL_LM:
+        return _causal_tokens(inputs, {"weights": inputs["padding_mask"]})[0]
+    return _classifier_tokens(inputs, None)[0]
+
+
 def take_preprocessing(model: Any, config: Config, tokenized: dict | None) -> tuple[Any, Any]:
     """A preset task's preprocessor, taken off the task (:func:`detach`), and the pipeline's
     transform that does its work on the host instead, as train, evaluate and doctor feed the

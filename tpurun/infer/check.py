@@ -10,9 +10,9 @@ Usage: python -I check.py FORMAT ARTIFACT INPUTS.npz OUTPUTS.npz STRUCTURE.json
 INPUTS.npz holds ``in_0 .. in_N`` (the model's inputs, flattened as ``keras.tree.flatten`` orders
 them); STRUCTURE.json says how they nest (``{"kind": "single" | "list" | "dict", "keys": [...]}``)
 and names the loader module, if any, and for an adapter the preset, task class, kwargs, LoRA rank
-and alpha, sequence length and dtype policy (``"hub"``). A KerasHub task takes text: its inputs
-are ``str`` arrays. OUTPUTS.npz receives ``out_0 .. out_M`` in the same flattened
-order. The last line printed is a JSON object: the artifact's input and output names, shapes and
+and alpha, sequence length and dtype policy (``"hub"``). A KerasHub task takes text (``str``
+arrays), or token ids with its preprocessor off where ``"hub"`` says ``"token_ids"`` (a run on
+tokenised records). OUTPUTS.npz receives ``out_0 .. out_M`` in the same flattened order. The last line printed is a JSON object: the artifact's input and output names, shapes and
 dtypes, and whether tpurun was imported.
 """
 
@@ -84,10 +84,22 @@ def run_keras(path, flat, structure):
         model = module.load(path)
     else:
         model = keras.saving.load_model(path, compile=False)
-    outputs = model.predict(_nested(flat, structure), batch_size=len(flat[0]), verbose=0)
+    outputs = _predict(model, flat, structure)
     inputs = [_spec(t.name, t.shape, t.dtype) for t in model.inputs]
     described = [_spec(t.name, t.shape, t.dtype) for t in model.outputs]
     return [np.asarray(o) for o in _flatten(outputs)], inputs, described
+
+
+def _predict(model, flat, structure):
+    """The model's outputs for the inputs, all in one batch. A KerasHub task trained on token ids
+    (``"token_ids"`` in ``"hub"``) takes them with its preprocessor off, one batch through
+    ``predict_on_batch``: its ``predict`` would make a dataset of them, which needs TensorFlow or
+    Grain."""
+    inputs = _nested(flat, structure)
+    if (structure.get("hub") or {}).get("token_ids"):
+        model.preprocessor = None
+        return model.predict_on_batch(inputs)
+    return model.predict(inputs, batch_size=len(flat[0]), verbose=0)
 
 
 def run_lora(path, flat, structure):
@@ -104,9 +116,9 @@ def run_lora(path, flat, structure):
         if getattr(layer, "lora_enabled", False):
             layer.lora_alpha = hub["alpha"]
     task.backbone.load_lora_weights(path)
-    if hub.get("sequence_length"):
+    if hub.get("sequence_length") and not hub.get("token_ids"):
         task.preprocessor.sequence_length = hub["sequence_length"]
-    outputs = task.predict(_nested(flat, structure), batch_size=len(flat[0]), verbose=0)
+    outputs = _predict(task, flat, structure)
     inputs = [_spec(t.name, t.shape, t.dtype) for t in task.inputs]
     described = [_spec(t.name, t.shape, t.dtype) for t in task.outputs]
     return [np.asarray(o) for o in _flatten(outputs)], inputs, described

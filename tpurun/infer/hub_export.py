@@ -11,6 +11,10 @@ and checks what this writes, in a fresh process without tpurun, as for any run).
 - ``lora``: the adapter alone, KerasHub's ``.lora.h5`` (``save_lora_weights``), for the preset it
   was trained on; checked by loading that preset and the adapter in the fresh process.
 
+A run on tokenised records (``tpurun data write --tokenize``) is checked on their token ids (as
+its pipeline fed them, :func:`tpurun.hub.batches.token_inputs`), and its ``keras`` and ``lora``
+artifacts take them as it trained: with the task's preprocessor off, ``predict_on_batch``.
+
 ONNX is refused: on the tiny Gemma and BERT of the tests, Keras' ONNX export fails on Gemma's
 attention (jax2onnx) and writes a BERT graph that onnxruntime cannot run.
 """
@@ -88,37 +92,91 @@ def _texts(value: Any) -> Any:
 
 def reference(trained: Any, task: Any, fmt: str, records: tuple[Any, str]) -> HubReference:
     """The model to write for ``fmt``, the inputs to check it on (text, or token ids for a
-    SavedModel) and the run's task's outputs for them.
+    SavedModel or a run on tokenised records) and the run's task's outputs for them.
 
     Args:
         task: the run's task, with its preprocessor.
         records: :func:`tpurun.infer.export.reference_inputs`' (inputs, where they came from).
     """
+    from tpurun.hub import batches, tokenize
+
     keras = frameworks.keras()
-    config = trained.config
-    texts, source = _texts(records[0]), records[1]
-    n = len(keras.tree.flatten(texts)[0])
+    config, source = trained.config, records[1]
+    on_tokens = tokenize.is_tokenized(config.data)
+    if on_tokens:  # the records' token ids, as the run's pipeline fed them
+        inputs = batches.token_inputs(task.preprocessor, records[0])
+    else:
+        inputs = _texts(records[0])
+    if fmt == "saved_model":
+        return _saved_model(task, config, inputs, source, on_tokens)
     if fmt == LORA_FORMAT:
         refuse_for_task(trained, task)
-        expected = _flat(task.predict(texts, batch_size=n, verbose=0))
-        return HubReference(task, texts, source, expected, check=_lora_check(trained, task))
+    notes = []
+    if on_tokens:
+        expected, notes = _on_tokens(task, inputs), [_token_note(config, inputs, fmt)]
+    else:
+        n = len(keras.tree.flatten(inputs)[0])
+        expected = _flat(task.predict(inputs, batch_size=n, verbose=0))
+    if fmt == LORA_FORMAT:
+        check = {**_lora_check(trained, task), "token_ids": on_tokens}
+        return HubReference(task, inputs, source, expected, notes, check)
     plain = preset.merged(task, config)
-    if fmt == "keras":
-        expected = _flat(task.predict(texts, batch_size=n, verbose=0))
-        return HubReference(plain, texts, source, expected)
-    preprocessor = task.preprocessor
-    tokens, _, _ = keras.utils.unpack_x_y_sample_weight(preprocessor(texts))
-    tokens = {k: keras.ops.convert_to_numpy(v) for k, v in tokens.items()}
+    return HubReference(plain, inputs, source, expected, notes, {"token_ids": on_tokens})
+
+
+def _saved_model(task: Any, config: Any, inputs: Any, source: str, on_tokens: bool) -> HubReference:
+    """The merged task without its preprocessor, checked on token ids: the records' own, or
+    the text's, tokenised here."""
+    keras = frameworks.keras()
+    plain = preset.merged(task, config)
+    preprocessor, tokens = task.preprocessor, inputs
+    if not on_tokens:
+        tokens, _, _ = keras.utils.unpack_x_y_sample_weight(preprocessor(inputs))
+        tokens = {k: keras.ops.convert_to_numpy(v) for k, v in tokens.items()}
     task.preprocessor = plain.preprocessor = None  # the SavedModel takes token ids
     try:
         expected = _flat(task.predict_on_batch(tokens))
     finally:
         task.preprocessor = preprocessor
-    length = preprocessor.sequence_length
-    note = (f"takes token ids ({', '.join(sorted(tokens))}: int32 [batch, {length}]): the preset "
-            f"tokenizer's, padded to model.sequence_length {length}; tokenize with "
-            "keras_hub.models.*Preprocessor.from_preset (not in the SavedModel)")  # fmt: skip
-    return HubReference(plain, tokens, source, expected, notes=[note])
+    return HubReference(plain, tokens, source, expected, notes=[_token_note(config, tokens,
+                                                                             "saved_model")])  # fmt: skip
+
+
+def _on_tokens(task: Any, tokens: dict) -> list:
+    """The task's outputs for token ids: its preprocessor off, as the run trained it
+    (:func:`tpurun.hub.batches.detach`), and back on after."""
+    from tpurun.hub import batches
+
+    preprocessor = batches.detach(task)
+    try:
+        return _flat(task.predict(tokens, batch_size=len(next(iter(tokens.values()))), verbose=0))
+    finally:
+        batches.attach(task, preprocessor)
+
+
+def _token_note(config: Any, tokens: dict, fmt: str) -> str:
+    """What an artifact that takes token ids takes, and where they come from."""
+    from tpurun.hub import tokenize
+
+    length = len(next(iter(tokens.values()))[0])
+    said = f"takes token ids ({', '.join(sorted(tokens))}: [batch, {length}])"
+    if fmt != "saved_model":
+        said += " with the task's preprocessor off (task.preprocessor = None)"
+    if not tokenize.is_tokenized(config.data):
+        return (f"{said}: the preset tokenizer's, padded to model.sequence_length {length}; "
+                "tokenize with keras_hub.models.*Preprocessor.from_preset (not in the "
+                "SavedModel)")  # fmt: skip
+    less = ", less each record's last position" if _causal_tokens(config) else ""
+    return (f"{said}: as `tpurun data write --tokenize` wrote the run's records{less} (ids "
+            "int32, masks 0/1 or boolean)")  # fmt: skip
+
+
+def _causal_tokens(config: Any) -> bool:
+    """Whether a run on tokenised records fine-tuned a causal LM (its records weigh each next
+    token, :mod:`tpurun.hub.tokenize`), where :func:`preset.is_causal_lm` looks for text."""
+    from tpurun.hub import tokenize
+
+    return tokenize.is_tokenized(config.data) and "weights" in config.data.features
 
 
 def _flat(outputs: Any) -> list:
@@ -158,12 +216,16 @@ def write(fmt: str, ref: HubReference, artifact: str, platforms: Any) -> None:
 
 
 def usage(fmt: str, name: str, trained: Any, task_name: str) -> str:
-    """How to load the artifact without tpurun."""
+    """How to load the artifact without tpurun: a task fed text, or token ids with its
+    preprocessor off where the run trained on tokenised records."""
+    from tpurun.hub import tokenize
+
     config = trained.config
-    call = "generate(['PROMPT'])" if preset.is_causal_lm(config) else "predict(['TEXT'])"
+    on_tokens = tokenize.is_tokenized(config.data)
     if fmt == "keras":
-        return (f"import keras; model = keras.saving.load_model('{name}'); model.{call}  "
-                "(keras-hub installed)")  # fmt: skip
+        said = "; token ids as `tpurun data write --tokenize` writes them" if on_tokens else ""
+        return (f"import keras; model = keras.saving.load_model('{name}'); "
+                f"{_call(config, 'model')}  (keras-hub installed{said})")  # fmt: skip
     if fmt == "saved_model":
         return (f"import tensorflow as tf; model = tf.saved_model.load('{name}'); "
                 "logits = model.serve({'token_ids': ids, 'padding_mask': mask, ...})")  # fmt: skip
@@ -173,17 +235,34 @@ def usage(fmt: str, name: str, trained: Any, task_name: str) -> str:
         alpha = ("; [setattr(l, 'lora_alpha', " + f"{lora['alpha']}" + ") for l in "
                  "task.backbone._flatten_layers() if getattr(l, 'lora_enabled', False)]")  # fmt: skip
     length = config.model.sequence_length
-    length = f"; task.preprocessor.sequence_length = {length}" if length else ""
+    length = f"; task.preprocessor.sequence_length = {length}" if length and not on_tokens else ""
     return (f"import keras_hub; task = keras_hub.models.{task_name}.from_preset("
             f"'{config.model.preset}'); task.backbone.enable_lora({lora['rank']}){alpha}; "
-            f"task.backbone.load_lora_weights('{name}'){length}; task.{call}")  # fmt: skip
+            f"task.backbone.load_lora_weights('{name}'){length}; {_call(config, 'task')}")  # fmt: skip
+
+
+def _call(config: Any, model: str) -> str:
+    """What a user runs the task ``model`` on: prompts, texts, or (a run on tokenised records)
+    token ids with its preprocessor off."""
+    from tpurun.hub import tokenize
+
+    if tokenize.is_tokenized(config.data):
+        fed = ", ".join(f"'{k}': {k}" for k in config.data.inputs)
+        return f"{model}.preprocessor = None; logits = {model}.predict_on_batch({{{fed}}})"
+    if preset.is_causal_lm(config):
+        return f"{model}.generate(['PROMPT'])"
+    return f"{model}.predict(['TEXT'])"
 
 
 def described_inputs(fmt: str, report: dict, data: Any) -> list[dict]:
-    """The artifact's inputs for the sidecar: token ids for a SavedModel, else the text
-    features the task's preprocessor takes."""
+    """The artifact's inputs for the sidecar: token ids for a SavedModel or a run on tokenised
+    records (each with the feature that holds them, for the latter), else the text features
+    the task's preprocessor takes."""
     from tpurun.config import DataConfig
+    from tpurun.hub import tokenize
 
+    if tokenize.is_tokenized(data):
+        return [{**spec, "feature": data.inputs.get(spec["name"])} for spec in report["inputs"]]
     if fmt == "saved_model":
         return [{**spec, "feature": None} for spec in report["inputs"]]
     return [{"name": n, "shape": [None], "dtype": "string", "feature": n}
