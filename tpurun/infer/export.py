@@ -343,8 +343,8 @@ def _trained_reference(trained: Any, found: Any, fmt: str, hub: bool, runtime: A
 
 
 def _hub_reference(trained: Any, found: Any, fmt: str, precision: str) -> _Reference:
-    """A preset run's task, checked on the text of the first records (token ids for a
-    SavedModel): :func:`tpurun.infer.hub_export.reference`."""
+    """A preset run's task, checked on the first records (their text, or their token ids for a
+    SavedModel and for a run trained on tokenised records): :func:`tpurun.infer.hub_export.reference`."""
     from tpurun.infer import loading
 
     keras = frameworks.keras()
