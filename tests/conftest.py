@@ -1,14 +1,27 @@
-"""Shared fixtures: real TFRecord files in tmp_path, tiny model factories, config dicts.
+"""Shared fixtures: real TFRecord files in tmp_path, tiny model factories, config dicts, and the
+runs several files read (trained once per session).
 
 The test process itself runs Keras on the JAX backend with 8 simulated CPU devices (set here,
 before anything imports JAX or Keras); TensorFlow-backend runs go through real `tpurun`
 subprocesses, since Keras fixes its backend once per process.
+
+Honest markers: a test left unmarked is in `make test-fast`, so two checks fail an unmarked test
+that is not fast, each by a count (never a clock, which a loaded machine would make flaky):
+
+- it starts Python or `tpurun` in a subprocess (seconds of start-up each);
+- its call phase trains more than MAX_UNMARKED_WORK parameter-steps in this process: each step
+  Keras runs counts the model's parameters, so a step of the tiny Gemma (60,384) weighs as 375
+  of the toy MLP (161). 500,000 lets a test train the toy for 3,000 steps, or the tiny Gemma for
+  8. A module or session fixture's training is not counted: sharing a heavy run is the point.
+
+Mark such a test ``slow``, or share its training in a fixture.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +82,76 @@ def _slow_marks_tell_the_truth(request, monkeypatch):
         real_init(self, args, *rest, **kwargs)
 
     monkeypatch.setattr(subprocess.Popen, "__init__", guarded)
+
+
+class _TrainingWork:
+    """Counts the training this process does, in parameter-steps: each step adds the model's
+    parameter count (frozen ones too: the step computes through them). Each execution reports
+    its first and last step to the fit's callbacks (``on_train_batch_begin(begin)``,
+    ``on_train_batch_end(end)``), on either backend and any ``steps_per_execution``."""
+
+    def __init__(self):
+        self.steps, self.work, self._begin = 0, 0, 0
+        self._parameters: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def reset(self) -> None:
+        self.steps = self.work = 0
+
+    def install(self) -> None:
+        from keras.callbacks import CallbackList
+
+        real_begin, real_end = CallbackList.on_train_batch_begin, CallbackList.on_train_batch_end
+        counter = self
+
+        def begin(self, batch, logs=None):
+            counter._begin = batch
+            return real_begin(self, batch, logs)
+
+        def end(self, batch, logs=None):
+            counter.count(self.model, batch - counter._begin + 1)
+            return real_end(self, batch, logs)
+
+        CallbackList.on_train_batch_begin, CallbackList.on_train_batch_end = begin, end
+
+    def count(self, model, steps: int) -> None:
+        if model not in self._parameters:
+            self._parameters[model] = model.count_params()
+        self.steps += steps
+        self.work += steps * self._parameters[model]
+
+
+_TRAINING = _TrainingWork()
+#: The most training an unmarked test's call phase may do in this process, in parameter-steps
+#: (the module docstring says why).
+MAX_UNMARKED_WORK = 500_000
+
+
+def pytest_configure(config):
+    _TRAINING.install()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """An unmarked test must stay fast: it fails when its call phase trained more than
+    MAX_UNMARKED_WORK parameter-steps in this process (a count, not a clock: the same on a loaded
+    machine). A module or session fixture's training is not counted: sharing a heavy run that
+    way is the point. (Subprocesses are the other autouse check's.)"""
+    _TRAINING.reset()
+    outcome = yield
+    slow = item.get_closest_marker("slow") is not None
+    report = os.environ.get("TPURUN_TEST_WORK_REPORT")  # a file: list each test's count
+    if report:
+        with open(report, "a") as f:
+            f.write(f"{item.nodeid}\t{_TRAINING.steps}\t{_TRAINING.work}\t{slow}\n")
+        return
+    if _TRAINING.work > MAX_UNMARKED_WORK and not slow and outcome.excinfo is None:
+        outcome.force_exception(
+            pytest.fail.Exception(
+                f"{item.nodeid} trained {_TRAINING.steps} steps ({_TRAINING.work:,} "
+                f"parameter-steps, more than {MAX_UNMARKED_WORK:,}) in this process: mark it "
+                "slow, or share the training in a fixture"
+            )
+        )
 
 
 @pytest.fixture(autouse=True)
@@ -152,6 +235,34 @@ def tiny_presets(tmp_path_factory):
     from hub_presets import build
 
     return build(tmp_path_factory.mktemp("hub-presets"))
+
+
+@pytest.fixture(scope="session")
+def chat_records(tmp_path_factory):
+    """``chat_records(n=96)``: the folder of ``n`` prompt/response records written by `tpurun
+    data write` (helpers.write_chat_data), built once per session for each ``n``; read them in
+    place."""
+    from helpers import write_chat_data
+
+    built: dict[int, Path] = {}
+
+    def folder(n: int = 96) -> Path:
+        if n not in built:
+            built[n] = write_chat_data(tmp_path_factory.mktemp(f"chat-{n}"), n)
+        return built[n]
+
+    return folder
+
+
+@pytest.fixture(scope="session")
+def chat_lora_run(tiny_presets, chat_records, tmp_path_factory):
+    """The tiny Gemma's LoRA fine-tune on the 96 chat records, trained once for the session with
+    `tpurun train` (tests/trained.py): what test_hub_train, test_hub_infer and test_hub_checkpoints
+    each trained before. Read it in place; a test that writes into it takes :meth:`copy`."""
+    from trained import train_chat_lora
+
+    return train_chat_lora(tmp_path_factory.mktemp("chat-lora"), tiny_presets.gemma,
+                           chat_records())  # fmt: skip
 
 
 # ---------------------------------------------------------------- a GCS server on 127.0.0.1

@@ -277,3 +277,36 @@ def recorded_batches(out) -> list[str]:
     import os
 
     return open(out).read().split() if os.path.exists(out) else []
+
+
+class KeepWeights(keras.callbacks.Callback):
+    """At the end of training, pickles every weight of the model in ``out``: ``{path: (dtype,
+    trainable, value)}`` (bfloat16 values as their 16 bits)."""
+
+    def __init__(self, out: str):
+        super().__init__()
+        self.out = out
+
+    def on_train_end(self, logs=None):
+        import pickle
+        from pathlib import Path
+
+        import numpy as np
+
+        trainable = {id(v) for v in self.model.trainable_weights}
+        kept = {}
+        for v in self.model.weights:
+            value = np.asarray(keras.ops.convert_to_numpy(v))
+            dtype = keras.backend.standardize_dtype(value.dtype)
+            bits = value.view(np.uint16) if dtype == "bfloat16" else value
+            kept[v.path] = (dtype, id(v) in trainable, bits)
+        Path(self.out).write_bytes(pickle.dumps(kept))
+
+
+def compiled_sum_loss() -> keras.Model:
+    """A factory that compiles its model with a loss summed over the batch (not Keras' default
+    mean): tpurun cannot take validation padding back out of such a loss."""
+    model = mlp()
+    model.compile(optimizer="sgd", metrics=["accuracy"],
+                  loss=keras.losses.BinaryCrossentropy(reduction="sum"))  # fmt: skip
+    return model

@@ -315,6 +315,30 @@ def make_image_folder(root: Path) -> Path:
     return root
 
 
+# ------------------------------------------------------------------------------- chat records
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def write_chat_data(folder: Path, n: int = 96) -> Path:
+    """``n`` prompt/response records (tests/hub_presets.py), a quarter for validation, written by
+    `tpurun data write` as ``folder/data/chat-{train,validation}-*``; returns ``folder/data``.
+    Tests share them through conftest's ``chat_records``."""
+    from hub_presets import prompt_response_pairs
+    from typer.testing import CliRunner
+
+    from tpurun.cli.app import app
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = [{"prompt": p, "response": r} for p, r in prompt_response_pairs(n)]
+    source = write_jsonl(folder / "chat.jsonl", rows)
+    result = CliRunner().invoke(app, ["data", "write", str(source), str(folder / "data" / "chat"),
+                                      "--validation-fraction", "0.25"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return folder / "data"
+
+
 # ---------------------------------------------------------------- datasets with a schema file
 SCHEMA_FEATURES = {
     "x": {"type": "raw", "dtype": "float32", "shape": [8]},

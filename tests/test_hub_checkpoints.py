@@ -15,6 +15,8 @@ import keras
 import numpy as np
 import pytest
 from helpers import (
+    FACTORIES,
+    assert_same_log,
     read_latest,
     read_log,
     read_previous,
@@ -22,9 +24,9 @@ from helpers import (
     run_cli,
     signal_at,
     write_config,
+    write_jsonl,
 )
 from hub_presets import sentences
-from test_hub_train import chat_data, write_jsonl
 from typer.testing import CliRunner
 
 import tpurun
@@ -35,25 +37,6 @@ from tpurun.hub.model import enable_lora
 from tpurun.training.checkpoints import adapter
 
 HERE = Path(__file__).resolve()
-
-
-class KeepWeights(keras.callbacks.Callback):
-    """At the end of training, pickles every weight of the model in ``out``: ``{path: (dtype,
-    trainable, value)}`` (bfloat16 values as their 16 bits)."""
-
-    def __init__(self, out: str):
-        super().__init__()
-        self.out = out
-
-    def on_train_end(self, logs=None):
-        trainable = {id(v) for v in self.model.trainable_weights}
-        kept = {}
-        for v in self.model.weights:
-            value = np.asarray(keras.ops.convert_to_numpy(v))
-            dtype = keras.backend.standardize_dtype(value.dtype)
-            bits = value.view(np.uint16) if dtype == "bfloat16" else value
-            kept[v.path] = (dtype, id(v) in trainable, bits)
-        Path(self.out).write_bytes(pickle.dumps(kept))
 
 
 class PoisonAt(keras.callbacks.Callback):
@@ -120,21 +103,15 @@ def optimizer_paths(path: Path) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    return chat_data(tmp_path_factory.mktemp("chat"))
+def data(chat_records) -> Path:
+    return chat_records()
 
 
 @pytest.fixture(scope="module")
-def lora_run(tiny_presets, data, tmp_path_factory):
-    """A 2-epoch LoRA fine-tune, its weights at the end kept (``weights.pkl``)."""
-    root = tmp_path_factory.mktemp("lora-run")
-    keep = {"name": f"{HERE}:KeepWeights", "out": str(root / "weights.pkl")}
-    every_epoch = {"filename": "e{epoch}.keras", "keep": 1, "save_best_only": False}
-    config = lm_config(root, tiny_presets.gemma, data, "lm",
-                       callbacks={"extra": [keep], "checkpoint": every_epoch})  # fmt: skip
-    summary = tpurun.train(config, verbose=False)
-    assert summary["status"] == "completed"
-    return root / "runs" / "lm", kept_weights(root / "weights.pkl"), config
+def lora_run(chat_lora_run):
+    """The session's 4-epoch LoRA fine-tune (conftest's chat_lora_run): its run directory (read
+    it in place), its weights at the end, its config."""
+    return chat_lora_run.run_dir, kept_weights(chat_lora_run.weights), chat_lora_run.config
 
 
 # ------------------------------------------------------------------ what an adapter file holds
@@ -160,10 +137,10 @@ def test_an_adapter_checkpoint_is_a_fraction_of_a_full_one(lora_run, tiny_preset
     # Best and pattern-named (e{epoch}.keras, keep 1) files are adapter files too, with states.
     previous = read_previous(run_dir)["weights"]  # the resume point before the latest, kept
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == sorted([
-        "best.adapter.h5", "best.json", "e2.adapter.h5", "e2.json", checkpoint.name, "latest.json",
+        "best.adapter.h5", "best.json", "e4.adapter.h5", "e4.json", checkpoint.name, "latest.json",
         previous, "previous.json"])  # fmt: skip
     assert previous.endswith(".adapter.h5") and previous != checkpoint.name
-    for name in ("best", "e2"):
+    for name in ("best", "e4"):
         state = json.loads((run_dir / "checkpoints" / f"{name}.json").read_text())
         assert state["weights"] == f"{name}.adapter.h5"
 
@@ -244,12 +221,13 @@ def test_sigkill_mid_epoch_then_resume_gives_the_unbroken_adapter_and_optimizer(
     assert (run_dir / "model.lora.h5").is_file() and not (run_dir / "model.keras").exists()
 
 
+@pytest.mark.slow
 def test_bfloat16_lora_keeps_float32_adapters_and_resumes_exactly(tiny_presets, data, tmp_path):
     """Under runtime.precision bfloat16 the base is bfloat16, the adapters and their Adam slots
     float32 (KerasHub 0.32); SIGTERM mid-epoch then resume ends on the unbroken run's bits."""
 
     def config(name: str, kill: bool) -> dict:
-        extra = [{"name": f"{HERE}:KeepWeights", "out": str(tmp_path / f"{name}.pkl")}]
+        extra = [{"name": f"{FACTORIES}:KeepWeights", "out": str(tmp_path / f"{name}.pkl")}]
         if kill:
             extra.append(signal_at(tmp_path / "fired", 2, 4))
         return lm_config(tmp_path, tiny_presets.gemma, data, name, train={"epochs": 3},
@@ -279,11 +257,13 @@ def test_bfloat16_lora_keeps_float32_adapters_and_resumes_exactly(tiny_presets, 
         np.testing.assert_array_equal(weights[path][2], value, err_msg=path)
 
 
+@pytest.mark.slow
 def test_a_bert_classifier_with_lora_resumes_its_head_biases_and_dropout_exactly(
     tiny_presets, tmp_path
 ):
     """KerasHub leaves a BERT classifier's head and the adapted layers' biases trainable, and its
-    dropout layers draw from seed generators: all in the adapter file, so a resume is exact."""
+    dropout layers draw from seed generators: all in the adapter file, so a resume is exact,
+    also in a fresh process (the rest of the run trains in a `tpurun train` of its own)."""
     rows = [{"text": s, "label": int("cat" in s or "dog" in s)} for s in sentences(96)]
     source = write_jsonl(tmp_path / "reviews.jsonl", rows)
     written = CliRunner().invoke(app, ["data", "write", str(source), str(tmp_path / "data" / "rev"),
@@ -311,8 +291,10 @@ def test_a_bert_classifier_with_lora_resumes_its_head_biases_and_dropout_exactly
     assert {"logits/kernel", "logits/bias"} <= set(held["model"])
     assert any(path.endswith("query/bias") for path in held["model"])
     assert len(held["state"]) >= 2 and all(v.dtype == np.uint32 for v in held["state"].values())
-    tpurun.train(config("b", True), verbose=False)
-    assert read_log(tmp_path / "runs" / "b") == read_log(tmp_path / "runs" / "a")
+    resumed = run_cli("train", str(write_config(tmp_path, config("b", True), "b")))
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming at epoch 2, step 3 from" in resumed.stdout
+    assert_same_log(tmp_path / "runs" / "b", tmp_path / "runs" / "a")
     assert_same_adapter(
         latest_adapter(tmp_path / "runs" / "b"), latest_adapter(tmp_path / "runs" / "a")
     )
@@ -350,6 +332,7 @@ def test_a_lora_run_in_a_bucket_uploads_adapters_and_resumes_from_them(gcs, tiny
 
 
 # ------------------------------------------------------------------ refusals
+@pytest.mark.slow
 def test_resuming_against_a_changed_preset_is_refused(tiny_presets, data, tmp_path):
     preset = tmp_path / "preset"
     shutil.copytree(tiny_presets.gemma, preset)
@@ -379,6 +362,7 @@ def test_an_adapter_of_another_rank_does_not_fit_and_says_which_variables(lora_r
 
 
 # ------------------------------------------------------------------ NaN restore; without LoRA
+@pytest.mark.slow
 def test_on_nan_restore_reloads_the_adapter_checkpoint(tiny_presets, data, tmp_path):
     poison = {"name": f"{HERE}:PoisonAt", "epoch": 2, "step": 3,
               "marker": str(tmp_path / "poisoned")}  # fmt: skip
@@ -393,6 +377,7 @@ def test_on_nan_restore_reloads_the_adapter_checkpoint(tiny_presets, data, tmp_p
     assert all(np.isfinite(v).all() for v in held["model"].values())
 
 
+@pytest.mark.slow
 def test_a_preset_run_without_lora_checkpoints_whole_models_as_before(tiny_presets, data, tmp_path):
     config = lm_config(tmp_path, tiny_presets.gemma, data, "full", train={"epochs": 1})
     del config["model"]["lora"]
@@ -410,11 +395,13 @@ def test_a_preset_run_without_lora_checkpoints_whole_models_as_before(tiny_prese
     assert read_latest(run_dir)["weights"] == "latest-e0002-s0000000.weights.h5"
 
 
-def test_a_finished_lora_run_is_finished_and_a_missing_adapter_is_saved_again(lora_run):
+def test_a_finished_lora_run_is_finished_and_a_missing_adapter_is_saved_again(
+    chat_lora_run, tmp_path
+):
     """model.lora.h5 is a LoRA run's final artifact: with it, the run has trained its epochs;
     without it (the last session stopped before saving it), the next session trains nothing
     and saves it from the last adapter checkpoint."""
-    run_dir, _, config = lora_run
+    run_dir, config = chat_lora_run.copy(tmp_path)
     final = run_dir / "model.lora.h5"
     before = adapter_values(final)
     checkpoint = latest_adapter(run_dir)
@@ -422,12 +409,38 @@ def test_a_finished_lora_run_is_finished_and_a_missing_adapter_is_saved_again(lo
     assert summary["resumes"] == [] and latest_adapter(run_dir) == checkpoint
     final.unlink()
     summary = tpurun.train(config, verbose=False)
-    assert summary["status"] == "completed" and summary["resumes"][-1]["epoch"] == 2
-    assert len(read_log(run_dir)) == 2
+    assert summary["status"] == "completed" and summary["resumes"][-1]["epoch"] == 4
+    assert_same_log(run_dir, chat_lora_run.run_dir)  # nothing trained again
     after = adapter_values(final)
     assert sorted(after) == sorted(before)
     for key, value in before.items():
         np.testing.assert_array_equal(after[key], value, err_msg=key)
+
+
+@pytest.mark.slow
+def test_resume_takes_a_lora_runs_adapter_files(chat_lora_run, tmp_path, capsys):
+    """--resume with a pattern-named adapter (its state beside it) continues from its epoch;
+    with model.lora.h5 (no state) it is a warm start: the adapter's weights, at epoch 1."""
+    config = json.loads(json.dumps(chat_lora_run.config))
+    config["output"]["dir"] = str(tmp_path / "runs")
+    config["callbacks"]["extra"] = []
+    checkpoints = chat_lora_run.run_dir / "checkpoints"
+    on = {**config, "name": "on", "train": {**config["train"], "epochs": 5}}
+    summary = tpurun.train(on, resume=str(checkpoints / "e4.adapter.h5"), verbose=False)
+    assert (summary["resumes"][0]["epoch"], summary["epochs_completed"]) == (4, 5)
+
+    warm = {**config, "name": "warm", "train": {**config["train"], "epochs": 1}}
+    capsys.readouterr()
+    summary = tpurun.train(warm, resume=str(chat_lora_run.run_dir / "model.lora.h5"))
+    final = chat_lora_run.run_dir / "model.lora.h5"
+    assert f"starting from the weights in {final} (no resume state beside it: epoch 1" in (
+        capsys.readouterr().out
+    )
+    assert summary["epochs_completed"] == 1
+    # It starts from the trained adapter: its first epoch's loss is below the first epoch's of
+    # the run that trained it from zero.
+    first = float(read_log(tmp_path / "runs" / "warm")[0]["loss"])
+    assert first < float(read_log(chat_lora_run.run_dir)[0]["loss"])
 
 
 def adapter_values(path: Path) -> dict[str, np.ndarray]:

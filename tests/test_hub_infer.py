@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 from helpers import write_config
-from hub_presets import prompt_response_pairs, sentences
+from hub_presets import sentences
 from typer.testing import CliRunner
 
 import tpurun
@@ -26,7 +27,8 @@ from tpurun.cli.app import app
 from tpurun.errors import TpurunError
 
 runner = CliRunner()
-LORA = {"rank": 4, "alpha": 8.0}  # alpha != rank: a loader that dropped it would differ
+#: conftest's chat_lora_run: rank 4, alpha 8 (alpha != rank: a loader that dropped it would
+#: differ), sequences of 24 tokens.
 SEQUENCE_LENGTH = 24
 ANIMALS = ("cat", "dog", "bird", "fox")
 
@@ -66,19 +68,11 @@ def _train(folder: Path, name: str, model: dict, data: Path, prefix: str, **trai
 
 
 @pytest.fixture(scope="module")
-def lm_run(tiny_presets, tmp_path_factory) -> Trained:
-    """A LoRA fine-tune of the tiny Gemma on question/answer pairs: every answer starts with
-    "answer:", which 4 epochs learn."""
-    folder = tmp_path_factory.mktemp("hub-infer-lm")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TPURUN_CACHE_DIR", str(folder / "cache"))
-        rows = [{"prompt": p, "response": r} for p, r in prompt_response_pairs(96)]
-        data = _write(folder, "chat", rows)
-        model = {"preset": str(tiny_presets.gemma), "lora": LORA,
-                 "sequence_length": SEQUENCE_LENGTH}  # fmt: skip
-        run = _train(folder, "lm", model, data, "chat", per_core_batch_size=4,
-                     learning_rate={"base": 1e-2})  # fmt: skip
-    return Trained(run, data, tiny_presets.gemma)
+def lm_run(chat_lora_run) -> Trained:
+    """The session's LoRA fine-tune of the tiny Gemma on question/answer pairs (conftest's
+    chat_lora_run, rank 4, alpha 8): every answer starts with "answer:", which 4 epochs learn.
+    Read in place; a test that writes into the run copies it."""
+    return Trained(chat_lora_run.run_dir, chat_lora_run.data, chat_lora_run.preset)
 
 
 @pytest.fixture(scope="module")
@@ -194,20 +188,22 @@ def test_load_a_full_fine_tune_gives_its_model_keras(classifier_run):
 
 
 # ------------------------------------------------------------------------------------- evaluate
-def test_evaluate_reports_the_loss_per_token_and_its_perplexity(lm_run):
+def test_evaluate_reports_the_loss_per_token_and_its_perplexity(lm_run, tmp_path):
     from tpurun.data import pipeline
     from tpurun.hub import batches
     from tpurun.infer import loading
 
-    result = runner.invoke(app, ["evaluate", str(lm_run.run), "--json"])
+    run = tmp_path / "lm"  # evaluate writes its eval-*.json into the run: a copy of the shared one
+    shutil.copytree(lm_run.run, run)
+    result = runner.invoke(app, ["evaluate", str(run), "--json"])
     assert result.exit_code == 0, result.output
     shown = json.loads(result.output)
     assert shown["records"] == 24 and shown["loss_exact"] and shown["loss_per"] == "token"
 
     # By hand: every response token of the 24 validation records (prompts and padding out), in
     # batches of 5 (the last one padded with weight 0), summed in float64.
-    trained = loading.open_run(str(lm_run.run))
-    task, _ = tpurun.load(str(lm_run.run))
+    trained = loading.open_run(str(run))
+    task, _ = tpurun.load(str(run))
     transform = batches.transform(batches.detach(task), trained.config.data)
     files = loading.find_records(lm_run.glob("validation"), {}, "--data").files
     ds = pipeline.make_dataset(files, trained.config.data, 5, training=False, score_records=24,

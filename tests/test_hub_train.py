@@ -3,14 +3,13 @@ preset's own preprocessor, prompt tokens weighted 0, LoRA training only the adap
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
-from helpers import read_log, write_config
-from hub_presets import prompt_response_pairs, sentences
+from helpers import read_log, write_config, write_jsonl
+from hub_presets import sentences
 from typer.testing import CliRunner
 
 from tpurun import frameworks
@@ -24,22 +23,6 @@ from tpurun.hub.model import enable_lora, lora_layers
 from tpurun.training.checkpoints import adapter
 
 runner = CliRunner()
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
-
-
-def chat_data(tmp_path: Path, n: int = 96) -> Path:
-    """Prompt/response records (a quarter for validation) written by `tpurun data write`."""
-    rows = [{"prompt": p, "response": r} for p, r in prompt_response_pairs(n)]
-    source = write_jsonl(tmp_path / "chat.jsonl", rows)
-    out = tmp_path / "data" / "chat"
-    result = runner.invoke(app, ["data", "write", str(source), str(out),
-                                 "--validation-fraction", "0.25"])  # fmt: skip
-    assert result.exit_code == 0, result.output
-    return tmp_path / "data"
 
 
 def lm_config(tmp_path: Path, preset: Path, data: Path, **train) -> Path:
@@ -80,11 +63,13 @@ def test_features_that_do_not_say_which_is_which_are_refused():
 
 
 # ------------------------------------------------------------------ the pipeline's batches
-def test_prompt_tokens_weigh_nothing_and_the_response_is_learned(tiny_presets, tmp_path):
+def test_prompt_tokens_weigh_nothing_and_the_response_is_learned(
+    chat_records, tiny_presets, tmp_path
+):
     keras_hub = frameworks.keras_hub()
     preprocessor = keras_hub.models.CausalLMPreprocessor.from_preset(str(tiny_presets.gemma))
     preprocessor.sequence_length = 40
-    data_dir = chat_data(tmp_path, 16)
+    data_dir = chat_records(16)
     features = {"prompt": {"type": "text"}, "response": {"type": "text"}}
     data = DataConfig.model_validate({"train": "-", "features": features,
                                       "inputs": "prompt", "targets": "response"})  # fmt: skip
@@ -108,10 +93,10 @@ def test_prompt_tokens_weigh_nothing_and_the_response_is_learned(tiny_presets, t
         )
 
 
-def test_exact_validation_weights_multiply_the_tokens(tiny_presets, tmp_path):
+def test_exact_validation_weights_multiply_the_tokens(chat_records, tiny_presets, tmp_path):
     keras_hub = frameworks.keras_hub()
     preprocessor = keras_hub.models.CausalLMPreprocessor.from_preset(str(tiny_presets.gemma))
-    data_dir = chat_data(tmp_path, 16)
+    data_dir = chat_records(16)
     features = {"text": {"type": "text", "key": "prompt"}}
     data = DataConfig.model_validate({"train": "-", "features": features,
                                       "inputs": "text", "targets": "text"})  # fmt: skip
@@ -125,13 +110,13 @@ def test_exact_validation_weights_multiply_the_tokens(tiny_presets, tmp_path):
 
 # ------------------------------------------------------------------ fine-tuning
 @pytest.mark.slow
-def test_lora_fine_tune_of_the_causal_lm_changes_only_the_adapted_kernels(tiny_presets, tmp_path):
+def test_lora_fine_tune_of_the_causal_lm_changes_only_the_adapted_kernels(
+    chat_lora_run, tiny_presets
+):
+    """The session's LoRA fine-tune (conftest's chat_lora_run, 4 epochs with `tpurun train`)."""
     keras_hub = frameworks.keras_hub()
-    path = lm_config(tmp_path, tiny_presets.gemma, chat_data(tmp_path))
-    result = runner.invoke(app, ["train", str(path)])
-    assert result.exit_code == 0, result.output
-    assert "E0000" not in result.output and "oneDNN" not in result.output
-    run = tmp_path / "runs" / "lm"
+    assert "E0000" not in chat_lora_run.output and "oneDNN" not in chat_lora_run.output
+    run = chat_lora_run.run_dir
     losses = [float(row["loss"]) for row in read_log(run)]
     assert (
         all(b < a for a, b in zip(losses, losses[1:], strict=False))
@@ -189,7 +174,7 @@ def test_the_text_classifier_learns_a_keyword_task(tiny_presets, tmp_path):
 
 
 def test_perplexity_is_exact_over_the_weighted_tokens_of_a_padded_validation(
-    tiny_presets, tmp_path
+    chat_records, tiny_presets, tmp_path
 ):
     """KerasHub's Perplexity, added as a weighted metric, against exp of the mean loss over the
     response tokens of the six records scored (two padding records in the last batch weigh 0)."""
@@ -198,7 +183,7 @@ def test_perplexity_is_exact_over_the_weighted_tokens_of_a_padded_validation(
     from tpurun.training.model import build_model, compile_model
 
     keras = frameworks.keras()
-    data_dir = chat_data(tmp_path, 16)
+    data_dir = chat_records(16)
     config = tpurun.load_config(
         {"name": "ppl", "model": {"preset": str(tiny_presets.gemma), "sequence_length": 24},
          "data": {"train": str(data_dir / "chat-train-*")},
@@ -234,11 +219,11 @@ def test_normalize_is_refused_for_a_preset(tmp_path):
 
 
 @pytest.mark.slow
-def test_doctor_steps_a_preset_on_its_tokenised_batch(tiny_presets, tmp_path):
+def test_doctor_steps_a_preset_on_its_tokenised_batch(chat_records, tiny_presets, tmp_path):
     """doctor's model check feeds the preset's task as train does: tokenised in the pipeline."""
     from tpurun.doctor import run_checks
 
-    path = lm_config(tmp_path, tiny_presets.gemma, chat_data(tmp_path))
+    path = lm_config(tmp_path, tiny_presets.gemma, chat_records())
     config = yaml.safe_load(path.read_text())
     checks = {c.name: c for c in run_checks(config, env={}, lock_path=str(tmp_path / "lock"),
                                             gcs_timeout=1)}  # fmt: skip
@@ -254,12 +239,12 @@ def test_doctor_steps_a_preset_on_its_tokenised_batch(tiny_presets, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_lora_fine_tune_on_two_processes(tiny_presets, tmp_path):
+def test_a_lora_fine_tune_on_two_processes(chat_records, tiny_presets, tmp_path):
     """`tpurun launch -n 2`: the preset built in each process, the data split between them, one
     writer, the adapter trained as on one process."""
     from helpers import cli_env, read_summary, run_cli
 
-    path = lm_config(tmp_path, tiny_presets.gemma, chat_data(tmp_path), epochs=3)
+    path = lm_config(tmp_path, tiny_presets.gemma, chat_records(), epochs=3)
     result = run_cli("launch", "-n", "2", "train", str(path),
                      env=cli_env(TPURUN_LOST_AFTER_SECONDS="30"))  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -271,11 +256,13 @@ def test_a_lora_fine_tune_on_two_processes(tiny_presets, tmp_path):
 
 
 @pytest.mark.slow
-def test_early_stopping_keeps_a_lora_runs_adapter_not_the_base(tiny_presets, tmp_path):
+def test_early_stopping_keeps_a_lora_runs_adapter_not_the_base(
+    chat_records, tiny_presets, tmp_path
+):
     """restore_best_weights in a LoRA run: the best weights kept (in memory and in
     early_stopping_best.npz) are the trainable ones, and the run ends on the best epoch's."""
     keras_hub = frameworks.keras_hub()
-    path = lm_config(tmp_path, tiny_presets.gemma, chat_data(tmp_path), epochs=3)
+    path = lm_config(tmp_path, tiny_presets.gemma, chat_records(), epochs=3)
     config = yaml.safe_load(path.read_text())
     config["callbacks"] = {"early_stopping": {"monitor": "val_loss", "patience": 5,
                                               "restore_best_weights": True}}  # fmt: skip

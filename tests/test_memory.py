@@ -330,15 +330,17 @@ def test_doctor_reports_memory_against_the_detected_device(tmp_path, toy_data, t
     assert big.status == "ok" and "(tpurun's table (v5e)): fits" in big.finding
 
 
-def test_a_run_too_big_for_the_device_is_refused_before_compiling(tmp_path, tiny_presets):
+@pytest.mark.slow
+def test_a_run_too_big_for_the_device_is_refused_before_compiling(
+    tmp_path, tiny_presets, chat_records
+):
     """Through tpurun.train: a 2 x 4 full fine-tune (about 493 KiB a device) against a pretend
     400 KB device. Refused before the first step compiles, with the terms and what would fit,
     first train.remat (the activations recomputed); with it the run passes the check and trains
     its 6 steps."""
-    from test_hub_train import chat_data
     from test_mesh import mesh_config
 
-    data = chat_data(tmp_path, n=64)
+    data = chat_records(64)
     config = mesh_config(tmp_path, tiny_presets.gemma_mesh, data, {"data": 2, "model": 4},
                          device_memory="400KB")  # fmt: skip
     with pytest.raises(EnvironmentSetupError) as info:

@@ -9,12 +9,13 @@ attention, the case users hit on Gemma and Llama)."""
 from __future__ import annotations
 
 import contextlib
+import io
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from helpers import FACTORIES, read_summary, run_cli, toy_config, write_config
-from test_hub_train import chat_data
 
 import tpurun
 from tpurun import frameworks
@@ -25,8 +26,8 @@ from tpurun.runtime.mesh import check_support, resolve
 
 
 @pytest.fixture(scope="module")
-def chat(tmp_path_factory) -> Path:
-    return chat_data(tmp_path_factory.mktemp("mesh-chat"), n=64)
+def chat(chat_records) -> Path:
+    return chat_records(64)
 
 
 def mesh_config(root: Path, preset: Path, data: Path, mesh: dict, **runtime) -> dict:
@@ -108,27 +109,37 @@ def test_two_rules_matching_one_variable_are_refused():
 
 
 # ------------------------------------------------------------------------- a fine-tune on 2 x 4
-def test_a_preset_under_2x4_is_sharded_as_its_layout_says_and_trains(
-    tiny_presets, chat, tmp_path, capsys
-):
-    config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, {"data": 2, "model": 4})
-    summary = tpurun.train(config, verbose=True)
-    assert summary["status"] == "completed"
+@pytest.fixture(scope="module")
+def trained_2x4(tiny_presets, chat, tmp_path_factory) -> SimpleNamespace:
+    """The one-epoch full fine-tune under 2x4 that the tests below read (never write into): its
+    ``run_dir``, its ``summary``, the lines it printed (``out``), and the ``model`` and
+    ``placer`` as it trained."""
+    root = tmp_path_factory.mktemp("mesh-2x4")
+    config = mesh_config(root, tiny_presets.gemma_mesh, chat, {"data": 2, "model": 4})
+    printed = io.StringIO()
+    with spied_model() as captured, contextlib.redirect_stdout(printed):
+        summary = tpurun.train(config, verbose=True)
+    return SimpleNamespace(run_dir=root / "runs" / "mesh", summary=summary,
+                           out=printed.getvalue(), **captured)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_preset_under_2x4_is_sharded_as_its_layout_says_and_trains(trained_2x4):
+    assert trained_2x4.summary["status"] == "completed"
     # The devices each hold a slice of the model: not "8 replica(s)".
-    assert "(model_parallel mesh 2x4, 8 device(s), float32)" in capsys.readouterr().out
-    model, _ = tpurun.load(tmp_path / "runs" / "mesh")  # gathered: whole, on one device
+    assert "(model_parallel mesh 2x4, 8 device(s), float32)" in trained_2x4.out
+    model, _ = tpurun.load(trained_2x4.run_dir)  # gathered: whole, on one device
     assert type(model).__name__ == "GemmaCausalLM"
     assert all(len(v.value.sharding.device_set) == 1 for v in model.weights)
-    run = read_summary(tmp_path / "runs" / "mesh")
+    run = read_summary(trained_2x4.run_dir)
     assert run["replicas"] == 8 and run["global_batch_size"] == 8
 
 
-def test_under_the_mesh_the_variables_have_the_layouts_shardings(tiny_presets, chat, tmp_path):
+@pytest.mark.slow
+def test_under_the_mesh_the_variables_have_the_layouts_shardings(trained_2x4):
     """Read back from JAX: Gemma's own map splits the embedding's vocabulary and the attention
     heads over `model`; norms stay whole; the layout summary counts them."""
-    with spied_model() as captured:
-        config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, {"data": 2, "model": 4})
-        tpurun.train(config, verbose=False)
+    captured = {"model": trained_2x4.model, "placer": trained_2x4.placer}
     specs = shardings(captured["model"])
     assert _pad(specs["token_embedding/embeddings"], 2) == ("model", "data")
     assert _pad(specs["decoder_block_0/attention/query/kernel"], 3) == ("model", "data", None)
@@ -142,6 +153,7 @@ def test_under_the_mesh_the_variables_have_the_layouts_shardings(tiny_presets, c
 
 
 # ------------------------------------------------------------------------------ bad layouts
+@pytest.mark.slow
 def test_grouped_query_heads_the_model_axis_does_not_divide_are_named_and_the_fix_works(
     tiny_presets, chat, tmp_path
 ):

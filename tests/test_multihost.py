@@ -329,15 +329,16 @@ def test_a_run_directory_not_every_process_sees_is_refused(tmp_path):
         assert "gs://" in err and "Traceback" not in err
 
 
-def test_a_2x4_mesh_over_two_processes_stops_together_and_resumes(tmp_path, tiny_presets):
+def test_a_2x4_mesh_over_two_processes_stops_together_and_resumes(
+    tmp_path, tiny_presets, chat_records
+):
     """`tpurun launch -n 2` with 8 CPU devices and a 2 x 4 mesh (each process holds one row: its
     4 devices split every weight; Gemma's layout splits the embedding over the data axis too, so
     no process holds it whole): a full fine-tune whose checkpoints are sharded. SIGTERM to
     process 1 mid-epoch stops both at one step; the rerun resumes there and finishes, and the
     final model.keras (gathered to the host) loads."""
-    from test_hub_train import chat_data
 
-    data = chat_data(tmp_path, n=96)
+    data = chat_records(96)
     config = {
         "name": "mesh",
         "model": {"preset": str(tiny_presets.gemma_mesh), "sequence_length": 16},

@@ -73,11 +73,11 @@ def test_a_model_without_blocks_is_refused(tmp_path, toy_data):
         tpurun.train(config, verbose=False)
 
 
-def test_a_preset_fine_tunes_with_remat(tmp_path, tiny_presets):
+@pytest.mark.slow
+def test_a_preset_fine_tunes_with_remat(tmp_path, tiny_presets, chat_records):
     """The tiny Gemma's two decoder blocks recomputed: a LoRA fine-tune's losses as without."""
-    from test_hub_train import chat_data
 
-    data = chat_data(tmp_path, n=48)
+    data = chat_records(48)
     losses = []
     for name, on in (("plain", False), ("remat", True)):
         config = {

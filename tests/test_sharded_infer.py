@@ -16,7 +16,6 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
-from test_hub_train import chat_data
 from test_sharded_checkpoints import checkpoint_values
 from typer.testing import CliRunner
 
@@ -44,27 +43,27 @@ def _config(root: Path, preset: Path, data: Path, name: str, **sections) -> dict
     return config
 
 
-def _trained(tmp_path_factory, preset: Path, name: str, **sections) -> Path:
+def _trained(tmp_path_factory, data: Path, preset: Path, name: str, **sections) -> Path:
     folder = tmp_path_factory.mktemp(f"sharded-infer-{name}")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TPURUN_CACHE_DIR", str(folder / "cache"))
-        data = chat_data(folder, n=32)
         config = _config(folder, preset, data, name, **sections)
         assert tpurun.train(config, verbose=False)["status"] == "completed"
     return folder / "runs" / name
 
 
 @pytest.fixture(scope="module")
-def mesh_run(tiny_presets, tmp_path_factory) -> Path:
+def mesh_run(tiny_presets, chat_records, tmp_path_factory) -> Path:
     """Every weight trains (Orbax checkpoints); e1.orbax and e2.orbax kept beside best and latest."""
-    return _trained(tmp_path_factory, tiny_presets.gemma_mesh, "mesh",
+    return _trained(tmp_path_factory, chat_records(32), tiny_presets.gemma_mesh, "mesh",
                     callbacks={"checkpoint": {"filename": "e{epoch}.keras",
                                               "save_best_only": False}})  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def lora_run(tiny_presets, tmp_path_factory) -> Path:
-    return _trained(tmp_path_factory, tiny_presets.gemma_mesh, "lora", model={"lora": {"rank": 2}},
+def lora_run(tiny_presets, chat_records, tmp_path_factory) -> Path:
+    return _trained(tmp_path_factory, chat_records(32), tiny_presets.gemma_mesh, "lora",
+                    model={"lora": {"rank": 2}},
                     train={"epochs": 1})  # fmt: skip
 
 
@@ -162,7 +161,9 @@ def test_a_sharded_checkpoint_of_another_model_exits_2_naming_the_variables(
 
 # -------------------------------------------------------------------------------------- predict
 def _completions(run: Path, output: Path, checkpoint: str) -> tuple[dict, list[str]]:
-    data = str(run.parent.parent / "data" / "chat-validation-*")
+    import yaml
+
+    data = yaml.safe_load((run / "config.yaml").read_text())["data"]["validation"]  # as trained
     result = runner.invoke(app, ["predict", str(run), "--data", data, "--output", str(output),
                                  "--checkpoint", checkpoint, "--max-length", "20", "--json"])  # fmt: skip
     assert result.exit_code == 0, result.output

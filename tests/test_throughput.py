@@ -10,7 +10,6 @@ import re
 import numpy as np
 import pytest
 from helpers import read_summary, toy_config
-from test_hub_train import chat_data
 from test_tensorboard import read_events
 
 import tpurun
@@ -191,10 +190,11 @@ def test_the_tiny_gemmas_step_is_6nt_plus_attention_spread_over_the_mesh(tiny_pr
     assert 1.0 < single / expected < 1.1
 
 
-def test_a_fine_tune_on_a_2x4_mesh_counts_tokens(tiny_presets, tmp_path, capsys):
+@pytest.mark.slow
+def test_a_fine_tune_on_a_2x4_mesh_counts_tokens(tiny_presets, chat_records, tmp_path, capsys):
     from test_mesh import mesh_config
 
-    chat = chat_data(tmp_path, n=64)
+    chat = chat_records(64)
     config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, {"data": 2, "model": 4},
                          peak_tflops=1.0)  # fmt: skip
     tpurun.train(config, verbose=True)
