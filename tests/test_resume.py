@@ -9,10 +9,25 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+from pathlib import Path
 
 import keras
 import pytest
-from helpers import FACTORIES, logged_epochs, read_latest, read_log, signal_at, toy_config
+from helpers import (
+    FACTORIES,
+    assert_same_log,
+    assert_same_model,
+    logged_epochs,
+    read_latest,
+    read_log,
+    read_summary,
+    run_cli,
+    signal_at,
+    toy_config,
+    write_config,
+    write_toy_data,
+)
 
 import tpurun
 from tpurun.errors import Interrupted, ModelError, TpurunError
@@ -23,6 +38,7 @@ def config_for(toy_data, tmp_path, name, **train) -> dict:
     return toy_config(toy_data, tmp_path / "runs", name=name, train=train)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("replicas", "factory"), [(1, "mlp"), (8, "mlp"), (1, "mlp_dropout")])
 def test_a_mid_epoch_stop_resumes_at_that_step_and_matches_an_unbroken_run(
     toy_data, tmp_path, replicas, factory
@@ -46,7 +62,10 @@ def test_a_mid_epoch_stop_resumes_at_that_step_and_matches_an_unbroken_run(
     run_dir = tmp_path / "runs" / "b"
     state = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
     assert (state["epoch"], state["step"], state["reason"]) == (1, 4, "SIGTERM")
-    assert len(state["metrics"]) > 0  # the epoch's running metric sums
+    # The epoch's running metric sums: the loss's and the accuracy's (total, count) over the 4
+    # steps' 128 examples; the accuracy's total is a count of right answers.
+    loss_total, loss_count, right, accuracy_count = state["metrics"]
+    assert (loss_count, accuracy_count) == (128.0, 128.0) and float(right).is_integer()
     assert logged_epochs(run_dir) == ["0"]
 
     resumed = tpurun.train(config, verbose=False)
@@ -54,10 +73,52 @@ def test_a_mid_epoch_stop_resumes_at_that_step_and_matches_an_unbroken_run(
     assert resumed["resumes"][-1]["epoch"] == 1 and resumed["resumes"][-1]["step"] == 4
     # Nothing repeated, nothing skipped: every number in every row is the unbroken run's,
     # including the resumed epoch's training metrics.
-    assert read_log(run_dir) == read_log(tmp_path / "runs" / "a")
+    assert_same_log(run_dir, tmp_path / "runs" / "a")
     assert resumed["final_metrics"] == unbroken["final_metrics"]
+    assert_same_model(run_dir, tmp_path / "runs" / "a")  # the weights and optimizer state, too
     model = keras.saving.load_model(run_dir / "model.keras")
     assert int(model.optimizer.iterations.numpy()) == 3 * 16
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_a_dropout_run_stopped_mid_epoch_resumes_in_a_fresh_process_bit_for_bit(
+    toy_data, tmp_path, how
+):
+    """Each session in a process of its own, as a preempted machine reruns it: the stop after
+    step 6 of epoch 2 saves at that step (SIGTERM), or kills the process with nothing saved
+    (SIGKILL: the resume point is the save at step 4). The dropout masks of the rest come from
+    the seed state in the checkpoint, so the log and the final weights and optimizer state are the
+    unbroken run's, bit for bit."""
+
+    def config(name: str, stop: bool) -> Path:
+        config = config_for(toy_data, tmp_path, name)
+        config["model"]["factory"] = f"{FACTORIES}:mlp_dropout"
+        extra = [signal_at(tmp_path / "fired", epoch=2, step=6, signal=how)] if stop else []
+        config["callbacks"] = {"checkpoint": {"every_steps": 4}, "extra": extra}
+        return write_config(tmp_path, config, name)
+
+    assert run_cli("train", str(config("a", False))).returncode == 0
+    path = config("b", True)
+    stopped = run_cli("train", str(path))
+    run_dir = tmp_path / "runs" / "b"
+    assert stopped.returncode == (3 if how == "SIGTERM" else -signal.SIGKILL), stopped.stderr
+    state = read_latest(run_dir)
+    at = (1, 6, "SIGTERM") if how == "SIGTERM" else (1, 4, "every_steps")
+    assert (state["epoch"], state["step"], state["reason"]) == at
+    assert logged_epochs(run_dir) == ["0"]
+
+    resumed = run_cli("train", str(path))
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming at epoch 2, step {at[1]} from" in resumed.stdout
+    (resume,) = read_summary(run_dir)["resumes"]  # one entry per resume: where, from what, when
+    assert sorted(resume) == ["epoch", "from", "step", "time"]
+    assert (resume["epoch"], resume["step"]) == (1, at[1])
+    assert resume["from"] == str(run_dir / "checkpoints" / "latest.json")
+    reference = tmp_path / "runs" / "a"
+    assert_same_log(run_dir, reference)
+    assert_same_model(run_dir, reference)
+    assert read_summary(run_dir)["final_metrics"] == read_summary(reference)["final_metrics"]
 
 
 def test_a_stop_inside_the_resumed_rest_of_an_epoch_stops_there(toy_data, tmp_path):
@@ -102,6 +163,73 @@ def test_a_changed_model_or_batch_is_refused_and_harmless_changes_are_allowed(
     assert "changed since the last session:" in out and "train.epochs: 1 -> 2" in out
 
 
+@pytest.fixture(scope="module")
+def one_epoch(tmp_path_factory) -> tuple[dict, Path]:
+    """A finished 1-epoch toy run (its config and run directory): copy it before changing it."""
+    root = tmp_path_factory.mktemp("one-epoch")
+    config = config_for(write_toy_data(root / "data"), root, "one", epochs=1)
+    config["data"]["features"].update({  # the same records under other names, to move to
+        "label": {"type": "int64", "cast": "float32", "key": "y"},
+        "wide": {"type": "raw", "dtype": "float32", "shape": [8], "key": "x"},
+    })  # fmt: skip
+    with pytest.MonkeyPatch.context() as patch:  # a cache of its own, as conftest gives each test
+        patch.setenv("TPURUN_CACHE_DIR", str(root / "cache"))
+        assert tpurun.train(config, verbose=False)["status"] == "completed"
+    return config, root / "runs" / "one"
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [({"runtime": {"precision": "bfloat16"}}, r"precision: float32 -> bfloat16"),
+     ({"data": {"targets": "label"}}, r"data\.targets: y -> label"),
+     ({"data": {"inputs": "wide"}}, r"data\.inputs: x -> wide"),
+     ({"data": {"features": {"y": {"type": "int64", "cast": "float16"}}}},
+      r"data\.features\.y\.cast: float32 -> float16"),
+     ({"train": {"gradient_accumulation_steps": 2}},
+      r"train\.gradient_accumulation_steps: unset -> 2")],
+    ids=["precision", "targets", "inputs", "features", "accumulation"],
+)  # fmt: skip
+def test_what_a_checkpoint_cannot_follow_is_refused_naming_it(one_epoch, tmp_path, change, said):
+    """A changed precision, features, inputs or targets, or gradient accumulation (besides the
+    model and the global batch above) exits 2 naming the key, its old and new values and
+    --restart, and writes nothing."""
+    config, trained = one_epoch
+    shutil.copytree(trained, tmp_path / "runs" / "one")
+    changed = json.loads(json.dumps(config))
+    changed["output"]["dir"] = str(tmp_path / "runs")
+    changed["train"]["epochs"] = 2
+    for section, values in change.items():
+        for key, value in values.items():
+            if isinstance(value, dict):
+                changed[section].setdefault(key, {}).update(value)
+            else:
+                changed[section][key] = value
+    before = {p.name: p.read_bytes() for p in (tmp_path / "runs" / "one").rglob("*.json")}
+    with pytest.raises(TpurunError, match=f"{said}.*--restart") as info:
+        tpurun.train(changed, verbose=False)
+    assert info.value.exit_code == 2
+    assert {p.name: p.read_bytes() for p in (tmp_path / "runs" / "one").rglob("*.json")} == before
+
+
+@pytest.mark.slow
+def test_the_best_value_carries_over_a_resume(toy_data, tmp_path):
+    """In "max" mode a falling loss never improves on epoch 1's: after a resume at epoch 2 the
+    best checkpoint is still epoch 1's (a session that forgot the best value would take its own
+    first epoch as the best)."""
+    config = config_for(toy_data, tmp_path, "best", epochs=2)
+    config["callbacks"] = {"checkpoint": {"monitor": "loss", "mode": "max"}}
+    tpurun.train(config, verbose=False)
+    config["train"]["epochs"] = 3
+    summary = tpurun.train(config, verbose=False)
+    rows = read_log(tmp_path / "runs" / "best")
+    losses = [float(r["loss"]) for r in rows]
+    assert losses == sorted(losses, reverse=True)  # falling: epoch 1 stays the highest
+    assert summary["resumes"][-1]["epoch"] == 2
+    assert summary["best"] == {"monitor": "loss", "value": losses[0], "epoch": 1}
+    best = json.loads((tmp_path / "runs" / "best" / "checkpoints" / "best.json").read_text())
+    assert best["epoch"] == 1
+
+
 def test_early_stopping_counts_and_best_weights_carry_over_a_resume(toy_data, tmp_path):
     # In "max" mode a falling loss never improves: patience 2 stops after epoch 3, whether or
     # not the run was resumed in between (Keras alone would start counting again at epoch 3),
@@ -131,6 +259,7 @@ def test_early_stopping_counts_and_best_weights_carry_over_a_resume(toy_data, tm
     )
 
 
+@pytest.mark.slow
 def test_reduce_lr_on_plateau_state_and_learning_rate_carry_over_a_resume(toy_data, tmp_path):
     plateau = {"reduce_lr_on_plateau": {"monitor": "loss", "mode": "max", "patience": 1,
                                         "factor": 0.5, "cooldown": 1}}  # fmt: skip
@@ -150,6 +279,7 @@ def test_reduce_lr_on_plateau_state_and_learning_rate_carry_over_a_resume(toy_da
     assert final_lr("lr-b") == final_lr("lr-a") < 0.01  # reduced, and by the same steps
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::UserWarning")  # Keras, on the mismatched model at the end
 def test_resume_from_another_run_directory_or_a_named_checkpoint(toy_data, tmp_path, capsys):
     first = config_for(toy_data, tmp_path, "session1", epochs=2)
@@ -170,6 +300,11 @@ def test_resume_from_another_run_directory_or_a_named_checkpoint(toy_data, tmp_p
     third = config_for(toy_data, tmp_path, "rollback", epochs=3)
     summary = tpurun.train(third, resume=str(session1 / "checkpoints" / "ep1.keras"))
     assert summary["resumes"][0]["epoch"] == 1 and summary["epochs_completed"] == 3
+
+    # A checkpoint's state file: the resume point it names.
+    by_state = config_for(toy_data, tmp_path, "by-state", epochs=3)
+    summary = tpurun.train(by_state, resume=str(session1 / "checkpoints" / "latest.json"))
+    assert summary["resumes"][0]["epoch"] == 2 and summary["epochs_completed"] == 3
 
     # A model file with no state beside it: a warm start from its weights, at epoch 1.
     foreign = tmp_path / "foreign.keras"

@@ -14,7 +14,10 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
+from factories import recorded_batches
 from helpers import (
+    FACTORIES,
+    assert_same_log,
     read_latest,
     read_log,
     read_previous,
@@ -23,7 +26,6 @@ from helpers import (
     signal_at,
     write_config,
 )
-from test_hub_train import chat_data
 
 import tpurun
 from tpurun import frameworks
@@ -139,8 +141,8 @@ def test_a_folder_that_is_no_checkpoint_is_refused(tmp_path, tiny_presets):
 
 # ------------------------------------------------------------------ through tpurun train
 @pytest.fixture(scope="module")
-def chat(tmp_path_factory) -> Path:
-    return chat_data(tmp_path_factory.mktemp("sharded-chat"), n=64)
+def chat(chat_records) -> Path:
+    return chat_records(64)
 
 
 def mesh_config(root: Path, preset: Path, data: Path, name: str, mesh=(2, 4), **sections) -> dict:
@@ -176,15 +178,34 @@ def latest_folder(run_dir: Path) -> Path:
     return run_dir / "checkpoints" / name
 
 
+def record_batches(out: Path) -> dict:
+    """A ``callbacks.extra`` entry writing a digest of each training batch to ``out``."""
+    return {"name": f"{FACTORIES}:RecordBatches", "out": str(out)}
+
+
+@pytest.fixture(scope="module")
+def unbroken_2x4(tiny_presets, chat, tmp_path_factory) -> tuple[Path, list[str]]:
+    """The 2-epoch full fine-tune under 2x4 that the stopped and resumed runs are compared with:
+    its run directory (read it, never write into it) and the batches it trained on, in order."""
+    root = tmp_path_factory.mktemp("unbroken-2x4")
+    config = mesh_config(root, tiny_presets.gemma_mesh, chat, "a",
+                         callbacks={"extra": [record_batches(root / "batches")]})  # fmt: skip
+    assert tpurun.train(config, verbose=False)["status"] == "completed"
+    batches = recorded_batches(root / "batches")
+    assert len(batches) == len(set(batches)) == 12  # 6 steps an epoch; each pass shuffles anew
+    return root / "runs" / "a", batches
+
+
+@pytest.mark.slow
 def test_a_sigterm_under_2x4_commits_a_sharded_checkpoint_and_the_resume_is_exact(
-    tiny_presets, chat, tmp_path
+    tiny_presets, chat, unbroken_2x4, tmp_path
 ):
     """SIGTERM after step 3 of epoch 2: the save of step 2 may still be in flight; the stop waits
     for it, saves step 3 and commits it; the resumed run ends on the unbroken run's bits."""
-    unbroken = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, "a")
-    assert tpurun.train(unbroken, verbose=False)["status"] == "completed"
+    reference, batches = unbroken_2x4
+    extra = [signal_at(tmp_path / "fired", 2, 3), record_batches(tmp_path / "batches")]
     config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, "b",
-                         callbacks={"extra": [signal_at(tmp_path / "fired", 2, 3)]})  # fmt: skip
+                         callbacks={"extra": extra})  # fmt: skip
     with pytest.raises(Interrupted, match=r"stopped at epoch 2, step 3"):
         tpurun.train(config, verbose=False)
     run_dir = tmp_path / "runs" / "b"
@@ -202,8 +223,8 @@ def test_a_sigterm_under_2x4_commits_a_sharded_checkpoint_and_the_resume_is_exac
 
     resumed = tpurun.train(config, verbose=False)
     assert resumed["status"] == "completed" and resumed["resumes"][-1]["step"] == 3
-    reference = tmp_path / "runs" / "a"
-    assert read_log(run_dir) == read_log(reference)
+    assert recorded_batches(tmp_path / "batches") == batches  # none again, none skipped
+    assert_same_log(run_dir, reference)
     assert latest_folder(run_dir).name == "latest-e0002-s0000000.orbax"
     assert_same(
         checkpoint_values(latest_folder(run_dir)), checkpoint_values(latest_folder(reference))
@@ -212,27 +233,32 @@ def test_a_sigterm_under_2x4_commits_a_sharded_checkpoint_and_the_resume_is_exac
 
 @pytest.mark.slow
 def test_sigkill_mid_epoch_under_2x4_then_resume_gives_the_unbroken_run(
-    tiny_presets, chat, tmp_path
+    tiny_presets, chat, unbroken_2x4, tmp_path
 ):
-    """SIGKILL after step 5 of epoch 2 (saves every 2 steps, in the background): whatever was in
-    flight, latest.json names a complete folder, and the resume ends on the unbroken run's bits."""
-    unbroken = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, "a")
-    assert tpurun.train(unbroken, verbose=False)["status"] == "completed"
-    config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, "b",
-                         callbacks={"extra": [signal_at(tmp_path / "fired", 2, 5, "SIGKILL")]})  # fmt: skip
+    """SIGKILL after step 5 of epoch 2 (saves every 2 steps, in the background), in a fresh
+    process. The save of step 4 is in flight: the run's own callback, which commits a finished
+    save at each step, runs after the user's that kills (and step 4's save began only once step
+    2's was committed). So latest.json names step 2's complete folder, and the resume, in another
+    process, ends on the unbroken run's bits."""
+    reference, batches = unbroken_2x4
+    extra = [signal_at(tmp_path / "fired", 2, 5, "SIGKILL"), record_batches(tmp_path / "batches")]
+    config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, "b", callbacks={"extra": extra})
     path = write_config(tmp_path, config, "b")
     killed = run_cli("train", str(path))
     assert killed.returncode == -9, killed.stderr
     run_dir = tmp_path / "runs" / "b"
     state = read_latest(run_dir)
-    assert (state["epoch"], state["step"]) in ((1, 2), (1, 4)), state  # the last complete save
+    assert (state["epoch"], state["step"], state["weights"]) == (
+        1, 2, "latest-e0001-s0000002.orbax")  # fmt: skip
     checkpoint_values(latest_folder(run_dir))  # complete: it reads
+    assert recorded_batches(tmp_path / "batches") == batches[:11]  # step 5 of epoch 2 trained
 
     done = run_cli("train", str(path))
     assert done.returncode == 0, done.stderr
-    assert read_summary(run_dir)["resumes"][-1]["step"] == state["step"]
-    reference = tmp_path / "runs" / "a"
-    assert read_log(run_dir) == read_log(reference)
+    assert read_summary(run_dir)["resumes"][-1]["step"] == 2
+    # Steps 3-5 of epoch 2 again (their updates were lost with the process), then on.
+    assert recorded_batches(tmp_path / "batches") == batches[:11] + batches[8:]
+    assert_same_log(run_dir, reference)
     assert_same(
         checkpoint_values(latest_folder(run_dir)), checkpoint_values(latest_folder(reference))
     )
@@ -242,27 +268,38 @@ def test_sigkill_mid_epoch_under_2x4_then_resume_gives_the_unbroken_run(
                             "latest.json", previous, "previous.json"])  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_run_saved_under_2x4_resumes_under_4x2_and_from_its_best_folder(
-    tiny_presets, chat, tmp_path
+    tiny_presets, chat, unbroken_2x4, tmp_path
 ):
-    config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, "m", train={"epochs": 1})
-    assert tpurun.train(config, verbose=False)["status"] == "completed"
+    """Epoch 1 under 2x4; epoch 2 under 4x2 from its last folder, and under 8x1 from its best
+    folder (epoch 1's, the only one yet). Another mesh rounds the numbers otherwise, so the proof
+    that each resume kept its place in the data is the batches it trained on: epoch 2's of the
+    unbroken run, in order."""
+    reference_batches = unbroken_2x4[1]
+
+    def config(name: str, mesh: tuple, epochs: int) -> dict:
+        return mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, name, mesh=mesh,
+                           train={"epochs": epochs},
+                           callbacks={"extra": [record_batches(tmp_path / f"{name}.batches")]})  # fmt: skip
+
+    assert tpurun.train(config("m", (2, 4), 1), verbose=False)["status"] == "completed"
     run_dir = tmp_path / "runs" / "m"
     saved = checkpoint_values(latest_folder(run_dir))
+    assert recorded_batches(tmp_path / "m.batches") == reference_batches[:6]
 
-    config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, "m", mesh=(4, 2),
-                         train={"epochs": 2})  # fmt: skip
-    summary = tpurun.train(config, verbose=False)
+    best = run_dir / "checkpoints" / "best.orbax"
+    summary = tpurun.train(config("n", (8, 1), 2), resume=str(best), verbose=False)
+    assert summary["status"] == "completed"
+    resumed = summary["resumes"][-1]  # from the best folder, not a fresh start
+    assert (resumed["from"], resumed["epoch"], resumed["step"]) == (str(best), 1, 0), resumed
+    assert recorded_batches(tmp_path / "n.batches") == reference_batches[6:]
+
+    summary = tpurun.train(config("m", (4, 2), 2), verbose=False)
     assert summary["status"] == "completed" and summary["resumes"][-1]["epoch"] == 1
     after = checkpoint_values(latest_folder(run_dir))
     assert after["optimizer/0000"] == saved["optimizer/0000"] + 6  # iterations went on from there
-
-    other = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, "n", mesh=(8, 1))
-    best = run_dir / "checkpoints" / "best.orbax"
-    summary = tpurun.train(other, resume=str(best), verbose=False)
-    assert summary["status"] == "completed"
-    resumed = summary["resumes"][-1]  # from the best folder, not a fresh start
-    assert resumed["from"].endswith("best.orbax") and resumed["epoch"] >= 1, resumed
+    assert recorded_batches(tmp_path / "m.batches") == reference_batches
 
 
 @pytest.mark.gcs
@@ -286,9 +323,13 @@ def test_a_sharded_run_in_a_bucket_commits_complete_folders_and_resumes(gcs, tin
     folders = {p.removeprefix(f"{run}/checkpoints/").split("/")[0]
                for p in gcs.list(f"{run}/checkpoints/")} - {""}  # the folder's marker  # fmt: skip
     assert folders == {"best.json", "best.orbax", "latest-e0002-s0000000.orbax", "latest.json"}
-    assert gcs.get(f"{run}/checkpoints/latest-e0002-s0000000.orbax/commit_success.txt") is not None
+    folder = f"{run}/checkpoints/latest-e0002-s0000000.orbax"
+    assert gcs.get(f"{folder}/commit_success.txt") == (
+        f"Checkpoint commit was successful to {folder}".encode()
+    )
 
 
+@pytest.mark.slow
 def test_a_lora_run_under_2x4_keeps_its_adapter_files_and_resumes(tiny_presets, chat, tmp_path):
     """LoRA under a mesh: adapter files (what trains is small and replicated), not Orbax."""
     config = mesh_config(tmp_path, tiny_presets.gemma_mesh, chat, "lora", train={"epochs": 1},
@@ -305,6 +346,7 @@ def test_a_lora_run_under_2x4_keeps_its_adapter_files_and_resumes(tiny_presets, 
     assert read_latest(run_dir)["weights"] == "latest-e0002-s0000000.adapter.h5"
 
 
+@pytest.mark.slow
 def test_on_nan_restore_under_2x4_reloads_the_last_sharded_checkpoint(tiny_presets, chat, tmp_path):
     """NaN after step 3 of epoch 2: the save of step 2 (in the background) is committed, loaded
     back into the model on the mesh, and training goes on with a finite loss."""

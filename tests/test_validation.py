@@ -56,6 +56,22 @@ def test_val_metrics_equal_keras_evaluate_over_every_record(tmp_path, replicas, 
     assert round(float(row["val_accuracy"]) * n_val, 3) == round(float(row["val_accuracy"]) * n_val)
 
 
+def test_a_loss_of_another_reduction_is_warned_of_and_the_metrics_stay_exact(tmp_path, capsys):
+    """A loss summed over the batch includes the padding records' zero-weighted terms in a way
+    tpurun cannot take back out: one warning says so; the val_ metrics are still exact."""
+    data = write_toy_data(tmp_path / "data", n_train=256, n_val=45)
+    config = toy_config(data, tmp_path / "runs", train={"epochs": 1})
+    config["model"] = {"factory": f"{FACTORIES}:compiled_sum_loss"}  # its own loss and metrics
+    tpurun.train(config)
+    out = capsys.readouterr().out
+    assert out.count("val_loss: a loss with a reduction other than Keras' default") == 1, out
+    assert ("averaged over 64 validation records, 19 of them padding weighted 0; the val_ "
+            "metrics are exact") in out  # fmt: skip
+    row = _last_row(tmp_path / "runs" / "toy")
+    expected = _keras_evaluate(tmp_path / "runs" / "toy" / "model.keras", 45)
+    assert float(row["val_accuracy"]) == pytest.approx(expected["accuracy"], abs=1e-6)
+
+
 @pytest.mark.slow
 def test_val_metrics_are_exact_on_tensorflow_mirrored_strategy(tmp_path):
     data = write_toy_data(tmp_path / "data", n_train=256, n_val=37)
