@@ -322,7 +322,9 @@ def test_a_sharded_run_in_a_bucket_commits_complete_folders_and_resumes(gcs, tin
     assert latest["weights"] == "latest-e0002-s0000000.orbax"
     folders = {p.removeprefix(f"{run}/checkpoints/").split("/")[0]
                for p in gcs.list(f"{run}/checkpoints/")} - {""}  # the folder's marker  # fmt: skip
-    assert folders == {"best.json", "best.orbax", "latest-e0002-s0000000.orbax", "latest.json"}
+    previous = gcs.get_json(f"{run}/checkpoints/previous.json")["weights"]  # kept beside it
+    assert folders == {"best.json", "best.orbax", "latest-e0002-s0000000.orbax", "latest.json",
+                       "previous.json", previous}  # fmt: skip
     folder = f"{run}/checkpoints/latest-e0002-s0000000.orbax"
     assert gcs.get(f"{folder}/commit_success.txt") == (
         f"Checkpoint commit was successful to {folder}".encode()
