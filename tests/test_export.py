@@ -13,7 +13,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from helpers import cli_env, run_cli
+from helpers import HAS_TENSORFLOW, cli_env, run_cli
 from trained import in_file_order, train_toy
 from typer.testing import CliRunner
 
@@ -194,6 +194,7 @@ def test_keras_format_carries_custom_code_and_a_mismatch_leaves_nothing(tmp_path
     assert list(again.iterdir()) == []
 
 
+@pytest.mark.skipif(not HAS_TENSORFLOW, reason="a SavedModel export needs TensorFlow")
 @pytest.mark.parametrize(
     "platforms, message",
     [("cpu,gpu", "unknown: gpu"), ("cuda", "include cpu (e.g. cpu,cuda)")],

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import keras
 import pytest
-from helpers import FACTORIES, toy_config
+from helpers import FACTORIES, HAS_TENSORFLOW, toy_config
 
 import tpurun
 from tpurun import frameworks
@@ -248,6 +248,7 @@ def config_file(tmp_path, toy_data, model: dict, **sections) -> Path:
     return write_config(tmp_path, config, "memory")
 
 
+@pytest.mark.skipif(not HAS_TENSORFLOW, reason="the preset's tokenizer needs tensorflow-text")
 def test_config_json_gives_mesh_layout_and_memory(tmp_path, toy_data, tiny_presets):
     """The plan's estimate (the layout's rules on the shapes, no device) is the live model's on a
     real 2x4 mesh, byte for byte."""
@@ -286,6 +287,7 @@ def test_config_json_gives_mesh_layout_and_memory(tmp_path, toy_data, tiny_prese
         assert memory[term] == live.to_dict()[term], term
 
 
+@pytest.mark.skipif(not HAS_TENSORFLOW, reason="the preset's tokenizer needs tensorflow-text")
 def test_config_shows_the_mesh_layout_and_memory_in_words(tmp_path, toy_data, tiny_presets):
     import yaml
     from typer.testing import CliRunner
@@ -304,6 +306,7 @@ def test_config_shows_the_mesh_layout_and_memory_in_words(tmp_path, toy_data, ti
     assert "of " not in result.output.split("# memory per device")[1]  # a CPU: no limit known
 
 
+@pytest.mark.skipif(not HAS_TENSORFLOW, reason="the preset's tokenizer needs tensorflow-text")
 def test_doctor_reports_memory_against_the_detected_device(tmp_path, toy_data, tiny_presets):
     """The devices probe's answer for a v5e (its kind and memory_stats' limit) against the
     config's estimate; the same config on the CPU has no limit and is not checked."""

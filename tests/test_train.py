@@ -7,7 +7,7 @@ import json
 import keras
 import numpy as np
 import pytest
-from helpers import FACTORIES, logged_epochs, read_latest, read_log, toy_config
+from helpers import FACTORIES, HAS_TENSORFLOW, logged_epochs, read_latest, read_log, toy_config
 
 import tpurun
 from tpurun.errors import DataError, ModelError, TpurunError
@@ -225,6 +225,7 @@ def test_truncated_shard_is_named(toy_data, tmp_path):
         tpurun.train(config, verbose=False)
 
 
+@pytest.mark.skipif(not HAS_TENSORFLOW, reason="the TensorFlow backend")
 def test_a_kernel_that_imported_keras_with_another_backend_is_told_so(toy_data, tmp_path):
     # This test process imported Keras on JAX, as a notebook kernel might have.
     config = toy_config(toy_data, tmp_path / "runs", runtime={"backend": "tensorflow"})
