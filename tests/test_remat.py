@@ -203,6 +203,9 @@ def test_remat_on_tensorflow_leaves_the_loss_as_it_was(tmp_path, toy_data):
     assert done.returncode == 0, done.stderr
     counts = dict(line.split() for line in done.stdout.splitlines() if line.startswith(("plain ",
                                                                                         "remat ")))  # fmt: skip
-    assert counts["plain"] == "0" and int(counts["remat"]) > 0, done.stdout
+    # Each trace of the step (Keras traces it several times, per replica) hands over each of the
+    # 2 blocks once: without remat, none.
+    traced = int(counts["remat"])
+    assert counts["plain"] == "0" and traced >= 2 and traced % 2 == 0, done.stdout
     assert "watched tensor" not in done.stderr
     assert_same_losses(read_log(tmp_path / "runs" / "plain"), read_log(tmp_path / "runs" / "remat"))
