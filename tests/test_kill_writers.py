@@ -2,8 +2,7 @@
 TensorBoard's events. The process kills itself (SIGKILL) with the file half written; the rerun
 must resume from a whole resume point and end where the unbroken run does: its whole log, its
 final weights and its TensorBoard curves. (The weights file and ``latest.json`` are
-tests/test_faults.py's; the LoRA adapter's and the sharded commit's, tests/test_hub_checkpoints.py's
-and tests/test_sharded_checkpoints.py's.)"""
+tests/test_faults.py's; a sharded save in flight, tests/test_sharded_checkpoints.py's.)"""
 
 from __future__ import annotations
 
@@ -21,8 +20,9 @@ from tpurun.training.checkpoints import resume as resume_lib
 
 pytestmark = pytest.mark.slow
 
-# The driver: tpurun train, with one write torn at its Nth call: a file renamed into place
-# (half of it, then SIGKILL before the rename), or a TensorBoard event appended (half its bytes).
+# The driver: tpurun train, with one write torn at its Nth call: a file renamed into place whose
+# name matches the target pattern (half of it, then SIGKILL before the rename), or a TensorBoard
+# event appended (half its bytes).
 DRIVER = """
 import os, signal, sys
 target, nth, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -45,8 +45,9 @@ if target == "events":
     events.EventFile._add = torn_add
 else:
     real_replace = os.replace
+    import fnmatch
     def torn_replace(src, dst):
-        if os.path.basename(str(dst)) == target and die_at_nth():
+        if fnmatch.fnmatch(os.path.basename(str(dst)), target) and die_at_nth():
             with open(src, "r+b") as f:
                 f.truncate(os.path.getsize(src) // 2)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -90,3 +91,32 @@ def test_a_kill_inside_a_write_resumes_to_the_unbroken_run(longer, target, nth, 
     same = [t for t in expected if not t.endswith(timed)]
     assert "train/epoch_loss" in same and "validation/epoch_loss" in same
     assert {t: events[t] for t in same} == {t: expected[t] for t in same}
+
+
+def test_a_kill_inside_a_lora_adapter_write_resumes_to_the_unbroken_run(
+    tiny_presets, chat_records, tmp_path
+):
+    """A LoRA fine-tune saving its adapter every 2 steps, killed halfway through writing its 3rd
+    (step 6): it resumes from step 4's adapter, and ends on the unbroken run's log and bits."""
+    from helpers import read_log, run_cli
+    from test_hub_checkpoints import assert_same_adapter, latest_adapter, lm_config
+
+    def config(name: str) -> dict:
+        return lm_config(tmp_path, tiny_presets.gemma, chat_records(), name,
+                         callbacks={"checkpoint": {"every_steps": 2}})  # fmt: skip
+
+    unbroken = run_cli("train", str(write_config(tmp_path, config("unbroken"), "unbroken")))
+    assert unbroken.returncode == 0, unbroken.stderr
+    path = write_config(tmp_path, config("torn"), "torn")
+    killed = subprocess.run([sys.executable, "-c", DRIVER, "latest-*.adapter.h5", "3", str(path)],
+                            capture_output=True, text=True, cwd=ROOT, env=cli_env(),
+                            timeout=600)  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    run_dir = tmp_path / "runs" / "torn"
+    point = resume_lib.latest(RunDir(str(run_dir)))
+    assert point.position == (0, 4) and point.weights.endswith(".adapter.h5")
+    done = run_cli("train", str(path))
+    assert done.returncode == 0, done.stderr
+    reference = tmp_path / "runs" / "unbroken"
+    assert read_log(run_dir) == read_log(reference)
+    assert_same_adapter(latest_adapter(run_dir), latest_adapter(reference))
