@@ -7,10 +7,11 @@ the same keys (feature names), dtypes, shapes and values, for every type of
 (upb), and each feature's values land straight in a preallocated batch array. Images decode in
 threads (their decoders release the GIL).
 
-Where the model reads only features of a fixed size in bytes (raw, float lists, int64 lists of
-values 0-127) and a batch's records share one layout, the batch is parsed at once instead, as
-columns of its records' bytes (:mod:`tpurun.data.native.layout`); any other batch is parsed
-record by record, with the same results and the same errors.
+Where the model reads only raw, float and int64 features and a batch's records share one
+layout, the batch is parsed at once instead, with numpy: as columns of its records' bytes where
+every record has the same length (:mod:`tpurun.data.native.layout`), else walking all its records
+together (:mod:`tpurun.data.native.varying`: int64 lists of varying byte lengths, such as token
+ids). Any other batch is parsed record by record, with the same results and the same errors.
 
 A record that does not hold a feature as declared (missing, another list kind, another length)
 fails the batch with a :class:`RecordMismatch` naming the feature, as ``parse_example`` fails it.
@@ -33,7 +34,7 @@ from tpurun.config import (
     TextFeature,
 )
 from tpurun.data.decode import record_key
-from tpurun.data.native import example, images, layout
+from tpurun.data.native import example, images, layout, varying
 from tpurun.errors import DataError
 
 _LIST = {"int64": "int64_list", "float": "float_list", "bytes": "bytes_list"}
@@ -102,13 +103,18 @@ class BatchParser:
         self.threads = threads or min(8, os.cpu_count() or 1)
         self._pool: ThreadPoolExecutor | None = None
         wanted = [_wanted(column) for column in self.columns]
-        fixed = fast_path and None not in wanted
-        self._layout = layout.FixedLayout(wanted) if fixed else None
+        self._layouts: list[Any] = []
+        if fast_path and None not in wanted:
+            self._layouts = [layout.FixedLayout(wanted), varying.VaryingLayout(wanted)]
+        self._by_record = 0
 
     @property
-    def fast_batches(self) -> int:
-        """Batches parsed at once, their records sharing one layout (the rest: record by record)."""
-        return self._layout.fast_batches if self._layout is not None else 0
+    def batches_by_path(self) -> dict[str, int]:
+        """Batches parsed so far by each path: ``columns`` (records of one length, as columns of
+        their bytes), ``walked`` (records of one structure, walked together) and ``records``
+        (one by one, where the batch failed too)."""
+        columns, walked = (found.parsed for found in self._layouts) if self._layouts else (0, 0)
+        return {"columns": columns, "walked": walked, "records": self._by_record}
 
     def __call__(self, serialized: Sequence[bytes]) -> dict[str, np.ndarray]:
         """Decode one batch.
@@ -118,8 +124,13 @@ class BatchParser:
             DataError: a record is not a ``tf.train.Example``; an image does not decode.
         """
         n = len(serialized)
-        arrays = self._layout.parse(serialized) if self._layout is not None else None
+        arrays = None
+        for found in self._layouts:
+            arrays = found.parse(serialized)
+            if arrays is not None:
+                break
         if arrays is None:
+            self._by_record += 1
             values = [column.allocate(n) for column in self.columns]
             _fill(serialized, self.columns, values)
             arrays = [self._finish(c, out, n) for c, out in zip(self.columns, values, strict=True)]
@@ -185,7 +196,7 @@ def _wanted(column: _Column) -> layout.Wanted | None:
                              dtype, tuple(spec.shape))  # fmt: skip
     if column.kind == "float_list":
         return layout.Wanted(column.key, column.kind, 4 * column.size, np.dtype("<f4"), shape)
-    if column.kind == "int64_list":  # one byte a value, where every value is 0-127
+    if column.kind == "int64_list":  # its count (in bytes too, where every value is 0-127)
         return layout.Wanted(column.key, column.kind, column.size, np.dtype(np.uint8), shape)
     return None
 
@@ -226,7 +237,7 @@ def _raw(column: _Column, values: list[bytes], n: int) -> np.ndarray:
                 "data inspect shows what the records hold).",
                 i, column.name, column.key,
             )  # fmt: skip
-    data = bytearray(b"".join(values))  # writable, as TF's tensors are
+    data = bytearray().join(values)  # writable, as TF's tensors are (one copy)
     return np.frombuffer(data, dtype).reshape(n, *spec.shape)
 
 

@@ -59,7 +59,7 @@ class Wanted:
     shape: tuple[int, ...]
 
 
-class _NotALayout(Exception):
+class NotALayout(Exception):
     """The record is not laid out as this module reads layouts."""
 
 
@@ -81,14 +81,14 @@ class FixedLayout:
         wanted: the features to return, in order.
 
     Attributes:
-        fast_batches, slow_batches: batches parsed here, and batches handed back (None returned).
+        parsed: batches parsed here (the others were handed back: None returned).
     """
 
     def __init__(self, wanted: Sequence[Wanted]):
         self.wanted = tuple(wanted)
         self._template: _Template | None = None
         self._scratch = threading.local()  # per thread: parse workers share the parser
-        self.fast_batches = self.slow_batches = 0
+        self.parsed = 0
 
     def parse(self, records: Sequence[bytes]) -> list[np.ndarray] | None:
         """Each wanted feature of every record, as an array ``(len(records), *shape)``, or None
@@ -101,17 +101,16 @@ class FixedLayout:
                 template = self._learn(records[0])
                 stacked = self._stacked(records, template) if template is not None else None
         if stacked is None:
-            self.slow_batches += 1
             return None
         self._template = template
-        self.fast_batches += 1
+        self.parsed += 1
         return _columns(stacked, template, self.wanted)
 
     def _learn(self, record: bytes) -> _Template | None:
         """The template of ``record``, checked against protobuf's own parse of it."""
         try:
             template = _template(record, self.wanted)
-        except _NotALayout:
+        except NotALayout:
             return None
         try:
             stored = example.parse(record).features.feature
@@ -177,21 +176,21 @@ def _length(record: bytes, pos: int, end: int) -> tuple[int, int]:
     length = shift = 0
     while True:
         if pos >= end or shift > 28:
-            raise _NotALayout
+            raise NotALayout
         byte = record[pos]
         length |= (byte & 0x7F) << shift
         pos, shift = pos + 1, shift + 7
         if byte < 0x80:
             break
     if pos + length > end:
-        raise _NotALayout
+        raise NotALayout
     return length, pos
 
 
 def _field(record: bytes, pos: int, end: int, tag: int) -> tuple[int, int]:
     """The length-delimited field ``tag`` at ``pos``: (where its contents start, where they end)."""
     if pos >= end or record[pos] != tag:
-        raise _NotALayout
+        raise NotALayout
     length, start = _length(record, pos + 1, end)
     return start, start + length
 
@@ -207,11 +206,11 @@ def _values(record: bytes, pos: int, end: int) -> list[tuple[int, int]]:
     return spans  # a float run of broken floats: protobuf refuses the record (FixedLayout._learn)
 
 
-def _features(record: bytes) -> dict[str, tuple[str | None, list[tuple[int, int]]]]:
+def features(record: bytes) -> dict[str, tuple[str | None, list[tuple[int, int]]]]:
     """Every feature of the record: its kind (None: a Feature with none) and its value spans."""
     start, end = _field(record, 0, len(record), _LEN_1)
     if end != len(record):
-        raise _NotALayout
+        raise NotALayout
     found: dict[str, tuple[str | None, list[tuple[int, int]]]] = {}
     pos = start
     while pos < end:
@@ -221,18 +220,18 @@ def _features(record: bytes) -> dict[str, tuple[str | None, list[tuple[int, int]
         try:
             key = record[key_start:key_end].decode("utf-8")
         except UnicodeDecodeError:
-            raise _NotALayout from None
+            raise NotALayout from None
         if feature_end != entry_end or key in found:
-            raise _NotALayout
+            raise NotALayout
         kind = None
         spans: list[tuple[int, int]] = []
         if feature < feature_end:
             kind = _KINDS.get(record[feature])
             if kind is None:
-                raise _NotALayout
+                raise NotALayout
             lists, lists_end = _field(record, feature, feature_end, record[feature])
             if lists_end != feature_end:
-                raise _NotALayout
+                raise NotALayout
             spans = _values(record, lists, lists_end)
         found[key] = (kind, spans)
         pos = entry_end
@@ -243,19 +242,19 @@ def _template(record: bytes, wanted: Sequence[Wanted]) -> _Template:
     """The layout of ``record``, where it holds every wanted feature in a fixed size.
 
     Raises:
-        _NotALayout: it does not (the per-record parser then says what is wrong, if anything).
+        NotALayout: it does not (the per-record parser then says what is wrong, if anything).
     """
-    found = _features(record)
+    found = features(record)
     raw = np.frombuffer(record, np.uint8)
     offsets = []
     for want in wanted:
         kind, spans = found.get(want.key, (None, []))
         sizes = [stop - start for start, stop in spans]
         if kind != want.kind or sizes != [want.nbytes]:
-            raise _NotALayout
+            raise NotALayout
         start = spans[0][0]
         if kind == "int64_list" and raw[start : start + want.nbytes].max() >= 0x80:
-            raise _NotALayout  # a value over 127 or negative: several bytes, other lengths
+            raise NotALayout  # a value over 127 or negative: several bytes, other lengths
         offsets.append(start)
     fixed = np.ones(len(record), bool)
     small = np.zeros(len(record), bool)
