@@ -19,7 +19,7 @@ from pydantic import TypeAdapter
 from tpurun.config.features import Feature
 from tpurun.data import decode
 from tpurun.data.native import example
-from tpurun.data.native.decode import BatchParser, RecordMismatch
+from tpurun.data.native.decode import BatchParser, RecordMismatch, numpy_dtype
 from tpurun.errors import DataError
 
 HAS_TF = importlib.util.find_spec("tensorflow") is not None
@@ -327,6 +327,17 @@ def test_token_ids_of_varying_byte_lengths_are_walked_a_batch_at_once(high):
     stored = example.parse(records[70]).features.feature["token_ids"].int64_list.value
     assert got[1]["token_ids"][6].tolist() == np.array(stored).astype(np.int32).tolist()
     assert (got[1]["token_ids"].dtype, got[1]["padding_mask"].dtype) == (np.int32, bool)
+
+
+@pytest.mark.parametrize(
+    "cast", ["float16", "bfloat16", "float32", "float64", "int32", "int64", "uint8", "bool"]
+)
+def test_int64_lists_cast_straight_from_their_bytes_as_from_int64(cast):
+    tokens = {name: {**spec, "cast": cast} for name, spec in TOKENS.items()}
+    got = check(tokens, [token_records(64, high=2**21)], walked=1)[0]  # up to three bytes
+    assert {array.dtype for array in got.values()} == {numpy_dtype(cast)}
+    small = {"small": {"type": "int64", "shape": [3], "cast": cast}}
+    check(small, [tabular_records(16)], columns=1)
 
 
 def test_the_largest_int64_is_walked_and_a_negative_one_read_falls_back():

@@ -184,7 +184,7 @@ def _cast(column: _Column, array: np.ndarray) -> np.ndarray:
     if column.cast is None:
         return array
     with np.errstate(all="ignore"):  # TF casts out-of-range values without a word too
-        return array.astype(column.cast)
+        return array.astype(column.cast, copy=False)  # a layout may have cast it already
 
 
 def _wanted(column: _Column) -> layout.Wanted | None:
@@ -197,7 +197,8 @@ def _wanted(column: _Column) -> layout.Wanted | None:
     if column.kind == "float_list":
         return layout.Wanted(column.key, column.kind, 4 * column.size, np.dtype("<f4"), shape)
     if column.kind == "int64_list":  # its count (in bytes too, where every value is 0-127)
-        return layout.Wanted(column.key, column.kind, column.size, np.dtype(np.uint8), shape)
+        return layout.Wanted(column.key, column.kind, column.size, np.dtype(np.uint8), shape,
+                             column.cast)  # fmt: skip
     return None
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -50,6 +51,8 @@ class Wanted:
         nbytes: the value's size in bytes (an int64 list: its count, one byte each).
         dtype: what its bytes are (``uint8`` for an int64 list: each byte is the value).
         shape: one record's shape.
+        cast: the dtype the values end in (None: as parsed), which an int64 list may be cast to
+            straight from its small values, as it would be from int64.
     """
 
     key: str
@@ -57,6 +60,21 @@ class Wanted:
     nbytes: int
     dtype: np.dtype
     shape: tuple[int, ...]
+    cast: np.dtype | None = None
+
+    def ints(self, values: np.ndarray) -> np.ndarray:
+        """Int64 values (held in any integer dtype that holds them), as int64 or as cast."""
+        with np.errstate(all="ignore"):  # as the cast from int64 (decode._cast)
+            return values.astype(self.cast or np.int64)
+
+
+def _as_parsed(kept: Any, want: Wanted) -> bytes:
+    """The bytes of a feature's values as protobuf parsed them, in the dtype a layout gives."""
+    if want.kind == "bytes_list":
+        return bytes(kept[0])
+    if want.kind == "float_list":
+        return np.asarray(kept, np.float32).tobytes()
+    return want.ints(np.asarray(kept, np.int64)).tobytes()
 
 
 class NotALayout(Exception):
@@ -118,9 +136,7 @@ class FixedLayout:
             return None
         one = _columns(np.frombuffer(record, np.uint8).reshape(1, -1), template, self.wanted)
         for want, values in zip(self.wanted, one, strict=True):
-            kept = getattr(stored[want.key], want.kind).value
-            kept = kept[0] if want.kind == "bytes_list" else np.asarray(kept, values.dtype)
-            if values.tobytes() != bytes(kept):
+            if values.tobytes() != _as_parsed(getattr(stored[want.key], want.kind).value, want):
                 return None  # the walker and protobuf disagree (never seen): protobuf decides
         return template
 
@@ -159,7 +175,7 @@ def _columns(stacked: np.ndarray, template: _Template, wanted: Sequence[Wanted])
     for offset, want in zip(template.offsets, wanted, strict=True):
         values = stacked[:, offset : offset + want.nbytes]
         if want.kind == "int64_list":
-            array = values.astype(np.int64)
+            array = want.ints(values)
         else:
             array = np.empty((n, want.nbytes), np.uint8)  # aligned and writable, as TF's are
             array[:] = values

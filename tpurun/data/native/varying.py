@@ -28,7 +28,7 @@ from google.protobuf.message import DecodeError
 from numpy.lib.stride_tricks import sliding_window_view
 
 from tpurun.data.native import example
-from tpurun.data.native.layout import NotALayout, Wanted, features
+from tpurun.data.native.layout import NotALayout, Wanted, _as_parsed, features
 
 _TAGS = {"bytes_list": 0x0A, "float_list": 0x12, "int64_list": 0x1A}
 _PAD = 64  # bytes after the records: reads a few bytes past a record's end stay in the buffer
@@ -99,9 +99,7 @@ class VaryingLayout:
         if arrays is None:
             return None
         for want, values in zip(self.wanted, arrays, strict=True):
-            kept = getattr(stored[want.key], want.kind).value
-            kept = kept[0] if want.kind == "bytes_list" else np.asarray(kept, values.dtype)
-            if values.tobytes() != bytes(kept):
+            if values.tobytes() != _as_parsed(getattr(stored[want.key], want.kind).value, want):
                 return None  # the walk and protobuf disagree (never seen): protobuf decides
         return structure
 
@@ -251,15 +249,17 @@ def _check_unread(walk: _Walk, kind: str | None, start: np.ndarray, stop: np.nda
 
 
 def _ends(walk: _Walk, start: np.ndarray, stop: np.ndarray, count: int) -> tuple:
-    """Each run's bytes as a row, after the byte before the run (its length's last byte, below
-    0x80), and where in those rows each varint ends: ``count`` of them a row, the last on the
-    run's last byte."""
+    """Each run's bytes as a row of ``data``, after the four bytes before it (the last of them
+    its length's last byte, below 0x80), and where each varint ends less three: ``data[3:][e]``
+    is its last byte, ``data[2:][e]`` the byte before, and so on; ``count`` of them a row, the
+    last on the run's last byte."""
     n, lengths = len(start), stop - start
-    rows = sliding_window_view(walk.buf, int(lengths.max()) + 1)[start - 1]
+    rows = sliding_window_view(walk.buf, int(lengths.max()) + 4)[start - 4]
     width = rows.shape[1]
-    columns = np.arange(width)
-    last = (rows < 0x80) & (columns >= 1) & (columns <= lengths[:, None])
-    ends = np.flatnonzero(last)
+    last = rows < 0x80
+    last[:, :4] = False
+    last &= np.arange(width) <= lengths[:, None] + 3
+    ends = np.flatnonzero(last.reshape(-1)[3:])
     _require(len(ends) == n * count)
     ends = ends.reshape(n, count)
     # Every ``count``-th end on a run's last byte: then each row holds exactly ``count``.
@@ -280,16 +280,17 @@ def _values(walk: _Walk, start: np.ndarray, stop: np.ndarray, want: Wanted) -> n
     if np.all(stop - start == size):  # as many bytes as values: one byte each, if all < 0x80
         small = sliding_window_view(buf, size)[start]
         if small.max(initial=0) < 0x80:
-            return small.astype(np.int64).reshape(n, *want.shape)
+            return want.ints(small).reshape(n, *want.shape)
     data, ends = _ends(walk, start, stop, size)
     values = _short_varints(data, ends)
-    return (values if values is not None else _varints(data, ends)).reshape(n, *want.shape)
+    values = want.ints(values if values is not None else _varints(data, ends + 3))
+    return values.reshape(n, *want.shape)
 
 
 def _short_varints(data: np.ndarray, ends: np.ndarray) -> np.ndarray | None:
-    """The values of varints of at most three bytes (below 2**21: token ids), from the bytes at
-    and before each end; None where one is longer."""
-    top, second, third, fourth = (data[ends - back] for back in range(4))
+    """The values (int32) of varints of at most three bytes (below 2**21: token ids), from the
+    bytes at and before each end (see :func:`_ends`); None where one is longer."""
+    top, second, third, fourth = (data[3 - back :][ends] for back in range(4))
     two = second >> 7  # 1 where the varint has a second byte (the byte before is not a last)
     three = two & (third >> 7)
     if (three & (fourth >> 7)).any():
@@ -297,7 +298,7 @@ def _short_varints(data: np.ndarray, ends: np.ndarray) -> np.ndarray | None:
     values = top.astype(np.int32) << (7 * (two + three))
     values |= ((second & 0x7F) * two).astype(np.int32) << (7 * three)
     values |= (third & 0x7F) * three
-    return values.astype(np.int64)
+    return values
 
 
 def _varints(data: np.ndarray, ends: np.ndarray) -> np.ndarray:
