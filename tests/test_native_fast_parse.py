@@ -276,6 +276,20 @@ def test_what_the_walker_does_not_read_goes_record_by_record(path):
     assert check(specs, [merged])[0]["y"].tolist() == [7] * n  # a second Example merged in
 
 
+def test_each_layout_learnt_is_checked_against_protobufs_own_parse():
+    from tpurun.data.native.layout import Wanted, agrees_with_protobuf
+
+    one = tabular_records(1)[0]
+    stored = example.parse(one).features.feature
+    wanted = [Wanted("features", "float_list", 48, np.dtype("<f4"), (12,)),
+              Wanted("small", "int64_list", 3, np.dtype(np.uint8), (3,), np.dtype(np.int32))]  # fmt: skip
+    values = [np.float32([stored["features"].float_list.value]),
+              np.int32([stored["small"].int64_list.value])]  # fmt: skip
+    assert agrees_with_protobuf(one, values, wanted)
+    assert not agrees_with_protobuf(one, [values[0], values[1] + 1], wanted)
+    assert not agrees_with_protobuf(one[:-1], values, wanted)  # protobuf refuses it
+
+
 def test_a_parser_reading_text_or_images_never_takes_the_fast_path():
     specs = {**TABULAR, "note": {"type": "text"}}
     batch = tabular_records(8, note=lambda i: "same")

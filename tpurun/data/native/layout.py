@@ -28,7 +28,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -68,13 +67,25 @@ class Wanted:
             return values.astype(self.cast or np.int64)
 
 
-def _as_parsed(kept: Any, want: Wanted) -> bytes:
-    """The bytes of a feature's values as protobuf parsed them, in the dtype a layout gives."""
-    if want.kind == "bytes_list":
-        return bytes(kept[0])
-    if want.kind == "float_list":
-        return np.asarray(kept, np.float32).tobytes()
-    return want.ints(np.asarray(kept, np.int64)).tobytes()
+def agrees_with_protobuf(record: bytes, values: Sequence[np.ndarray],
+                         wanted: Sequence[Wanted]) -> bool:  # fmt: skip
+    """Whether a layout's ``values`` of one record are what protobuf parses from it (a check
+    on each layout a parser learns: where they disagree, protobuf decides)."""
+    try:
+        stored = example.parse(record).features.feature
+    except DecodeError:
+        return False
+    for want, found in zip(wanted, values, strict=True):
+        kept = getattr(stored[want.key], want.kind).value
+        if want.kind == "bytes_list":
+            kept = bytes(kept[0])
+        elif want.kind == "float_list":
+            kept = np.asarray(kept, np.float32).tobytes()
+        else:
+            kept = want.ints(np.asarray(kept, np.int64)).tobytes()
+        if found.tobytes() != kept:
+            return False
+    return True
 
 
 class NotALayout(Exception):
@@ -130,15 +141,8 @@ class FixedLayout:
             template = _template(record, self.wanted)
         except NotALayout:
             return None
-        try:
-            stored = example.parse(record).features.feature
-        except DecodeError:
-            return None
         one = _columns(np.frombuffer(record, np.uint8).reshape(1, -1), template, self.wanted)
-        for want, values in zip(self.wanted, one, strict=True):
-            if values.tobytes() != _as_parsed(getattr(stored[want.key], want.kind).value, want):
-                return None  # the walker and protobuf disagree (never seen): protobuf decides
-        return template
+        return template if agrees_with_protobuf(record, one, self.wanted) else None
 
     def _stacked(self, records: Sequence[bytes], template: _Template) -> np.ndarray | None:
         """The records as rows of one ``uint8`` array, or None where one leaves the template."""

@@ -24,11 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from google.protobuf.message import DecodeError
 from numpy.lib.stride_tricks import sliding_window_view
 
-from tpurun.data.native import example
-from tpurun.data.native.layout import NotALayout, Wanted, _as_parsed, features
+from tpurun.data.native.layout import NotALayout, Wanted, agrees_with_protobuf, features
 
 _TAGS = {"bytes_list": 0x0A, "float_list": 0x12, "int64_list": 0x1A}
 _PAD = 64  # bytes after the records: reads a few bytes past a record's end stay in the buffer
@@ -91,17 +89,12 @@ class VaryingLayout:
             structure = _structure(record, self.wanted)
         except NotALayout:
             return None
-        try:
-            stored = example.parse(record).features.feature
-        except DecodeError:
-            return None
-        arrays = _parse([record], structure, self.wanted)
-        if arrays is None:
-            return None
-        for want, values in zip(self.wanted, arrays, strict=True):
-            if values.tobytes() != _as_parsed(getattr(stored[want.key], want.kind).value, want):
-                return None  # the walk and protobuf disagree (never seen): protobuf decides
-        return structure
+        one = _parse([record], structure, self.wanted)
+        return (
+            structure
+            if one is not None and agrees_with_protobuf(record, one, self.wanted)
+            else None
+        )
 
 
 def _structure(record: bytes, wanted: Sequence[Wanted]) -> tuple[_Entry, ...]:
