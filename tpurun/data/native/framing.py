@@ -34,7 +34,9 @@ from tpurun.storage import fileio
 FRAMING = 16
 _HEADER = 12
 _MASK_DELTA = 0xA282EAD8
-_BLOCK = 1 << 20  # bytes read (or decompressed) at a time
+#: Bytes read (or decompressed) at a time: 256 KiB read records of 2-4 kB with 17-39% less CPU
+#: than 1 MiB did here (each fresh MiB costs the system page faults), small ones 4% less.
+_BLOCK = 1 << 18
 _GZIP_WBITS = 16 + zlib.MAX_WBITS  # a gzip header and trailer around the deflate stream
 _crc = google_crc32c.value
 _unpack_header = struct.Struct("<QI").unpack_from
