@@ -18,7 +18,7 @@ from pydantic import TypeAdapter
 
 from tpurun.config.features import Feature
 from tpurun.data import decode
-from tpurun.data.native import example
+from tpurun.data.native import example, layout
 from tpurun.data.native.decode import BatchParser, RecordMismatch, numpy_dtype
 from tpurun.errors import DataError
 
@@ -117,6 +117,15 @@ def assert_identical(fast: dict | tuple, slow: dict | tuple) -> None:
             assert a.tolist() == b.tolist(), name
         else:
             assert a.tobytes() == b.tobytes(), name
+
+
+def flat(batch) -> list[np.ndarray]:
+    """A batch's arrays in a fixed order (dicts by key), as numpy."""
+    if isinstance(batch, dict):
+        return [a for key in sorted(batch) for a in flat(batch[key])]
+    if isinstance(batch, (tuple, list)):
+        return [a for value in batch for a in flat(value)]
+    return [batch.numpy() if hasattr(batch, "numpy") else np.asarray(batch)]
 
 
 def both(specs: dict) -> tuple[BatchParser, BatchParser]:
@@ -290,6 +299,13 @@ def test_each_layout_learnt_is_checked_against_protobufs_own_parse():
     assert not agrees_with_protobuf(one[:-1], values, wanted)  # protobuf refuses it
 
 
+def test_records_written_anywhere_hold_their_keys_in_one_order():
+    # protobuf's map order changes from process to process; sorted keys make every writer's
+    # records share one layout.
+    values = {f"k{i:02d}": i for i in reversed(range(24))}
+    assert list(layout.features(example.serialize(values))) == sorted(values)
+
+
 def test_a_parser_reading_text_or_images_never_takes_the_fast_path():
     specs = {**TABULAR, "note": {"type": "text"}}
     batch = tabular_records(8, note=lambda i: "same")
@@ -367,13 +383,15 @@ def test_records_of_another_structure_fall_back_to_their_results_and_errors():
     def one(**extra) -> bytes:
         return token_records(1, seed=5, **extra)[0]
 
-    entries = [entry(key.encode(), value.SerializeToString()) for key, value in
-               example.parse(one(label=int)).features.feature.items()]  # fmt: skip
+    stored = example.parse(one(label=int)).features.feature  # its keys, written in sorted order
+    reordered = record(*(entry(key.encode(), stored[key].SerializeToString())
+                         for key in ("token_ids", "padding_mask", "weights", "label")))  # fmt: skip
+    assert sorted(layout.features(reordered)) != list(layout.features(reordered))
     cases = [
         records,  # walked
         [*records[:10], one(), *records[11:]],  # one key fewer
         [*records[:10], one(label=lambda i: 1.5), *records[11:]],  # a label of another kind
-        [*records[:10], record(*entries[1:], entries[0]), *records[11:]],  # keys in another order
+        [*records[:10], reordered, *records[11:]],  # the same keys in another order
         [*records[:10], one(label=int).replace(b"\x0a\x80\x01", b"\x0a\x7f"), *records[11:]],
     ]
     assert cases[-1][10] != one(label=int)
@@ -528,3 +546,46 @@ def test_the_fast_path_returns_what_tf_datas_parse_example_returns(kind):
         a, b = ours[name], theirs[name]
         assert (a.dtype, a.shape) == (b.dtype, b.shape), name
         assert a.tobytes() == b.tobytes(), name
+
+
+@needs_tf
+@pytest.mark.parametrize("kind", ["naic", "tabular", "tokens"])
+def test_the_native_pipeline_makes_tf_datas_batches_through_the_fast_paths(
+    tmp_path, monkeypatch, kind
+):
+    from tpurun.config import DataConfig
+    from tpurun.data import pipeline
+    from tpurun.data.native import framing
+    from tpurun.data.native import pipeline as native
+
+    made = []
+
+    class Spy(BatchParser):
+        """The pipeline's own parser, kept to read which path its batches took."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(native, "BatchParser", Spy)
+    specs, records, inputs, targets, path = {
+        "naic": (NAIC, naic_records(256), ["x", "half", "u16"], "y", "columns"),
+        "tabular": (TABULAR, tabular_records(256), "features", ["label", "small", "weight", "flag"],
+                    "columns"),
+        "tokens": (TOKENS, token_records(256), {"ids": "token_ids", "mask": "padding_mask"},
+                   "weights", "walked"),
+    }[kind]  # fmt: skip
+    files = [str(tmp_path / f"{kind}-{i}.tfrecord") for i in range(3)]
+    for i, file in enumerate(files):
+        framing.write_records(file, records[i::3])
+    data = DataConfig.model_validate(
+        {"train": files, "features": specs, "inputs": inputs, "targets": targets}
+    )
+    theirs = list(pipeline.make_dataset(files, data, 64, training=False))
+    ours = list(native.make_dataset(files, data, 64, training=False))
+    assert len(ours) == len(theirs) == 4
+    for mine, want in zip(ours, theirs, strict=True):
+        mine, want = flat(mine), flat(want)
+        assert [(a.dtype, a.shape) for a in mine] == [(b.dtype, b.shape) for b in want]
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(mine, want, strict=True))
+    assert made[-1].batches_by_path[path] == 4

@@ -124,7 +124,9 @@ def feature_of(value: Any) -> Any:
 
 
 def serialize(features: Mapping[str, Any]) -> bytes:
-    """One ``tf.train.Example`` holding ``features`` (record key -> value; see ``feature_of``).
+    """One ``tf.train.Example`` holding ``features`` (record key -> value; see ``feature_of``),
+    its keys in sorted order: protobuf's own map order differs from process to process, and
+    records of one key order are read a batch at once (:mod:`tpurun.data.native.layout`).
 
     Raises:
         TypeError: a value of a kind no list holds, naming its key.
@@ -136,4 +138,4 @@ def serialize(features: Mapping[str, Any]) -> bytes:
             stored[key].CopyFrom(feature_of(value))
         except TypeError as exc:
             raise TypeError(f"record key {key!r}: {exc}") from None
-    return example.SerializeToString()
+    return example.SerializeToString(deterministic=True)
