@@ -18,7 +18,7 @@ What the door adds to a plain import:
   that matter. If the import fails, what it wrote is shown after all.
 - TensorFlow's GCS client settings (:data:`GCS_DEFAULTS`), which it reads once, at the process's
   first ``gs://`` use.
-- A matplotlib backend this process can use. Importing TensorFlow imports matplotlib where it is
+- A matplotlib backend this process can use. Importing TensorFlow or Keras imports matplotlib where it is
   installed, and matplotlib refuses a ``MPLBACKEND`` it cannot load: a notebook kernel exports
   ``module://matplotlib_inline.backend_inline``, which ``!.venv/bin/tpurun`` (another environment)
   cannot import. tpurun never opens a window, so such a value is replaced by ``agg`` in tpurun's
@@ -168,6 +168,7 @@ def keras(submodule: str | None = None) -> ModuleType:
         ImportOrderError: before :func:`activated`.
     """
     _check_order("Keras", "keras")
+    usable_matplotlib_backend()  # Keras imports matplotlib where it is installed, as TF does
     module = importlib.import_module("keras")
     serialize_without_tensorflow()
     return importlib.import_module(f"keras.{submodule}") if submodule else module
