@@ -10,6 +10,16 @@ def mlp(units: int = 16) -> keras.Model:
     return keras.Model(inputs, outputs)
 
 
+def mlp_after_a_signal(signal: str = "SIGTERM") -> keras.Model:
+    """The toy MLP, built after sending this process ``signal``: a signal during start-up, before
+    any step, wherever the machine's speed puts the first step (tests/test_boundary.py)."""
+    import os
+    import signal as signals
+
+    os.kill(os.getpid(), getattr(signals, signal))
+    return mlp()
+
+
 def mlp_dropout(units: int = 16) -> keras.Model:
     """An MLP with dropout: its masks come from a seed generator's state, which a resume must
     carry on from."""

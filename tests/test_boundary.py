@@ -8,7 +8,7 @@ import time
 
 import pytest
 import yaml
-from conftest import start_cli, toy_config
+from conftest import FACTORIES, start_cli, toy_config
 
 from tpurun.cli.boundary import _broken_framework
 from tpurun.training.signals import SIGNALS, Signalled, interrupt_in
@@ -17,14 +17,16 @@ from tpurun.training.signals import SIGNALS, Signalled, interrupt_in
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
 def test_a_signal_before_training_starts_exits_3_in_one_line(tmp_path, toy_data, sig):
-    """Ctrl-C (or a session ending) during start-up is the README's exit 3, without log noise."""
+    """Ctrl-C (or a session ending) during start-up is the README's exit 3, without log noise.
+    The model factory sends the signal: start-up is under way, and no step has run."""
     path = tmp_path / "exp.yaml"
-    path.write_text(yaml.safe_dump(toy_config(toy_data, tmp_path / "runs", train={"epochs": 50})))
+    config = toy_config(toy_data, tmp_path / "runs", train={"epochs": 50})
+    config["model"] = {**config["model"], "factory": f"{FACTORIES}:mlp_after_a_signal",
+                       "kwargs": {"signal": sig}}  # fmt: skip
+    path.write_text(yaml.safe_dump(config))
     proc = start_cli("train", str(path))
-    first = proc.stdout.readline()  # the backend line: start-up is under way, no step has run
-    assert first.startswith("[tpurun] CPU via "), first
-    proc.send_signal(getattr(signal, sig))
     out, err = proc.communicate(timeout=120)
+    assert out.startswith("[tpurun] CPU via "), out
     assert proc.returncode == 3, err
     assert err == (
         f"stopped: {sig} before training started: no step ran, nothing is lost. Run the same "
@@ -63,4 +65,6 @@ def test_an_interrupt_inside_an_import_is_not_a_broken_install():
         assert isinstance(interrupt_in(exc), KeyboardInterrupt)
     assert interrupt_in(ValueError("x")) is None
     missing = ModuleNotFoundError("No module named 'tensorflow'", name="tensorflow")
-    assert "TensorFlow cannot be imported" in str(_broken_framework(missing))
+    said = str(_broken_framework(missing))
+    assert said.startswith("TensorFlow is not installed here (ModuleNotFoundError: ")
+    assert "pip install 'tpurun[tensorflow]'" in said

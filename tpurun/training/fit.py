@@ -25,7 +25,7 @@ from tpurun.storage.rundir import ADAPTER_SUFFIX, LORA_SUFFIX, SHARDED_SUFFIX, R
 from tpurun.storage.summary import Summary, steady_rate
 from tpurun.training import failures, schedule
 from tpurun.training.checkpoints import resume as resume_lib
-from tpurun.training.signals import Stop, StopNow
+from tpurun.training.signals import Signalled, Stop, StopNow
 
 if TYPE_CHECKING:
     from tpurun.runtime.prepare import Prepared
@@ -89,11 +89,10 @@ def train(job: TrainJob) -> TrainResult:
         _resume(job, model, inputs, checkpoint)
     first_writes = _once(_first_writes(job, model, control))
     measure = throughput.measuring(model, progress, batch_spec, prepared, reporter)
-    callbacks = [
-        cbs.keras.callbacks.LambdaCallback(on_train_begin=first_writes),
-        measure,
-        *callbacks,
-    ]
+    begin = cbs.keras.callbacks.LambdaCallback(on_train_begin=first_writes)
+    callbacks = [begin, measure, *callbacks]
+    if job.stop.agree is None and job.stop.reason in ("SIGTERM", "SIGINT"):  # came while starting
+        raise Signalled(job.stop.reason, after_training=False)  # no step ran: nothing to save
     reporter.start(plan, run.path, config.train.epochs, checkpoint.position[0])
     fitting = _Fitting(
         model, train_data, val_ds, callbacks, progress, checkpoint, inputs,
