@@ -309,10 +309,10 @@ def read_text(path: str) -> str:
 
 
 def read_text_or_none(path: str) -> str | None:
-    """The file's text, or None when it does not exist."""
+    """The file's text, or None when it does not exist (a path under a file does not either)."""
     try:
         return read_text(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
 
 
