@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -40,6 +41,7 @@ from tpurun.errors import DataError
 _LIST = {"int64": "int64_list", "float": "float_list", "bytes": "bytes_list"}
 _DTYPES = {"int64_list": np.int64, "float_list": np.float32, "bytes_list": object}
 _KIND_NAME = {"int64_list": "int64", "float_list": "float", "bytes_list": "bytes"}
+_PATHS = ("columns", "walked", "records")  # the parsers a batch may take, in the order tried
 #: Images decoded in parallel once a batch has this many (fewer cost more in threads than
 #: they save).
 _PARALLEL_IMAGES = 4
@@ -106,15 +108,16 @@ class BatchParser:
         self._layouts: list[Any] = []
         if fast_path and None not in wanted:
             self._layouts = [layout.FixedLayout(wanted), varying.VaryingLayout(wanted)]
-        self._by_record = 0
+        self._paths = dict.fromkeys(_PATHS, 0)
+        self._counting = threading.Lock()  # parse workers share the parser
 
     @property
     def batches_by_path(self) -> dict[str, int]:
         """Batches parsed so far by each path: ``columns`` (records of one length, as columns of
         their bytes), ``walked`` (records of one structure, walked together) and ``records``
         (one by one, where the batch failed too)."""
-        columns, walked = (found.parsed for found in self._layouts) if self._layouts else (0, 0)
-        return {"columns": columns, "walked": walked, "records": self._by_record}
+        with self._counting:
+            return dict(self._paths)
 
     def __call__(self, serialized: Sequence[bytes]) -> dict[str, np.ndarray]:
         """Decode one batch.
@@ -124,13 +127,10 @@ class BatchParser:
             DataError: a record is not a ``tf.train.Example``; an image does not decode.
         """
         n = len(serialized)
-        arrays = None
-        for found in self._layouts:
-            arrays = found.parse(serialized)
-            if arrays is not None:
-                break
+        path, arrays = self._at_once(serialized)
+        with self._counting:
+            self._paths[path] += 1
         if arrays is None:
-            self._by_record += 1
             values = [column.allocate(n) for column in self.columns]
             _fill(serialized, self.columns, values)
             arrays = [self._finish(c, out, n) for c, out in zip(self.columns, values, strict=True)]
@@ -138,6 +138,15 @@ class BatchParser:
             column.name: _cast(column, array)
             for column, array in zip(self.columns, arrays, strict=True)
         }
+
+    def _at_once(self, serialized: Sequence[bytes]) -> tuple[str, list[np.ndarray] | None]:
+        """The batch parsed by the first layout its records share, and that path; else
+        ``("records", None)``."""
+        for found, path in zip(self._layouts, _PATHS, strict=False):
+            arrays = found.parse(serialized)
+            if arrays is not None:
+                return path, arrays
+        return "records", None
 
     def _finish(self, column: _Column, out: Any, n: int) -> np.ndarray:
         spec = column.spec

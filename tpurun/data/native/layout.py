@@ -17,10 +17,12 @@ where the template has int64 values. Such records parse, by protobuf as by Tenso
 template's structure with their own values, so each feature is a column of that array, viewed as
 its dtype (little-endian, as on the wire).
 
-Anything else is not a layout here, and the batch goes to the per-record parser: another length
-or structure, a multi-byte varint (values over 127, negative ones), a feature that is not fixed in
-size (text, images, bytes), unpacked lists, repeated or unknown fields. A batch is either taken
-whole or not at all, so the per-record parser gives every result and every error it gives today.
+Anything else is not a layout here: another length or structure, a multi-byte varint (values
+over 127, negative ones), a feature that is not fixed in size (text, images, bytes), unpacked
+lists, repeated or unknown fields. Such a batch goes on to :mod:`tpurun.data.native.varying`
+(records of one structure, of varying lengths), or else to the per-record parser. A batch is
+either taken whole or not at all, so the per-record parser gives every result and every error it
+gives today.
 """
 
 from __future__ import annotations
@@ -108,16 +110,12 @@ class FixedLayout:
 
     Args:
         wanted: the features to return, in order.
-
-    Attributes:
-        parsed: batches parsed here (the others were handed back: None returned).
     """
 
     def __init__(self, wanted: Sequence[Wanted]):
         self.wanted = tuple(wanted)
         self._template: _Template | None = None
         self._scratch = threading.local()  # per thread: parse workers share the parser
-        self.parsed = 0
 
     def parse(self, records: Sequence[bytes]) -> list[np.ndarray] | None:
         """Each wanted feature of every record, as an array ``(len(records), *shape)``, or None
@@ -132,7 +130,6 @@ class FixedLayout:
         if stacked is None:
             return None
         self._template = template
-        self.parsed += 1
         return _columns(stacked, template, self.wanted)
 
     def _learn(self, record: bytes) -> _Template | None:

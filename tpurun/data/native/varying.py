@@ -53,15 +53,11 @@ class VaryingLayout:
 
     Args:
         wanted: the features to return, in order.
-
-    Attributes:
-        parsed: batches parsed here (the others were handed back: None returned).
     """
 
     def __init__(self, wanted: Sequence[Wanted]):
         self.wanted = tuple(wanted)
         self._structure: tuple[_Entry, ...] | None = None
-        self.parsed = 0
 
     def parse(self, records: Sequence[bytes]) -> list[np.ndarray] | None:
         """Each wanted feature of every record, as an array ``(len(records), *shape)``, or None
@@ -75,7 +71,6 @@ class VaryingLayout:
                 arrays = _parse(records, structure, self.wanted) if structure is not None else None
             if arrays is not None:
                 self._structure = structure
-                self.parsed += 1
         return arrays
 
     def _pays(self, records: Sequence[bytes]) -> bool:
