@@ -120,16 +120,21 @@ def agree_on_start(facts: Mapping[str, str], cluster: Cluster) -> None:
     )
 
 
+#: runtime keys that say how a process joins the cluster: set in the config on one process and by
+#: KERAS_DISTRIBUTION_* variables on another, they describe the same cluster.
+_CLUSTER_KEYS = ("process_id", "num_processes", "coordinator")
+
+
 def start_facts(effective: Mapping[str, Any], point: Any) -> dict[str, str]:
-    """What :func:`agree_on_start` compares: each section of the effective config (less the
-    process's own number), the resume point (a ResumePoint, or None), and the record counts."""
+    """What :func:`agree_on_start` compares: each section of the effective config (less how the
+    process joined the cluster), the resume point (a ResumePoint, or None), and the record counts."""
     resume_point = (
         f"{point.source}, {point.where()}" if point is not None else "none (a fresh start)"
     )
     facts = {}
     for key, value in effective.items():
-        if key == "runtime":
-            value = {k: v for k, v in value.items() if k != "process_id"}
+        if key == "runtime":  # how each process found the cluster may differ (keys, variables)
+            value = {k: v for k, v in value.items() if k not in _CLUSTER_KEYS}
         if key != "derived":
             facts[f"the config's {key}"] = json.dumps(value, sort_keys=True, default=str)
     derived = effective.get("derived") or {}
