@@ -322,8 +322,11 @@ def test_a_lora_run_in_a_bucket_uploads_adapters_and_resumes_from_them(gcs, tiny
     names = sorted(
         p.removeprefix(run + "/") for p in gcs.list(run + "/checkpoints/") if p[-1] != "/"
     )
+    # The previous resume point (epoch 1's, committed by the first session) is kept.
     assert names == ["checkpoints/best.adapter.h5", "checkpoints/best.json",
-                     "checkpoints/latest-e0002-s0000000.adapter.h5", "checkpoints/latest.json"]  # fmt: skip
+                     "checkpoints/latest-e0001-s0000000.adapter.h5",
+                     "checkpoints/latest-e0002-s0000000.adapter.h5", "checkpoints/latest.json",
+                     "checkpoints/previous.json"]  # fmt: skip
     assert gcs.get(f"{run}/model.lora.h5") and gcs.get(f"{run}/model.keras") is None
     for machine in machines:  # staged in the temp folder, uploaded, gone
         assert (

@@ -372,8 +372,9 @@ def test_one_function_chooses_the_reader(setting, backend, tensorflow, preproces
         ("native", "tensorflow", True, None, r"^data.reader: native feeds the JAX backend only"),
         ("auto", "jax", False, "text", r"^model.preset: the preset's tokenizer runs inside the "
          r"input pipeline and needs tensorflow-text, and TensorFlow is not installed. Install the "
-         r"extra \(pip install 'tpurun\[hub\]'\), or tokenise the records once: tpurun data write "
-         r"SOURCE OUT_PREFIX --tokenize PRESET.$"),
+         r"extra \(pip install 'tpurun\[hub\]'\), or tokenise the records once \(where "
+         r"TensorFlow is installed, if not here\): tpurun data write SOURCE OUT_PREFIX --tokenize "
+         r"PRESET; token ids train without it.$"),
         ("native", "jax", True, "text", r"which data.reader: native does not run \(set "
          r"data.reader: auto\). Install the extra .* --tokenize PRESET"),
     ],
