@@ -113,7 +113,7 @@ def next_update_rate(optimizer: Any, read: Callable[[Any, int], Any]) -> float |
     ``optimizer.learning_rate`` reads a schedule at the count of batches. Under gradient
     accumulation (N batches an update) Keras applies update ``k`` at batch ``k*N + N-1``, with the
     schedule read there (``base_optimizer._backend_apply_gradients``), and tpurun's schedule is
-    built for that (:func:`tpurun.training.model.learning_rate_schedule`): so the next update's
+    built for that (:func:`tpurun.training.schedule.learning_rate_schedule`): so the next update's
     rate is the schedule's at that batch, which is what the logs show, as unaccumulated runs do.
     """
     inner = getattr(optimizer, "inner_optimizer", optimizer)  # mixed_float16's LossScaleOptimizer
