@@ -251,6 +251,11 @@ def test_sigkill_mid_epoch_under_2x4_then_resume_gives_the_unbroken_run(
     assert (state["epoch"], state["step"], state["weights"]) == (
         1, 2, "latest-e0001-s0000002.orbax")  # fmt: skip
     checkpoint_values(latest_folder(run_dir))  # complete: it reads
+    # Step 4's save was in flight at the kill: begun (its folder is there) and never committed.
+    # The resume points of steps 0 and 2 are kept, whole; step 4's is Orbax's unfinished folder.
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "best.json", "best.orbax", "latest-e0001-s0000000.orbax", "latest-e0001-s0000002.orbax",
+        "latest-e0001-s0000004.orbax.orbax-checkpoint-tmp", "latest.json", "previous.json"]  # fmt: skip
     assert recorded_batches(tmp_path / "batches") == batches[:11]  # step 5 of epoch 2 trained
 
     done = run_cli("train", str(path))
