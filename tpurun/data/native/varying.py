@@ -228,6 +228,8 @@ def _check_unread(walk: _Walk, kind: str | None, start: np.ndarray, stop: np.nda
         _require((stop - start) % 4 == 0)
     elif kind == "int64_list":
         _require(walk.buf[stop[stop > start] - 1] < 0x80)
+        if (stop - start).max(initial=0) <= _MAX_VARINT:
+            return  # no run long enough to hold a varint too long (a scalar's, say)
         ends = walk.stops()
         long = np.flatnonzero(np.diff(ends) > _MAX_VARINT)
         if long.size:  # where 10 bytes >= 0x80 or more follow one another: inside no run
