@@ -1,11 +1,13 @@
-"""The native parser's fast path (tpurun.data.native.layout): a batch whose records share one
-layout is parsed at once, as columns of its records' bytes, and gives exactly what the per-record
-parser gives; any other batch falls back to it, with its results and its errors.
+"""The native parser's fast paths: a batch whose records share one layout is parsed at once, as
+columns of its records' bytes where they have one length (tpurun.data.native.layout), else walked
+all together with numpy (tpurun.data.native.varying: token ids of varying byte lengths). Either
+gives exactly what the per-record parser gives; any other batch falls back to that parser, with its
+results and its errors.
 
-Each case runs one BatchParser with the fast path and one without on the same batches, compares
-them array by array (dtype, shape, bytes, writability), and counts the batches that took the fast
-path, so a test proves which path ran. Where TensorFlow is installed, tf.data's parse_example is
-the third party to agree."""
+Each case runs one BatchParser with the fast paths and one without on the same batches, compares
+them array by array (dtype, shape, bytes, writability), and counts the batches each path took, so
+a test proves which path ran. Where TensorFlow is installed, tf.data's parse_example (and the
+tf.data pipeline) is the third party to agree."""
 
 from __future__ import annotations
 
