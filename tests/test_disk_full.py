@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import FACTORIES, TPURUN, cli_env, read_log, toy_config, write_config
+from helpers import FACTORIES, TPURUN, cli_env, read_log, toy_config, write_config, write_toy_data
 
 import tpurun
 from tpurun.storage import space
@@ -62,11 +62,23 @@ def _config(
     return toy_config(toy_data, out, name="full", train={"epochs": epochs}, callbacks=callbacks)
 
 
+@pytest.fixture(scope="module")
+def shared_data(tmp_path_factory):
+    return write_toy_data(tmp_path_factory.mktemp("disk-full-data"))
+
+
+@pytest.fixture(scope="module")
+def reference(shared_data, tmp_path_factory):
+    """The run unbroken, elsewhere (once for the module): what each resumed run must equal."""
+    out = tmp_path_factory.mktemp("disk-full-reference")
+    summary = tpurun.train(_config(shared_data, out, 3), verbose=False)
+    return read_log(out / "full"), summary["final_metrics"]
+
+
 @pytest.fixture
-def reference(toy_data, tmp_path):
-    """The run unbroken, elsewhere: what each resumed run must equal."""
-    summary = tpurun.train(_config(toy_data, tmp_path / "ref", 3), verbose=False)
-    return read_log(tmp_path / "ref" / "full"), summary["final_metrics"]
+def toy_data(shared_data):
+    """The module's data (the reference was trained on it)."""
+    return shared_data
 
 
 def _continues_exactly(toy_data, disk: Path, reference) -> None:
