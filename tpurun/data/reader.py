@@ -23,9 +23,10 @@ from tpurun.frameworks import HUB_EXTRA
 NATIVE = "native"
 TF_DATA = "tf_data"
 #: Why ``auto`` reads images natively where TensorFlow is installed too, and other records with
-#: tf.data: measured on 2 cores (docs/benchmarks.md), the native reader decoded JPEGs 1.15x as
-#: fast as tf.data, and parsed raw floats at 0.55x and token ids at 0.23x (protobuf's parsing in
-#: Python against TensorFlow's in C++ on every core).
+#: tf.data: measured on 2 cores (docs/benchmarks.md), the native reader decoded JPEGs 1.08x as
+#: fast as tf.data; with its batch-level parse it reads raw floats about as fast as tf.data and
+#: token ids slower (one core, the GIL, against TensorFlow's C++ on every core). Not slower is
+#: the bar for switching a kind of record to native here; TensorFlow's 4 s import is paid then.
 NATIVE_MEASURED = "it decodes images as fast as tf.data or faster: benchmarks/input_pipeline.py"
 TF_DATA_MEASURED = (
     "TensorFlow is installed, and tf.data parses these records faster: "
