@@ -37,9 +37,10 @@ def test_inspect_of_a_csv_names_the_command_that_makes_tfrecords(tmp_path):
     write_csv(tmp_path / "train.csv")
     with pytest.raises(DataError) as info:
         inspect([str(tmp_path / "train.csv")])
-    assert str(info.value).endswith(
-        f"It looks like a CSV file: make TFRecords of it with `tpurun data write "
-        f"{tmp_path / 'train.csv'} OUT_PREFIX`, then inspect OUT_PREFIX-*.tfrecord."
+    assert str(info.value) == (
+        f"{tmp_path / 'train.csv'} is a CSV file, not TFRecords (the tf.train.Example records "
+        f"tpurun reads). Write it as TFRecords: `tpurun data write {tmp_path / 'train.csv'} "
+        "OUT_PREFIX`, then give OUT_PREFIX-*.tfrecord in its place."
     )
 
 

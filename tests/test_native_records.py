@@ -190,8 +190,16 @@ def test_a_flipped_byte_is_a_checksum_mismatch_at_its_record(tmp_path, where):
 
 
 def test_a_file_that_is_not_tfrecords(tmp_path):
-    garbage = tmp_path / "notes.csv"
-    garbage.write_text("a,b,c\n1,2,3\n4,5,6\n")
+    """Bytes of a known kind of file are said to be that (tpurun.data.sniff); bytes of no kind
+    that do not frame are a damaged TFRecord file."""
+    from tpurun.data.sniff import NotTFRecords
+
+    table = tmp_path / "notes.tfrecord"  # the name says nothing: the content does
+    table.write_text("a,b,c\n1,2,3\n4,5,6\n")
+    with pytest.raises(NotTFRecords, match="notes.tfrecord is a CSV file, not TFRecords"):
+        framing.scan(str(table))
+    garbage = tmp_path / "garbage.tfrecord"
+    garbage.write_bytes(bytes(range(7, 200)))
     damage, read = damage_of(garbage)
     assert read == []
     assert (damage.index, damage.offset, damage.reason) == (
@@ -199,7 +207,7 @@ def test_a_file_that_is_not_tfrecords(tmp_path):
     )  # fmt: skip
     assert "at byte 0 (the first record)" in str(damage)
     short = tmp_path / "short.tfrecord"
-    short.write_bytes(b"abc")
+    short.write_bytes(b"\x05\x00\x00")
     damage, _ = damage_of(short)
     assert (damage.index, damage.offset, damage.reason) == (
         0, 0, "not a TFRecord file, or one truncated in its header",
@@ -287,7 +295,7 @@ def test_damage_is_named_where_tensorflow_names_it(tmp_path, damage):
     elif damage == "data":
         raw[start + 40] ^= 1
     elif damage == "garbage":
-        raw, start = bytearray(b"this is not a tfrecord file at all" * 3), 0
+        raw, start = bytearray(bytes(range(1, 101)) * 3), 0  # text would be told apart (sniff)
     else:
         raw[len(raw) // 2] ^= 0x55
     path.write_bytes(bytes(raw))

@@ -13,7 +13,9 @@ the same bytes, gzip-compressed as one stream (several concatenated streams are 
 
 Reading streams a file in large blocks through :func:`tpurun.storage.fileio.open_binary` (local
 or ``gs://``) and checks both CRCs of every record; damage raises :class:`DamagedRecord`, naming
-the file, the record and where it starts. It is stricter than TensorFlow's reader in one way: a
+the file, the record and where it starts; a file whose first record does not frame and whose bytes
+are another known kind of file (CSV, JSONL, an image, ...) raises :class:`~tpurun.data.sniff.NotTFRecords`
+instead. It is stricter than TensorFlow's reader in one way: a
 record header cut short by the end of the file is damage here, where TensorFlow ends the file
 there without a word.
 """
@@ -27,6 +29,7 @@ from typing import Any
 
 import google_crc32c
 
+from tpurun.data import sniff
 from tpurun.errors import DataError
 from tpurun.storage import fileio
 
@@ -186,6 +189,7 @@ def iter_records(path: str, compression: str = "none") -> Iterator[bytes]:
     Raises:
         DamagedRecord: a record is cut short, fails a CRC, or the gzip stream is damaged; the
             records before it have been yielded.
+        NotTFRecords: the first record does not frame, and the file is another kind of file.
         StorageError: a remote file cannot be read (unreachable, no permission).
     """
     blocks = _blocks(path, compression)
@@ -198,6 +202,8 @@ def iter_records(path: str, compression: str = "none") -> Iterator[bytes]:
                 length, length_crc = unpack_header(buffer, pos)
                 masked = crc(buffer[pos : pos + 8])
                 if (((masked >> 15) | (masked << 17)) + _MASK_DELTA) & 0xFFFFFFFF != length_crc:
+                    if not index:
+                        sniff.refuse(path, buffer, compression)
                     raise DamagedRecord(path, index, consumed + pos, CORRUPTED, compression)
                 end = pos + _HEADER + length + 4
                 if end > limit:
@@ -216,6 +222,8 @@ def iter_records(path: str, compression: str = "none") -> Iterator[bytes]:
             pos = 0
             if have < need:
                 if have or cut:
+                    if not index:
+                        sniff.refuse(path, buffer, compression)
                     reason = NOT_TFRECORD if have < _HEADER and not index else TRUNCATED
                     raise DamagedRecord(path, index, consumed, reason, compression)
                 return
@@ -246,6 +254,7 @@ def scan(path: str, compression: str = "none") -> tuple[int, int] | DamagedRecor
         :class:`DamagedRecord` (returned, not raised), whose ``index`` is the good records.
 
     Raises:
+        NotTFRecords: the file is another kind of file (CSV, JSONL, an image, ...).
         StorageError: a remote file cannot be read (unreachable, no permission).
     """
     count = nbytes = 0
