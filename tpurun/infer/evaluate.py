@@ -7,14 +7,12 @@ the records scored.
 
 from __future__ import annotations
 
-import math
 import re
 import time
 import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from tpurun import frameworks
 from tpurun.errors import DataError
 from tpurun.training.validation import correctable, exact_logs
 
@@ -123,6 +121,7 @@ def _score(trained: Any, checkpoint: Any, runtime: Any, data: str | None) -> dic
     from tpurun.hub.batches import take_preprocessing
     from tpurun.infer import loading
     from tpurun.runtime.plan import auto_steps_per_execution
+    from tpurun.training import token_loss
     from tpurun.training.model import compile_model
 
     config = trained.config
@@ -131,7 +130,7 @@ def _score(trained: Any, checkpoint: Any, runtime: Any, data: str | None) -> dic
         found = loading.find_records(config.data.validation, inputs, "data.validation",
                                      path_resolver(config))  # fmt: skip
     else:
-        found = loading.find_records(data, inputs, "--data")
+        found = loading.find_records(data, inputs, "--data", run_config=config)
     _check_targets(config.data, found)
     batch = loading.global_batch(config, runtime.replicas)
     batches = -(-found.records // batch)
@@ -147,7 +146,7 @@ def _score(trained: Any, checkpoint: Any, runtime: Any, data: str | None) -> dic
     spe = auto_steps_per_execution(batches, runtime.choice.max_steps_per_execution)
     with runtime.scope():
         compile_model(model, config, _CompilePlan(config.train.learning_rate.base, spe))
-        per_token = _with_perplexity(model) if preprocessor is not None else None
+        per_token = token_loss.per_token_metric(model) if preprocessor is not None else None
     with warnings.catch_warnings():
         # A finite dataset "runs out", on purpose, at its end.
         warnings.filterwarnings("ignore", message="Your input ran out of data")
@@ -155,9 +154,9 @@ def _score(trained: Any, checkpoint: Any, runtime: Any, data: str | None) -> dic
                               verbose=0, return_dict=True)  # fmt: skip
     fed = batches * batch
     exact = correctable(model)
-    if per_token:  # a causal LM: the loss per weighted token, over the whole split
+    if per_token:  # a causal LM: the loss per weighted token, over the whole split, as trained
+        token_loss.per_token(logs, per_token)
         logs["perplexity"] = float(logs.pop(per_token))
-        logs["loss"] = math.log(logs["perplexity"])
     elif exact:
         exact_logs(logs, model, found.records, fed, prefix="")
     return {
@@ -173,19 +172,3 @@ def _score(trained: Any, checkpoint: Any, runtime: Any, data: str | None) -> dic
         "loss_exact": bool(per_token) or exact or fed == found.records,
         **({"loss_per": "token"} if per_token else {}),
     }
-
-
-def _with_perplexity(model: Any) -> str | None:
-    """For a causal LM whose loss is the token cross-entropy, the name of the KerasHub Perplexity
-    that compile_model gives it (it sums the loss and the weights of the weighted tokens over
-    every batch, so it is exact over the split; Keras' loss is a mean per batch that counts every
-    position): the loss is then reported per token, as log(perplexity). Else None."""
-    keras_hub = frameworks.keras_hub()
-    if not isinstance(model, keras_hub.models.CausalLM):
-        return None
-    weighted = model._compile_config.config.get("weighted_metrics") or []
-    found = [m for m in weighted if isinstance(m, keras_hub.metrics.Perplexity)]
-    loss = model.loss
-    name = getattr(getattr(loss, "fn", None), "__name__", None) or getattr(loss, "__name__", loss)
-    logits = bool(getattr(loss, "_fn_kwargs", {}).get("from_logits", False))
-    return found[0].name if found and name == "sparse_categorical_crossentropy" and logits else None

@@ -30,6 +30,7 @@ from tpurun.training.checkpoints.adapter import is_lora
 from tpurun.training.checkpoints.checkpointer import Checkpointer, step_offset
 from tpurun.training.model import import_object
 from tpurun.training.signals import Stop, StopNow
+from tpurun.training.token_loss import TokenLoss
 from tpurun.training.validation import correctable, exact_logs
 
 keras = frameworks.keras()  # the process is set up: see tpurun.frameworks
@@ -420,6 +421,8 @@ def build_callbacks(
     if plan.validation_steps:
         fed = plan.validation_steps * plan.global_batch_size
         first.append(ExactValidation(plan.validation_scored, fed, reporter))
+    if config.model.preset is not None:  # a causal LM's loss per token (keras_hub is there)
+        first.append(TokenLoss())
     seen = observers(  # input wait, TensorBoard, a profile, the learning rate
         config, plan, run, reporter, progress=progress, checkpointer=checkpointer
     )
