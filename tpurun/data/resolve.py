@@ -6,14 +6,16 @@ anything is written.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from tpurun.config import Config, DataConfig, reference_problems
 from tpurun.data import files as datafiles
-from tpurun.data import records
+from tpurun.data import records, sniff
 from tpurun.data import schema_file as schema_lib
 from tpurun.errors import ConfigError, DataError
 
@@ -103,6 +105,9 @@ def resolve(config: Config) -> ResolvedData:
     declared = data.model_dump(mode="json")["features"]
     features = {**(first_schema or {}).get("features", {}), **declared}
     if not features:
+        # A CSV or JSONL file given as data.train has no schema either: say what it is instead.
+        with _named(None, "data.train"):
+            records.check_first_record(train_files[:1], {}, data.compression)
         raise ConfigError(
             [
                 f"data.features is left out, and no schema file beside {train_files[0]} "
@@ -131,13 +136,12 @@ def resolve(config: Config) -> ResolvedData:
     if problems:
         raise ConfigError(problems)
 
-    checked = {
-        split: records.check_split(
-            files, split, schemas, effective.features, compression, skip_corrupt=data.skip_corrupt
-        )
-        for split, files in (("train", train_files), ("validation", val_files))
-        if files
-    }
+    checked = {}
+    for split, files in (("train", train_files), ("validation", val_files)):
+        with _named(first_schema, f"data.{split}"):
+            if files:
+                checked[split] = records.check_split(files, split, schemas, effective.features,
+                                                     compression, skip_corrupt=data.skip_corrupt)  # fmt: skip
     train, validation = checked["train"], checked.get("validation")
     return ResolvedData(
         data=effective,
@@ -153,6 +157,16 @@ def resolve(config: Config) -> ResolvedData:
         validation_counts=validation.counts if validation else [],
         tokenized=tokenized_entry(schemas),
     )
+
+
+@contextlib.contextmanager
+def _named(schema: dict | None, key: str) -> Iterator[None]:
+    """A file of ``key`` that is not TFRecords is said to be, with the ``data write`` options of
+    the training data (``schema``, its schema file) where they are known."""
+    try:
+        yield
+    except sniff.NotTFRecords as exc:
+        raise exc.advised(schema, key) from None
 
 
 def tokenized_entry(schemas: dict[str, tuple[str, dict]]) -> dict[str, Any] | None:

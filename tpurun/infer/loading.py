@@ -338,8 +338,9 @@ class Records:
 
 
 def find_records(
-    patterns: str | Sequence[str], features: Mapping[str, Any], key: str, resolve=None
-) -> Records:
+    patterns: str | Sequence[str], features: Mapping[str, Any], key: str, resolve=None,
+    run_config: Config | None = None,
+) -> Records:  # fmt: skip
     """Expand ``patterns``, check their first record against ``features`` (only those the
     command reads: a test set has no targets), find damaged files and count the records.
 
@@ -347,21 +348,42 @@ def find_records(
         key: what to call the glob in messages (``--data``, ``data.validation``).
         resolve: how a pattern becomes a path (the config's rule, for its own globs); relative
             local paths are otherwise read from the working directory.
+        run_config: the run's config: a file that is not TFRecords is told to be written with
+            the ``data write`` options of the run's training data.
 
     Raises:
-        DataError: no file matches, damaged files, or records that do not match the features.
+        DataError: no file matches, files that are not TFRecords, damaged files, or records that
+            do not match the features.
     """
     from tpurun.data import records
     from tpurun.data import schema_file as schema_lib
     from tpurun.data.resolve import tokenized_entry
+    from tpurun.data.sniff import NotTFRecords
 
     files = sorted(datafiles.expand(patterns, resolve, key))
     schemas = schema_lib.find_for(files)
     first = schemas.get(files[0], (None, None))[1] or {}
     compression = first.get("compression") or datafiles.detect_compression(files[0])
-    checked = records.check_split(files, key, schemas, features, compression, skip_corrupt=False)
+    try:
+        checked = records.check_split(files, key, schemas, features, compression,
+                                      skip_corrupt=False)  # fmt: skip
+    except NotTFRecords as exc:
+        written = training_schema(run_config) if run_config is not None else None
+        raise exc.advised(written, key) from None
     source = patterns if isinstance(patterns, str) else " ".join(patterns)
     return Records(checked.files, checked.records, compression, source, tokenized_entry(schemas))
+
+
+def training_schema(config: Config) -> dict | None:
+    """The schema file of the run's training data (``data.train``), if it is still there."""
+    from tpurun.data import schema_file as schema_lib
+    from tpurun.data.resolve import path_resolver
+
+    try:
+        files = datafiles.expand(config.data.train, path_resolver(config), "data.train")
+        return next(iter(schema_lib.find_for(files[:1]).values()), (None, None))[1]
+    except TpurunError:
+        return None
 
 
 def global_batch(config: Config, replicas: int) -> int:
