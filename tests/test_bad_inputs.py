@@ -261,16 +261,30 @@ ROWS = [
         factory("not_a_model"), [], ["model.factory", "returned str, not a Keras model"],
         id="factory-returns-non-model",
     ),
+    # The inputs are checked against the features before compiling: the message names the key
+    # that sets the shape, what the records hold and what the model takes.
     pytest.param(
         factory("five_inputs"), [],
-        ["does not fit the data (data.inputs / data.targets)", "expected shape=(None, 5)",
-         "found shape=(32, 8)"],
+        ["data.features.x.shape is [8], and the model's input 'x' takes (5,) per record; the "
+         "records hold 8 float32 values each. Build the model on keras.Input(shape=(8,))"],
         id="inputs-do-not-fit",
     ),
     pytest.param(
         factory("image_input"), [],
-        ["does not fit the data (data.inputs / data.targets)", "(None, 8, 8, 1)", "(32, 8)"],
+        ["data.features.x.shape is [8], and the model's input 'x' takes (8, 8, 1) per record"],
         id="inputs-of-another-rank",
+    ),
+    pytest.param(
+        factory("two_inputs"), [],
+        ["data.inputs names 1 feature(s) ('x'), and the model takes 2 input(s) ('a', 'b'). Name "
+         "one feature per model input: data.inputs: {a: FEATURE, b: FEATURE}."],
+        id="inputs-fewer-than-the-model-takes",
+    ),
+    pytest.param(
+        put("data.inputs", {"z": "x"}), [],
+        ["data.inputs has no entry for the model's input(s) 'x' and maps 'z', which the model "
+         "does not take: the model's inputs are 'x'."],
+        id="inputs-map-a-name-the-model-lacks",
     ),
     pytest.param(
         factory("three_outputs"), [],
@@ -324,6 +338,8 @@ PAST_VALIDATION = {
     "factory-returns-non-model",
     "inputs-do-not-fit",
     "inputs-of-another-rank",
+    "inputs-fewer-than-the-model-takes",
+    "inputs-map-a-name-the-model-lacks",
     "outputs-do-not-fit",
     "two-outputs-one-target",
     "unknown-optimizer",

@@ -45,7 +45,7 @@ def _one_step(prepared: Any, runtime: Any) -> tuple[Any, dict[str, Any], float] 
     cfg, plan = prepared.config, prepared.plan
     mesh.install(runtime, cfg)  # as train builds it: split over a mesh, its layout checked
     with runtime.scope():
-        model = build_model(cfg, plan.backend)
+        model = build_model(cfg, plan.backend, data_files=prepared.data.train_files)
         mesh.check(runtime, model, cfg)
         compile_model(model, cfg, plan)
     # As train feeds a preset's task: tokenised in the pipeline, not again by the task.

@@ -192,7 +192,7 @@ def _compiled_model(job: TrainJob) -> Any:
     numbers = for_session(job.prepared, job.point, job.effective, job.reporter)
     mesh.install(job.runtime, config)  # a mesh's layout, before any variable exists
     with job.runtime.scope():
-        model = build_model(config, plan.backend, numbers)
+        model = build_model(config, plan.backend, numbers, job.prepared.data.train_files)
         mesh.check(job.runtime, model, config)  # before anything is compiled
         note = compile_model(model, config, plan)
     if note:

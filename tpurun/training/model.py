@@ -9,6 +9,7 @@ import inspect
 import sys
 import traceback
 import types
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from tpurun.errors import ModelError, TpurunError, describe
 from tpurun.multihost.collectives import lost_peer
 from tpurun.runtime.plan import Plan
 from tpurun.training import remat
+from tpurun.training.input_check import check_inputs_fit, first_record_of
 from tpurun.training.schedule import learning_rate_schedule
 
 
@@ -75,12 +77,19 @@ def _brief(exc: BaseException) -> str:
     return f"{describe(exc)}{where}"
 
 
-def build_model(config: Config, backend: str, normalization: dict | None = None) -> Any:
-    """Call the factory with its kwargs and check that it returned a Keras model; put a
-    Normalization layer in front of each input whose feature has ``normalize: true``
-    (:func:`tpurun.training.normalize.wrap`, with ``normalization``'s numbers: None takes the
-    schema file's). A ``model.preset`` is built by :func:`tpurun.hub.model.build_task`. With
-    ``train.remat``, its blocks are recomputed in the backward pass (:mod:`tpurun.training.remat`)."""
+def build_model(
+    config: Config,
+    backend: str,
+    normalization: dict | None = None,
+    data_files: Sequence[str] = (),
+) -> Any:
+    """Call the factory with its kwargs and check that it returned a Keras model whose inputs fit
+    the features (:func:`tpurun.training.input_check.check_inputs_fit`; the first record of
+    ``data_files`` says what the records hold when they do not); put a Normalization layer in
+    front of each input whose feature has ``normalize: true`` (:func:`tpurun.training.normalize.wrap`,
+    with ``normalization``'s numbers: None takes the schema file's). A ``model.preset`` is built
+    by :func:`tpurun.hub.model.build_task`. With ``train.remat``, its blocks are recomputed in
+    the backward pass (:mod:`tpurun.training.remat`)."""
     if config.model.preset is not None:
         from tpurun.hub.model import build_task
 
@@ -116,6 +125,8 @@ def build_model(config: Config, backend: str, normalization: dict | None = None)
             f"model.factory '{config.model.factory}' returned {type(model).__name__}, not a Keras "
             "model (keras.Model, Sequential or a functional model)."
         )
+    first = first_record_of(data_files, config.data.compression) if data_files else None
+    check_inputs_fit(model, config.data, first)
     return remat.as_configured(normalize.wrap(model, config, normalization), config)
 
 
