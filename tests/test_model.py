@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import keras
 import pytest
+import yaml
 from helpers import toy_config
 
 import tpurun
@@ -75,3 +76,44 @@ def test_the_logged_learning_rate_is_the_schedules_at_the_optimizers_step():
         seen.append(logs["learning_rate"])
         assert logs["learning_rate"] == pytest.approx(float(schedule(step)), rel=1e-6)
     assert len(set(seen)) == 5
+
+
+# A factory module that does not import: the message points at the user's own file and line, never
+# at Python's import machinery ("<frozen importlib._bootstrap>").
+BROKEN_FACTORIES = [
+    pytest.param("def build(:\n    pass\n", "SyntaxError: invalid syntax (at $FILE:2, `def build(:`)",
+                 id="syntax-error"),
+    pytest.param("    x = 1\n", "IndentationError: unexpected indent (at $FILE:2, `x = 1`)",
+                 id="indentation-error"),
+    pytest.param("x = undefined_name\n", "NameError: name 'undefined_name' is not defined (at $FILE:2)",
+                 id="name-error-at-import"),
+    pytest.param("import no_such_package_xyz\n",
+                 "ModuleNotFoundError: No module named 'no_such_package_xyz' (at $FILE:2)",
+                 id="missing-package"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("as_module", [False, True], ids=["file", "module"])
+@pytest.mark.parametrize(("body", "expected"), BROKEN_FACTORIES)
+def test_a_factory_that_does_not_import_names_the_users_file_and_line(
+    tmp_path, body, expected, as_module
+):
+    from helpers import write_toy_data
+    from typer.testing import CliRunner
+
+    from tpurun.cli.app import app
+
+    module = f"broken_{tmp_path.name}"  # its own name in each test: sys.modules keeps modules
+    source = tmp_path / f"{module}.py"
+    source.write_text("import keras\n" + body)
+    spec = f"{module}:build" if as_module else f"{source.name}:build"
+    config = toy_config(write_toy_data(tmp_path / "data", 64, 32, 1), tmp_path / "runs",
+                        model={"factory": spec})  # fmt: skip
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = CliRunner().invoke(app, ["train", str(path)])
+    assert result.exit_code == 2, result.output
+    imported = module if as_module else str(source)
+    assert f"error: model.factory '{spec}': importing {imported} failed: " in result.output
+    assert result.output.rstrip().endswith(expected.replace("$FILE", str(source))), result.output
+    assert "<frozen" not in result.output and "Traceback" not in result.output

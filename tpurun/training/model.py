@@ -55,6 +55,10 @@ def import_object(spec: str, base_dir: Path, what: str) -> Any:
         try:
             module = importlib.import_module(module_part)
         except ModuleNotFoundError as exc:
+            if not _names_module(module_part, exc.name):  # a package the module itself imports
+                raise ModelError(
+                    f"{what} '{spec}': importing {module_part} failed: {_brief(exc)}"
+                ) from None
             raise ModelError(f"{what} '{spec}': no module named '{exc.name}'.") from None
         except Exception as exc:
             raise ModelError(
@@ -68,10 +72,23 @@ def import_object(spec: str, base_dir: Path, what: str) -> Any:
     return getattr(module, attr)
 
 
+def _names_module(module: str, missing: str | None) -> bool:
+    """Whether the missing module is ``module`` or one of its parent packages."""
+    return missing is not None and (module == missing or module.startswith(f"{missing}."))
+
+
 def _brief(exc: BaseException) -> str:
-    """The exception, with the innermost frame of user code, in one line."""
+    """The exception, with the innermost frame of user code, in one line: a syntax error at its
+    own file and line (its traceback ends in the import machinery), anything else at the last
+    frame outside installed packages and Python's frozen import code."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        code = (exc.text or "").strip()
+        shown = f", `{code}`" if code else ""
+        return f"{type(exc).__name__}: {exc.msg} (at {exc.filename}:{exc.lineno}{shown})"
     frames = [
-        f for f in traceback.extract_tb(exc.__traceback__) if "site-packages" not in f.filename
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if "site-packages" not in f.filename and not f.filename.startswith("<")
     ]
     where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
     return f"{describe(exc)}{where}"
