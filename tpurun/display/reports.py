@@ -285,6 +285,8 @@ def show_predicted(result: dict[str, Any], as_json: bool = False) -> None:
         ("checkpoint", f"{result['checkpoint_label']}: {result['checkpoint']}"),
         ("time", f"{result['seconds']:.1f}s"),
     ]
+    if result.get("class_names"):  # the label's values, in the order of the model's outputs
+        rows.insert(2, ("classes", ", ".join(result["class_names"])))
     show_rows(rows, title=f"wrote {result['output']}")
 
 

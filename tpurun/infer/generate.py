@@ -85,30 +85,26 @@ def output_kind(path: str) -> str:
                      "(one row per prompt: id, prompt, completion).")  # fmt: skip
 
 
-def check_prompts(files: list[str], data: Any, compression: str) -> None:
-    """The first record holds the prompt feature (``data.inputs``).
+def check_prompts(first: bytes, filename: str, features: Any) -> None:
+    """The first record (``first``, of ``filename``) holds the prompt feature (``features``:
+    the run's one text input, by name).
 
     Raises:
         DataError: naming the file, the feature and what to write instead.
     """
-    tf = frameworks.tensorflow()
-    from tpurun.config import DataConfig
     from tpurun.data import decode as feat
-    from tpurun.data.files import compression_type
+    from tpurun.data.native import example
 
-    name = DataConfig.names(data.inputs)[0]
-    key = feat.record_key(name, data.features[name])
-    ds = tf.data.TFRecordDataset(files[:1], compression_type=compression_type(compression, files))
-    first = next(iter(ds.take(1)), None)
-    if first is None:
-        return  # an empty file: the record count says so
-    stored = tf.train.Example.FromString(first.numpy()).features.feature
+    [(name, feature)] = features.items()
+    key = feat.record_key(name, feature)
+    stored = example.parse(first).features.feature
     if key not in stored:
         raise DataError(
-            f"--data: {files[0]} holds no '{key}' feature, the prompt a completion continues "
-            f"(the run's data.inputs), only: {', '.join(sorted(stored)) or 'nothing'}. Write the "
-            f"prompts as the training data was: `tpurun data write PROMPTS.jsonl OUT_PREFIX` "
-            f'from JSONL lines with a "{key}" key (a response is not needed).'
+            f"--data: {filename} holds no '{key}' feature, the prompt a completion continues "
+            f"(the run's data.inputs), only: {', '.join(sorted(stored)) or 'nothing'}. Give the "
+            f'prompts as a text file (one a line) or a JSONL file of {{"{key}": "..."}} lines, '
+            f"or write them as the training data was: `tpurun data write PROMPTS.jsonl "
+            f'OUT_PREFIX` from JSONL lines with a "{key}" key (a response is not needed).'
         )
 
 

@@ -9,15 +9,17 @@ a multi-GB output never sits in memory (``.npy`` outputs are memory-mapped files
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from tpurun import frameworks
 from tpurun.errors import DataError, TpurunError
+from tpurun.infer import prompts
 
 KINDS = (".csv", ".npy", ".npz")
 _KINDS_SAID = ("name a .csv file (an id column and one column per output, or class names and "
@@ -281,19 +283,25 @@ def predict(
     output = loading.writable_output(output)
     trained = loading.open_run(run_dir)
     found_checkpoint = loading.find_checkpoint(trained, checkpoint)
+    prompt_files = prompts.find(data)
     runtime = loading.activate_for(trained, machine)
     try:
-        causal = _generates(trained, sampling, output)
+        causal = _generates(trained, sampling, output, prompt_files is not None)
         kind = output_kind(output, causal)
-        result = _predict(trained, found_checkpoint, runtime, data, output, kind, id_feature,
-                          sampling if causal else None)  # fmt: skip
+        with _prompt_records(trained, prompt_files, data, id_feature) as (records, inputs):
+            result = _predict(trained, found_checkpoint, runtime, records, output, kind,
+                              id_feature, sampling if causal else None, inputs)  # fmt: skip
     finally:
         runtime.release()
+    if prompt_files is not None:
+        result.update(data=data if isinstance(data, str) else " ".join(data),
+                      files=len(prompt_files.files))  # fmt: skip
     return {
         "output": output,
         "format": kind.lstrip("."),
         **result,
         "id_feature": id_feature,
+        "class_names": None if causal else trained.class_names,
         "checkpoint": found_checkpoint.path,
         "checkpoint_label": found_checkpoint.label,
         "run_dir": trained.run.path,
@@ -302,13 +310,24 @@ def predict(
     }
 
 
-def _generates(trained: Any, sampling: Any, output: str) -> bool:
+def _generates(trained: Any, sampling: Any, output: str, prompt_files: bool) -> bool:
     """Whether the run's model is a causal LM (it completes prompts); generation options and a
-    ``.jsonl`` output are refused for any other."""
+    ``.jsonl`` output are refused for any other.
+
+    Raises:
+        DataError: token-id records for a causal LM trained on them: it completes text prompts.
+    """
     from tpurun.infer import preset
 
-    causal = preset.is_preset(trained.config) and preset.is_causal_lm(trained.config)
-    if causal:
+    if preset.is_causal_lm(trained.config):
+        return True
+    if preset.is_causal_tokens(trained.config):
+        if not prompt_files:
+            raise DataError(
+                f"--data: {trained.run.path} fine-tuned a causal LM on token ids (data write "
+                "--tokenize), and it completes prompts given as text: give a text file of one "
+                'prompt a line, or a JSONL file of {"prompt": "..."} objects.'
+            )
         return True
     options = [f"--{k.replace('_', '-')}" for k, v in (("sampler", sampling.sampler != "greedy"),
                ("top_k", sampling.top_k is not None), ("seed", sampling.seed is not None),
@@ -323,21 +342,44 @@ def _generates(trained: Any, sampling: Any, output: str) -> bool:
     return False
 
 
+@contextlib.contextmanager
+def _prompt_records(trained: Any, found: Any, data: Any, id_feature: str | None) -> Iterator[tuple]:
+    """``(records, inputs)``: ``--data`` itself and the run's inputs (None); for prompt files
+    (:mod:`tpurun.infer.prompts`) on a run that takes one text, or a causal LM trained on token
+    ids, their prompts written as records, and the text feature that feeds it (None where it is
+    the run's own)."""
+    from tpurun.infer import loading, preset
+
+    config = trained.config
+    key, inputs = prompts.text_key(config.data.features, config.data.inputs), None
+    if found is not None and key is None and preset.is_causal_tokens(config):
+        tokenized = (loading.training_schema(config) or {}).get("tokenized") or {}
+        key = inputs = (tokenized.get("source") or {}).get("inputs") or "prompt"
+    if found is None or key is None:  # records, or a file that the records' check will name
+        yield data, None
+        return
+    with prompts.as_records(found, key, id_feature) as path:
+        yield path, inputs
+
+
 def _predict(trained: Any, checkpoint: Any, runtime: Any, data: Any, output: str, kind: str,
-             id_feature: str | None, sampling: Any) -> dict[str, Any]:  # fmt: skip
+             id_feature: str | None, sampling: Any, inputs: Any) -> dict[str, Any]:  # fmt: skip
     """Read the records, build the model, write the rows: the part of :func:`predict` that runs
-    with the process set up."""
-    from tpurun.config import DataConfig
-    from tpurun.data import files as datafiles
+    with the process set up. ``inputs``: the features that feed the model (``data.inputs``, or
+    the text of a prompt file for a run on token ids)."""
+    from tpurun.config import DataConfig, TextFeature
     from tpurun.data import reader as readers
     from tpurun.infer import generate, loading, preset
 
     config = trained.config
-    features = {n: config.data.features[n] for n in DataConfig.names(config.data.inputs)}
+    known = {**config.data.features, inputs: TextFeature(type="text")} if inputs not in (
+        config.data.inputs, None) else config.data.features  # fmt: skip
+    inputs = config.data.inputs if inputs is None else inputs
+    features = {n: known[n] for n in DataConfig.names(inputs)}
+    # A causal LM's prompts are checked first, by a message that says how to write them.
+    found = loading.find_records(data, {} if sampling else features, "--data", run_config=config)
     if sampling is not None:
-        files = sorted(datafiles.expand(data, None, "--data"))
-        generate.check_prompts(files, config.data, datafiles.detect_compression(files[0]))
-    found = loading.find_records(data, features, "--data")
+        generate.check_prompts(loading.first_record(found), found.files[0], features)
     if id_feature:
         features[id_feature] = id_spec(config.data, id_feature, loading.first_record(found),
                                        found.files[0])  # fmt: skip
@@ -346,7 +388,7 @@ def _predict(trained: Any, checkpoint: Any, runtime: Any, data: Any, output: str
     reader = readers.for_config(config, runtime.choice, preset_maps=preset.is_preset(config))
     dataset = readers.make_ordered_dataset(
         reader, found.files, found.compression, batch, records=found.records, features=features,
-        inputs=config.data.inputs, extra=[id_feature] if id_feature else [],
+        inputs=inputs, extra=[id_feature] if id_feature else [],
     )  # fmt: skip
     model = loading.build(trained, checkpoint, runtime)
     done = {"data": found.source, "files": len(found.files), "global_batch_size": batch}

@@ -58,6 +58,15 @@ def is_causal_lm(config: Any) -> bool:
     return is_preset(config) and bool(targets) and all(f.type == "text" for f in targets)
 
 
+def is_causal_tokens(config: Any) -> bool:
+    """Whether a preset run fine-tuned a causal LM on token ids (``data write --tokenize``), whose
+    records weigh each next token, where :func:`is_causal_lm` looks for text."""
+    from tpurun.hub import tokenize
+
+    data = config.data
+    return is_preset(config) and tokenize.is_tokenized(data) and "weights" in data.features
+
+
 def preprocessed(model: Any, dataset: Any) -> Any:
     """``(inputs, extra)`` batches of decoded features -> ``(model inputs, extra)``: the task's
     preprocessor taken off it and mapped over the batches instead, as training does."""
