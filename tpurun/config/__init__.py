@@ -17,7 +17,9 @@ from tpurun.config.callbacks_config import (
 )
 from tpurun.config.features import (
     BytesFeature,
+    CategoryFeature,
     Feature,
+    FeatureOptions,
     FeatureRef,
     FloatFeature,
     ImageFeature,
@@ -44,7 +46,7 @@ from tpurun.config.schema import (
 from tpurun.config.train_config import LearningRateConfig, TrainConfig, parse_duration
 
 __all__ = [
-    "WRITTEN_KEYS", "BytesFeature", "CallbacksConfig", "CheckpointConfig", "Config", "CsvLogConfig",
+    "WRITTEN_KEYS", "BytesFeature", "CallbacksConfig", "CategoryFeature", "FeatureOptions", "CheckpointConfig", "Config", "CsvLogConfig",
     "DataConfig", "EarlyStoppingConfig", "Feature", "FeatureRef", "FloatFeature", "ImageFeature",
     "Int64Feature", "LearningRateConfig", "ModelConfig", "NamedObject", "OutputConfig", "RawDType",
     "RawFeature", "ReduceLROnPlateauConfig", "RuntimeConfig", "Section", "TextFeature", "TrainConfig",

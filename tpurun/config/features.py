@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    Discriminator,
     Field,
     SerializerFunctionWrapHandler,
+    Tag,
     field_validator,
     model_serializer,
     model_validator,
@@ -153,8 +155,99 @@ class ImageFeature(_FeatureBase):
         return shape
 
 
+class CategoryFeature(_FeatureBase):
+    type: Literal["category"] = Field(
+        description="One string per record (a CSV's text column, as `tpurun data write` stores it: "
+        "`island: Biscoe`), mapped by `vocabulary` to an integer id, 1 to K for its K values and 0 "
+        "for a value not in it (out of vocabulary: a value the training records never had), as "
+        "Keras' `StringLookup` numbers them. The model receives the id (`encode: index`, for an "
+        "`Embedding` of `vocabulary_sizes[NAME]` rows: see [Your own CSV](csv.md#categories)) or "
+        "its one-hot vector of K + 1 floats (`encode: one_hot`). The mapping runs in the input "
+        "pipeline, on both readers: exported models take the ids or vectors, and the vocabulary "
+        "is in the run's `config.yaml` and the export's spec."
+    )
+    encode: Literal["one_hot", "index"] = Field(
+        "one_hot",
+        description="`one_hot`: a float32 vector of K + 1 values, 1 at the value's id (position 0 "
+        "for a value out of the vocabulary). `index`: the id itself, an int32 scalar "
+        "(`keras.Input(shape=(), dtype='int32')`).",
+    )
+    vocabulary: list[Annotated[str, Field(max_length=1000)]] | None = Field(
+        None,
+        min_length=1,
+        description="The values, id 1 first. Left out: the schema file's vocabulary of the column "
+        "over the train split, most frequent first (`tpurun data write` records up to 1,000 values "
+        "of a text column with at most 10,000 distinct values of up to 100 characters); the run's "
+        "`config.yaml` keeps the list it trained with, for evaluate, predict and export.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_normalize(cls, value: Any) -> Any:
+        # A clearer answer than "unknown key": normalize is a key of the numeric types.
+        if isinstance(value, dict) and "normalize" in value:
+            raise ValueError(
+                "normalize standardizes numbers, and a category becomes an id or a one-hot "
+                "vector (encode). Remove normalize here"
+            )
+        return value
+
+    @field_validator("vocabulary")
+    @classmethod
+    def _distinct(cls, values: list[str] | None) -> list[str] | None:
+        repeated = sorted({v for v in values or () if values.count(v) > 1})
+        if repeated:
+            raise ValueError(f"each value once; {repeated} appear more than once")
+        return values
+
+    @property
+    def size(self) -> int | None:
+        """The number of ids, 0 (out of vocabulary) included: K + 1; None before the vocabulary
+        is known (a config not yet resolved against its data)."""
+        return None if self.vocabulary is None else len(self.vocabulary) + 1
+
+    @property
+    def shape(self) -> list[int]:
+        """``[]`` for an id, ``[K + 1]`` for a one-hot vector (``[]`` until the vocabulary is
+        known)."""
+        return [self.size] if self.encode == "one_hot" and self.size else []
+
+
+class FeatureOptions(Section):
+    """A feature entry without ``type``: options over the schema file's entry of the same name
+    (``x: {normalize: true}``), merged when the data is resolved."""
+
+    TAG: ClassVar[str] = "options"
+    key: str | None = Field(None, description="As the feature type's `key`.")
+    shape: list[Positive] | None = Field(None, description="As the feature type's `shape`.")
+    dtype: RawDType | None = Field(None, description="As `raw`'s `dtype`.")
+    cast: CastDType | None = Field(None, description="As the feature type's `cast`.")
+    normalize: bool | None = Field(None, description="As the numeric types' `normalize`.")
+    scale: bool | None = Field(None, description="As `image`'s `scale`.")
+    encode: Literal["one_hot", "index"] | None = Field(None, description="As `category`'s.")
+    vocabulary: list[str] | None = Field(None, description="As `category`'s.")
+
+    @model_serializer(mode="wrap")
+    def _given_only(self, handler: SerializerFunctionWrapHandler) -> dict:
+        data = handler(self)
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
+
+
+def _feature_tag(value: Any) -> str:
+    """The feature type a ``data.features`` entry names, or ``options`` for one without."""
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return kind if kind is not None else FeatureOptions.TAG
+
+
 Feature = Annotated[
-    RawFeature | Int64Feature | FloatFeature | BytesFeature | TextFeature | ImageFeature,
-    Field(discriminator="type"),
+    Annotated[RawFeature, Tag("raw")]
+    | Annotated[Int64Feature, Tag("int64")]
+    | Annotated[FloatFeature, Tag("float")]
+    | Annotated[BytesFeature, Tag("bytes")]
+    | Annotated[TextFeature, Tag("text")]
+    | Annotated[ImageFeature, Tag("image")]
+    | Annotated[CategoryFeature, Tag("category")]
+    | Annotated[FeatureOptions, Tag(FeatureOptions.TAG)],
+    Discriminator(_feature_tag),
 ]
 FeatureRef = str | list[str] | dict[str, str]

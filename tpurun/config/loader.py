@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from tpurun.config.features import FeatureOptions
 from tpurun.config.schema import WRITTEN_KEYS, Config, DataConfig
 from tpurun.errors import ConfigError
 
@@ -159,6 +160,8 @@ def _descend(cls: Any, part: Any) -> Any:
             type_field = arg.model_fields.get("type")
             if type_field is not None and typing.get_args(type_field.annotation) == (part,):
                 return arg
+            if getattr(arg, "TAG", None) == part:  # a feature entry without type
+                return arg
     return _single_model(cls) or cls
 
 
@@ -193,6 +196,7 @@ def _format_error(err: dict, data: dict, located: _Located) -> str:
     at = located.at(path)
     if kind == "union_tag_invalid":
         tags = [t.strip(" '") for t in err["ctx"]["expected_tags"].split(",")]
+        tags = [t for t in tags if t != FeatureOptions.TAG]  # an entry without type, not a type
         tag = str(err["ctx"]["tag"])
         close = difflib.get_close_matches(tag, tags, n=1)
         hint = f"did you mean '{close[0]}'?" if close else f"allowed: {', '.join(tags)}"
@@ -213,7 +217,8 @@ def _feature_types(loc: tuple) -> list[str]:
     for part in loc:
         cls = _descend(cls, part)
     members = [a for a in _flatten(cls) if isinstance(a, type) and issubclass(a, BaseModel)]
-    return [typing.get_args(m.model_fields["type"].annotation)[0] for m in members]
+    return [typing.get_args(m.model_fields["type"].annotation)[0] for m in members
+            if "type" in m.model_fields]  # fmt: skip
 
 
 def _cross_checks(config: Config, located: _Located) -> list[str]:
@@ -233,7 +238,8 @@ def _cross_checks(config: Config, located: _Located) -> list[str]:
     # factory's model needs both named; a preset's may take them from the features.
     if config.model.preset is not None:
         for name, feature in config.data.features.items():
-            if feature.type == "image" and "scale" in feature.model_fields_set and feature.scale:
+            if getattr(feature, "type", None) == "image" and feature.scale \
+                    and "scale" in feature.model_fields_set:  # fmt: skip
                 problems.append(
                     f"{located.at(('data', 'features', name, 'scale'))}data.features.{name}.scale: "
                     "a preset's image converter scales the pixels itself, from 0..255, as the "

@@ -12,6 +12,7 @@ float       float_list             ``shape``, then ``cast``
 bytes       bytes_list             strings of ``shape``
 text        one UTF-8 bytes value  a scalar string (``(batch,)`` batched), for a tokenizer
 image       one JPEG/PNG value     ``[H, W, C]`` resized, scaled to [0, 1] unless ``scale: false``
+category    one UTF-8 bytes value  its id (int32) or one-hot vector (float32): :mod:`.categories`
 ==========  =====================  ====================================================
 """
 
@@ -24,13 +25,16 @@ from typing import Any
 from tpurun import frameworks
 from tpurun.config import (
     BytesFeature,
+    CategoryFeature,
     DataConfig,
+    FeatureOptions,
     FloatFeature,
     ImageFeature,
     Int64Feature,
     RawFeature,
     TextFeature,
 )
+from tpurun.data import categories
 from tpurun.errors import DataError
 
 _ITEMSIZE = {
@@ -57,7 +61,7 @@ def parse_spec(features: Mapping[str, Any]) -> dict[str, Any]:
     tf = frameworks.tensorflow()
     spec = {}
     for name, f in features.items():
-        if isinstance(f, (RawFeature, ImageFeature, TextFeature)):
+        if isinstance(f, (RawFeature, ImageFeature, TextFeature, CategoryFeature)):
             spec[record_key(name, f)] = tf.io.FixedLenFeature([], tf.string)
         elif isinstance(f, Int64Feature):
             spec[record_key(name, f)] = tf.io.FixedLenFeature(f.shape, tf.int64)
@@ -77,13 +81,24 @@ def _decode_image(encoded, f: ImageFeature):
     return image / 255.0 if f.scale else image
 
 
-def decode_batch(parsed: Mapping[str, Any], features: Mapping[str, Any]) -> dict[str, Any]:
-    """Turn a parsed batch (keyed by record key) into decoded tensors keyed by feature name."""
+def decode_batch(
+    parsed: Mapping[str, Any], features: Mapping[str, Any], tables: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Turn a parsed batch (keyed by record key) into decoded tensors keyed by feature name.
+
+    Args:
+        tables: each category feature's lookup table (:func:`categories.tf_tables`, made outside
+            the ``tf.data`` function that calls this); made here when None.
+    """
     tf = frameworks.tensorflow()
+    if tables is None:
+        tables = categories.tf_tables(features)
     out = {}
     for name, f in features.items():
         value = parsed[record_key(name, f)]
-        if isinstance(f, RawFeature):
+        if isinstance(f, CategoryFeature):
+            value = categories.encode_tf(value, f, tables[name])
+        elif isinstance(f, RawFeature):
             value = tf.io.decode_raw(value, tf.dtypes.as_dtype(f.dtype))
             value = tf.reshape(value, [-1, *f.shape])
         elif isinstance(f, ImageFeature):
@@ -140,6 +155,8 @@ def check_record(serialized: bytes, features: Mapping[str, Any], filename: str) 
                 f"{filename}: feature '{name}' (record key '{key}') is not in the records; "
                 f"they hold: {present}."
             )
+        if isinstance(f, FeatureOptions):
+            continue  # options without a type (resolved against the schema file later)
         kind = stored[key].WhichOneof("kind")
         values = getattr(stored[key], kind).value if kind else []
         problem = _mismatch(f, kind, values)
@@ -152,6 +169,8 @@ def _declared(f: Any) -> str:
         return f"raw {f.dtype} of shape {f.shape}"
     if isinstance(f, TextFeature):
         return "text (one UTF-8 string)"
+    if isinstance(f, CategoryFeature):
+        return "category (one UTF-8 string)"
     return f"{f.type} of shape {f.shape}"
 
 
@@ -160,9 +179,12 @@ _KIND_TO_TYPE = {"bytes_list": "bytes", "int64_list": "int64", "float_list": "fl
 
 def _mismatch(f: Any, kind: str | None, values: Any) -> str | None:
     found = _KIND_TO_TYPE.get(kind or "", "empty")
-    if isinstance(f, TextFeature):
+    if isinstance(f, (TextFeature, CategoryFeature)):
         if found != "bytes" or len(values) != 1:
-            return f"but the record holds {len(values)} {found} value(s); expected one string"
+            text = (" (a numeric column becomes one with `tpurun data write ... --text COLUMN`)"
+                    if isinstance(f, CategoryFeature) and found != "bytes" else "")  # fmt: skip
+            return (f"but the record holds {len(values)} {found} value(s); expected one "
+                    f"string{text}")  # fmt: skip
         try:
             values[0].decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -194,5 +216,7 @@ def decoded_dtype(feature: Any) -> str:
     cast = getattr(feature, "cast", None)
     if cast:
         return cast
+    if isinstance(feature, CategoryFeature):
+        return "int32" if feature.encode == "index" else "float32"
     return {"raw": getattr(feature, "dtype", "float32"), "int64": "int64", "float": "float32",
             "bytes": "string", "text": "string", "image": "float32"}[feature.type]  # fmt: skip

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tpurun import frameworks
+from tpurun.data import categories
 from tpurun.data import decode as feat
 from tpurun.data.files import compression_type
 
@@ -183,9 +184,10 @@ def _parsed(ds, data: Any, transform: Any = None):
     tf = frameworks.tensorflow()
     used = feat.used_features(data)
     spec = feat.parse_spec(used)
+    tables = categories.tf_tables(used)
 
     def parse(serialized, weights=None):
-        decoded = feat.decode_batch(tf.io.parse_example(serialized, spec), used)
+        decoded = feat.decode_batch(tf.io.parse_example(serialized, spec), used, tables)
         batch = (feat.select(decoded, data.inputs), feat.select(decoded, data.targets))
         batch = batch if weights is None else (*batch, weights)
         return batch if transform is None else transform(*batch)
@@ -229,6 +231,7 @@ def make_ordered_dataset(
     tf = frameworks.tensorflow()
     compression = compression_type(compression, files)
     spec = feat.parse_spec(features)
+    tables = categories.tf_tables(features)
     ds = tf.data.TFRecordDataset(list(files), compression_type=compression).take(records)
     pad = -records % batch_size
     if pad:
@@ -236,7 +239,7 @@ def make_ordered_dataset(
         ds = ds.concatenate(first.repeat(pad))
 
     def parse(serialized):
-        decoded = feat.decode_batch(tf.io.parse_example(serialized, spec), features)
+        decoded = feat.decode_batch(tf.io.parse_example(serialized, spec), features, tables)
         return feat.select(decoded, inputs), {name: decoded[name] for name in extra}
 
     ds = ds.batch(batch_size, drop_remainder=True)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpurun.config import Config, DataConfig, reference_problems
+from tpurun.data import categories, records, sniff
 from tpurun.data import files as datafiles
-from tpurun.data import records, sniff
 from tpurun.data import schema_file as schema_lib
 from tpurun.errors import ConfigError, DataError
 
@@ -42,6 +42,8 @@ class ResolvedData:
     # Records written with --tokenize: the schema file's entry (what they were tokenised with) and
     # its path under "schema"; None for records of text, numbers or images.
     tokenized: dict[str, Any] | None = None
+    # What the start line says of the data (categories' values that get the out-of-vocabulary id).
+    warnings: list[str] = field(default_factory=list)
 
 
 def kaggle_root(name: str) -> str:
@@ -99,10 +101,12 @@ def resolve(config: Config) -> ResolvedData:
         else []
     )
     schemas = schema_lib.find_for(train_files + val_files)
-    first_schema = schemas.get(train_files[0], (None, None))[1]
+    schema_path, first_schema = schemas.get(train_files[0], (None, None))
 
-    # Declared features override the schema's; the rest come from it, in its (column) order.
-    declared = data.model_dump(mode="json")["features"]
+    # Declared features override the schema's (an entry without type, its options only); the
+    # rest come from it, in its (column) order. Categories get their vocabularies.
+    declared = categories.completed(data.model_dump(mode="json")["features"], first_schema,
+                                    schema_path, train_files[0])  # fmt: skip
     features = {**(first_schema or {}).get("features", {}), **declared}
     if not features:
         # A CSV or JSONL file given as data.train has no schema either: say what it is instead.
@@ -156,6 +160,7 @@ def resolve(config: Config) -> ResolvedData:
         train_counts=train.counts,
         validation_counts=validation.counts if validation else [],
         tokenized=tokenized_entry(schemas),
+        warnings=categories.warnings(effective, first_schema),
     )
 
 

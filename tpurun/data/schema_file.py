@@ -26,6 +26,10 @@ Layout (``version`` 1)::
                                         "min": [...], "max": [...]}},
                      "text": {"prompt": {"count": 9000, "min_chars": 3,   # text features'
                                          "mean_chars": 211.4, "max_chars": 4012}},
+                     "vocabulary": {"island": {"count": 9000, "distinct": 3,  # text features
+                                    "values": {"Biscoe": 4330, "Dream": 3385,  # of few values
+                                               "Torgersen": 1285},
+                                    "unseen": {"records": 0, "values": {}}}},
                      "tokens": {"count": 9000, "positions": 129, "min_tokens": 9,  # tokenised
                                 "mean_tokens": 61.2, "max_tokens": 129, "full": 12}},
       "tokenized": {"preset": "/kaggle/input/gemma/...", "task": "GemmaCausalLM",  # --tokenize
@@ -43,7 +47,10 @@ so they can be pasted into ``data.features`` as they are, in the source's column
 it existed. ``statistics`` (see :mod:`tpurun.data.statistics`: per element of each numeric feature,
 over the "train" split, or "all" when the records were not split) is what ``normalize: true``
 standardizes with; older files lack it. ``text`` features (``{"type": "text"}``: a JSONL file's
-strings, a CSV's text columns) get their lengths in characters in ``statistics.text`` instead.
+strings, a CSV's text columns) get their lengths in characters in ``statistics.text`` instead, and
+those of few distinct values their vocabulary with counts, most frequent first, in
+``statistics.vocabulary`` (``unseen``: validation records whose value the train split lacks), for
+a ``type: category`` feature to map to ids.
 Records written with ``--tokenize`` (:mod:`tpurun.hub.tokenize` describes their features) carry
 ``tokenized``: the preset, its task, a fingerprint of its tokenizer and the sequence length, which
 training checks against its own preprocessor; their token features get no per-element statistics,

@@ -15,13 +15,16 @@ the result is exact to float64 rounding whatever the chunk size.
 
 ``text`` features get their lengths in characters instead (``statistics.text`` in the schema
 file: ``count``, ``min_chars``, ``mean_chars``, ``max_chars``), which ``tpurun data inspect``
-shows, to choose a sequence length by. Tokenised records (``--tokenize``) get their lengths in
-tokens (``statistics.tokens``) and no statistics of their token ids.
+shows, to choose a sequence length by, and their **vocabulary** (``statistics.vocabulary``, see
+:class:`Vocabulary`), which a ``type: category`` feature maps its values to ids with. Tokenised
+records (``--tokenize``) get their lengths in tokens (``statistics.tokens``) and no statistics of
+their token ids.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -107,6 +110,66 @@ class TextLengths:
                 "max_chars": self.max}  # fmt: skip
 
 
+#: A text feature gets a vocabulary while its train split holds at most this many distinct values,
+#: none longer than :data:`MAX_VALUE_CHARS` characters (past either, it is free text, not a
+#: category); the schema file keeps the :data:`MAX_VOCABULARY` most frequent of them.
+MAX_DISTINCT = 10_000
+MAX_VALUE_CHARS = 100
+MAX_VOCABULARY = 1_000
+#: The most values of the validation split unseen in the train split the schema file names.
+MAX_UNSEEN_SHOWN = 10
+
+
+def _capped(counts: Counter, limit: int) -> dict[str, int]:
+    """The ``limit`` most frequent values, most frequent first, ties by value (stable order)."""
+    return dict(sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:limit])
+
+
+class Vocabulary:
+    """One text feature's distinct values and their counts, over the train split, and the values
+    of the other split (validation) that the train split lacks.
+
+    In the schema file (``statistics.vocabulary.NAME``): ``count`` (records), ``distinct`` (values
+    in the train split), ``values`` (``{value: records}``, the :data:`MAX_VOCABULARY` most frequent,
+    most frequent first) and, for split records, ``unseen``: the validation records whose value is
+    not among ``values`` (``records``, and ``values``, the most frequent of them). A feature of
+    free text (too many distinct values, or long ones) gets none.
+    """
+
+    def __init__(self) -> None:
+        self.counts: Counter | None = Counter()
+        self.held_out: Counter = Counter()
+        self.count = 0
+        self.split = False
+
+    def update(self, kept: Sequence[bytes], held_out: Sequence[bytes] = ()) -> None:
+        if self.counts is None:
+            return
+        self.count += len(kept)
+        self.split = self.split or bool(held_out)
+        for counter, values in ((self.counts, kept), (self.held_out, held_out)):
+            for value in values:
+                text = value.decode("utf-8") if isinstance(value, bytes) else str(value)
+                if len(text) > MAX_VALUE_CHARS:
+                    self.counts = None  # free text: no vocabulary
+                    return
+                counter[text] += 1
+            if len(counter) > MAX_DISTINCT:
+                self.counts = None
+                return
+
+    def to_dict(self) -> dict[str, Any] | None:
+        if self.counts is None:
+            return None
+        values = _capped(self.counts, MAX_VOCABULARY)
+        made: dict[str, Any] = {"count": self.count, "distinct": len(self.counts), "values": values}
+        if self.split:
+            unseen = Counter({v: n for v, n in self.held_out.items() if v not in values})
+            made["unseen"] = {"records": sum(unseen.values()),
+                              "values": _capped(unseen, MAX_UNSEEN_SHOWN)}  # fmt: skip
+        return made
+
+
 class TokenLengths:
     """Tokenised records' lengths in tokens (a padding mask's ones), of ``positions`` each."""
 
@@ -150,6 +213,7 @@ class Statistics:
         self._texts = {
             n: TextLengths() for n, spec in features.items() if spec.get("type") == "text"
         }
+        self._vocabularies = {n: Vocabulary() for n in self._texts}
         skip = set((tokenized or {}).get("features") or ())
         for name, spec in features.items():
             dtype = _reader(spec)
@@ -174,21 +238,28 @@ class Statistics:
         for name, lengths in self._texts.items():
             column = chunk[name]
             kept = column if keep is None else [v for v, k in zip(column, keep, strict=True) if k]
+            held_out = (
+                [] if keep is None else [v for v, k in zip(column, keep, strict=True) if not k]
+            )
             lengths.update(kept)
+            self._vocabularies[name].update(kept, held_out)
         if self._tokens is not None:
             mask = np.asarray(chunk[self._mask])
             self._tokens.update(mask if keep is None else mask[keep])
 
     def to_schema(self, split: str) -> dict[str, Any] | None:
         """The schema file's ``statistics``: the split they describe, each numeric feature's, and
-        each text feature's lengths (``text``, when there is one); None when no feature has any."""
+        each text feature's lengths (``text``, when there is one) and vocabulary (``vocabulary``,
+        for those that have one: see :class:`Vocabulary`); None when no feature has any."""
         if not self._features and not self._texts and self._tokens is None:
             return None
         features = {name: moments.to_dict() for name, (_, moments) in self._features.items()}
         texts = {name: lengths.to_dict() for name, lengths in self._texts.items()}
         tokens = {"tokens": self._tokens.to_dict()} if self._tokens is not None else {}
+        vocabularies = {name: made for name, vocabulary in self._vocabularies.items()
+                        if (made := vocabulary.to_dict()) is not None}  # fmt: skip
         return {"split": split, "features": features, **({"text": texts} if texts else {}),
-                **tokens}  # fmt: skip
+                **({"vocabulary": vocabularies} if vocabularies else {}), **tokens}  # fmt: skip
 
 
 # ------------------------------------------------------------------------------ normalization

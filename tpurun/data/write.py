@@ -160,6 +160,7 @@ def write_dataset(
     table = table_options(label, pack, fill_missing, text)
     source = _opened(source, image_size, seed, table, map_source)
     is_validation = split_mask(source.records, validation_fraction, seed)
+    source.use_split(is_validation)  # a CSV's mean fill: of the train split only
     shard_sets = _shard_sets(source, out_prefix, is_validation, shard_mb, shard_multiple,
                              compression)  # fmt: skip
     chunk_size = max(1, min(chunk_records, CHUNK_BYTES * source.records // max(1, source.nbytes)))

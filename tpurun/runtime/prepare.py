@@ -135,7 +135,8 @@ def prepare(config: Config, choice: Choice, replicas: int) -> Prepared:
         [s.records for s in validation] if resolved.validation_files else None,
     )  # fmt: skip
     plan.reader, plan.reader_reason = reader.name, reader.reason
-    plan.warnings.extend([*(s.describe() for s in resolved.skipped), *constant])
+    plan.warnings.extend([*(s.describe() for s in resolved.skipped), *constant,
+                          *resolved.warnings])  # fmt: skip
     for split, files in (
         ("train", resolved.train_files),
         ("validation", resolved.validation_files),

@@ -30,10 +30,12 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from tpurun.config import (
+    CategoryFeature,
     ImageFeature,
     RawFeature,
     TextFeature,
 )
+from tpurun.data import categories
 from tpurun.data.decode import record_key
 from tpurun.data.native import example, images, layout, varying
 from tpurun.errors import DataError
@@ -74,7 +76,7 @@ class _Column:
 
     def __init__(self, name: str, spec: Any):
         self.name, self.spec, self.key = name, spec, record_key(name, spec)
-        if isinstance(spec, (RawFeature, ImageFeature, TextFeature)):
+        if isinstance(spec, (RawFeature, ImageFeature, TextFeature, CategoryFeature)):
             self.kind, self.shape = "bytes_list", []
         else:
             self.kind, self.shape = _LIST[spec.type], list(spec.shape)
@@ -190,6 +192,8 @@ class BatchParser:
 
 
 def _cast(column: _Column, array: np.ndarray) -> np.ndarray:
+    if isinstance(column.spec, CategoryFeature):
+        return categories.encode_numpy(array, column.spec)
     if column.cast is None:
         return array
     with np.errstate(all="ignore"):  # TF casts out-of-range values without a word too
@@ -255,8 +259,8 @@ def _declared(column: _Column) -> str:
     spec = column.spec
     if isinstance(spec, (RawFeature, ImageFeature)):
         return f"{spec.type} (one bytes value)"
-    if isinstance(spec, TextFeature):
-        return "text (one UTF-8 string)"
+    if isinstance(spec, (TextFeature, CategoryFeature)):
+        return f"{spec.type} (one UTF-8 string)"
     return f"{spec.type} of shape {spec.shape} ({column.size} value{'s' * (column.size != 1)})"
 
 

@@ -43,6 +43,11 @@ class Source:
         """Yield ``{feature: column}`` dicts of at most ``size`` records each, in order."""
         raise NotImplementedError
 
+    def use_split(self, is_validation: Any) -> None:
+        """Learn which records go to validation (a bool per record; None: no split) before
+        ``chunks``: what the source derives from its values (a CSV's mean fill) then comes from
+        the train split only. Most sources derive nothing."""
+
 
 class MappedSource(Source):
     """Another source's records, each chunk passed through ``fn`` before it is written.
@@ -78,3 +83,6 @@ class MappedSource(Source):
     def chunks(self, size: int) -> Iterator[dict[str, Any]]:
         for chunk in self._source.chunks(size):
             yield self._fn(chunk)
+
+    def use_split(self, is_validation: Any) -> None:
+        self._source.use_split(is_validation)

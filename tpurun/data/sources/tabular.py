@@ -10,8 +10,9 @@ float, anything else text (one UTF-8 string, as the CSV holds it). :class:`Table
   values becomes class indices 0..K-1, the class names (sorted, as Keras orders class folders) kept
   in the schema file.
 - ``fill_missing``: empty (or ``nan``) cells of numeric columns are an error unless a fill is
-  chosen: a number, or ``"mean"`` (each column's mean over its present values). A silent NaN
-  would only surface later, as a NaN loss.
+  chosen: a number, or ``"mean"`` (each column's mean over its present values, of the train split
+  only when the rows are split: a mean that had seen the validation rows would leak them). A
+  silent NaN would only surface later, as a NaN loss.
 - ``text``: columns stored as text whatever their values (zip codes, ids with leading zeros).
   A text column's empty cell is the empty string.
 
@@ -340,6 +341,27 @@ class CsvSource(Source):
             else:
                 fills[j], column.kind = value, "float"
         return fills
+
+    def use_split(self, is_validation: Any) -> None:
+        """``--fill-missing mean`` with a validation split: each column's mean over the present
+        values of the train split's rows only (one more pass, over those columns)."""
+        if self._options.fill_missing != "mean" or is_validation is None or not self._fills:
+            return
+        sums, counts = dict.fromkeys(self._fills, 0.0), dict.fromkeys(self._fills, 0)
+        for row, cells in enumerate(self._rows()):
+            if row < len(is_validation) and not is_validation[row]:
+                for j in sums:
+                    text = cells[j].strip()
+                    if not _missing(text):
+                        sums[j] += float(text)
+                        counts[j] += 1
+        for j in sums:
+            if counts[j]:  # else no train row has a value: the mean of the others stays
+                self._fills[j] = sums[j] / counts[j]
+        # In place: a source wrapping this one (MappedSource) shares the layout's dict.
+        self.layout.get("fill_missing", {}).update(
+            {self._header[j]: value for j, value in self._fills.items()}
+        )
 
     # ------------------------------------------------------------------------------ records
     def chunks(self, size: int) -> Iterator[dict[str, Any]]:
