@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from helpers import (
+    FACTORIES,
     ROOT,
     TPURUN,
     cli_env,
@@ -170,10 +171,54 @@ def test_set_with_equals_still_works_beside_a_bad_one(tmp_path):
     assert bad.exit_code == 2 and "starts like a YAML list but does not parse" in bad.output
 
 
-def test_config_check_says_valid_in_one_line(tmp_path):
+def _frameworks_shut(monkeypatch) -> None:
+    """--check answers without TensorFlow, JAX or Keras: asking for one fails the test."""
+    from tpurun import frameworks
+
+    for name in ("tensorflow", "jax", "keras"):
+        monkeypatch.setattr(frameworks, name, lambda *a, n=name, **k: pytest.fail(f"{n} asked for"))
+
+
+def test_config_check_says_valid_and_what_it_checked(tmp_path, monkeypatch):
+    _frameworks_shut(monkeypatch)
     path = write_config(tmp_path, toy_config(tmp_path, tmp_path / "runs"))
     result = runner.invoke(app, ["config", str(path), "--check", "--set", "train.epochs=7"])
-    assert result.exit_code == 0 and result.output == f"{path}: valid\n"
+    assert result.exit_code == 0 and result.output == (
+        f"{path}: valid\n"
+        f"  checked: its keys and values; {FACTORIES} compiles and defines mlp (not imported)\n"
+        f"  not checked: the data, the model as built, this machine (`tpurun doctor {path}`)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("factory", "source", "expected"),
+    [
+        ("model.py:build", "def build(:\n    pass\n",
+         "model.factory 'model.py:build': $DIR/model.py does not compile: SyntaxError: invalid "
+         "syntax (at $DIR/model.py:1, `def build(:`)"),
+        ("model.py:biuld", "import keras\n\ndef build():\n    return keras.Sequential()\n",
+         "model.factory 'model.py:biuld': $DIR/model.py defines no 'biuld'. Did you mean 'build'?"),
+        ("models.nets:build", None,
+         "model.factory 'models.nets:build': $DIR/models/nets.py does not compile: "
+         "IndentationError: unexpected indent (at $DIR/models/nets.py:1, `x = 1`)"),
+        ("gone.py:build", None, "model.factory 'gone.py:build': no such file $DIR/gone.py."),
+    ],
+    ids=["syntax-error", "misspelt-function", "module-path", "no-file"],
+)  # fmt: skip
+def test_config_check_compiles_the_factory_without_importing_it(
+    tmp_path, monkeypatch, factory, source, expected
+):
+    _frameworks_shut(monkeypatch)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "nets.py").write_text("  x = 1\n")
+    if source is not None:
+        (tmp_path / "model.py").write_text(source)
+    path = write_config(
+        tmp_path, toy_config(tmp_path, tmp_path / "runs", model={"factory": factory})
+    )
+    result = runner.invoke(app, ["config", str(path), "--check"])
+    assert result.exit_code == 2, result.output
+    assert result.output == f"error: {expected.replace('$DIR', str(tmp_path))}\n"
 
 
 def test_config_errors_have_one_prefix(tmp_path):

@@ -145,8 +145,9 @@ def config_command(
         bool,
         typer.Option(
             "--check",
-            help="Only validate the file (instant: no data, no devices): print 'CONFIG: valid', "
-            "or with --json the validated config.",
+            help="Only validate the file (instant: no data, no devices, the model factory's file "
+            "compiled but not imported): print 'CONFIG: valid' and what was checked, or with "
+            "--json the validated config.",
         ),
     ] = False,
 ) -> None:
@@ -156,8 +157,12 @@ def config_command(
         from tpurun.display import reports
 
         cfg = load_config(config, set_ or [])
+        if check:
+            from tpurun.training.factory_source import check_factory_source
+
+            factory = check_factory_source(cfg)
         if check and not as_json:
-            reports.show_valid(str(config))
+            reports.show_valid(str(config), factory)
             return
         if check:
             data = cfg.to_dict()

@@ -79,9 +79,12 @@ def show_config(data: dict[str, Any], as_json: bool = False) -> None:
         _out(f"# {line}")
 
 
-def show_valid(source: str) -> None:
-    """``tpurun config --check``: one line, the config having loaded."""
+def show_valid(source: str, factory: str | None) -> None:
+    """``tpurun config --check``: the config having loaded, what that covered (``factory``: what
+    was found of the model factory without importing it) and what it leaves to ``doctor``."""
     _out(f"{source}: valid")
+    _out(f"  checked: its keys and values{f'; {factory} (not imported)' if factory else ''}")
+    _out(f"  not checked: the data, the model as built, this machine (`tpurun doctor {source}`)")
 
 
 # ---------------------------------------------------------------------------------------- doctor

@@ -19,6 +19,7 @@ from tpurun.errors import ModelError, TpurunError, describe
 from tpurun.multihost.collectives import lost_peer
 from tpurun.runtime.plan import Plan
 from tpurun.training import remat
+from tpurun.training.factory_source import syntax_error
 from tpurun.training.input_check import check_inputs_fit, first_record_of
 from tpurun.training.schedule import learning_rate_schedule
 
@@ -82,9 +83,7 @@ def _brief(exc: BaseException) -> str:
     own file and line (its traceback ends in the import machinery), anything else at the last
     frame outside installed packages and Python's frozen import code."""
     if isinstance(exc, SyntaxError) and exc.filename:
-        code = (exc.text or "").strip()
-        shown = f", `{code}`" if code else ""
-        return f"{type(exc).__name__}: {exc.msg} (at {exc.filename}:{exc.lineno}{shown})"
+        return syntax_error(exc)
     frames = [
         f
         for f in traceback.extract_tb(exc.__traceback__)
