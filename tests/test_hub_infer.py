@@ -304,6 +304,52 @@ def test_predict_a_classifier_writes_class_names_and_probabilities(classifier_ru
     assert [r["class"] for r in rows] == [["animal", "other"][i] for i in got.argmax(axis=1)]
 
 
+# --------------------------------------------------------------------------------- prompt files
+def test_prompt_files_complete_as_their_records_do(lm_run, tmp_path):
+    """A text file (one prompt a line, named .txt or not) and a JSONL file with ids give the
+    completions that the same prompts as records give, in the same order."""
+    glob = lm_run.glob("validation")
+    prompts = _texts(glob, "prompt")
+    as_records = _predict(lm_run.run, glob, tmp_path / "records.jsonl")
+    text = tmp_path / "prompts"  # no suffix: the content says what it is
+    text.write_text("".join(f"{p}\n\n" for p in prompts))  # blank lines are skipped
+    lines = tmp_path / "prompts.jsonl"
+    lines.write_text("".join(json.dumps({"id": f"q{i}", "prompt": p}) + "\n"
+                             for i, p in enumerate(prompts)))  # fmt: skip
+    from_text = _predict(lm_run.run, str(text), tmp_path / "text.jsonl")
+    from_lines = _predict(lm_run.run, str(lines), tmp_path / "lines.csv", "--id-feature", "id")
+    assert [r["prompt"] for r in from_text] == prompts
+    assert from_text == as_records
+    assert [r["id"] for r in from_lines] == [f"q{i}" for i in range(len(prompts))]
+    assert [r["completion"] for r in from_lines] == [r["completion"] for r in as_records]
+
+
+def test_a_classifier_reads_a_text_file(classifier_run, tmp_path):
+    glob = classifier_run.glob("validation")
+    text = tmp_path / "reviews.txt"
+    text.write_text("".join(f"{t}\n" for t in _texts(glob, "text")))
+    for data, output in ((glob, "records.csv"), (str(text), "text.csv")):
+        result = runner.invoke(app, ["predict", str(classifier_run.run), "--data", data,
+                                     "--output", str(tmp_path / output)])  # fmt: skip
+        assert result.exit_code == 0, result.output
+    assert _rows(tmp_path / "text.csv") == _rows(tmp_path / "records.csv")
+    assert list(_rows(tmp_path / "text.csv")[0]) == ["row", "class", "animal", "other"]
+
+
+def test_prompt_files_that_cannot_be_read_are_named(lm_run, tmp_path):
+    lines = tmp_path / "asks.jsonl"
+    lines.write_text('{"prompt": "what is a cat?"}\n{"question": "and a dog?"}\n')
+    out = str(tmp_path / "out.jsonl")
+    shown = _refused("predict", str(lm_run.run), "--data", str(lines), "--output", out)
+    assert f'{lines}, line 2: no "prompt" text' in shown and "the line holds: question" in shown
+    text = tmp_path / "asks.txt"
+    text.write_text("what is a cat?\n")
+    shown = _refused("predict", str(lm_run.run), "--data", str(text), "--output", out,
+                     "--id-feature", "id")  # fmt: skip
+    assert "--id-feature id: a text file of prompts holds only the prompts" in shown
+    assert not (tmp_path / "out.jsonl").exists()
+
+
 # ------------------------------------------------------------------------------------- bad input
 def _refused(*args: str) -> str:
     result = runner.invoke(app, list(args))
