@@ -104,3 +104,25 @@ def test_the_start_line_says_the_effective_batch_under_gradient_accumulation():
     out = io.StringIO()
     PlainReporter(out).start(plan(), "runs/x", 2, 0)
     assert "accumulated" not in out.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("resumes", "expected"),
+    [
+        ([], "completed: 40 epoch(s) in 24s"),
+        ([{"epoch": 4, "step": 0, "time": "2026-05-01T10:00:01+0000"}],
+         "completed: 36 epoch(s) in 24s (epochs 5-40); 40 epoch(s) in all"),
+        ([{"epoch": 4, "step": 30, "time": "2026-05-01T10:00:00+0000"}],
+         "completed: 36 epoch(s) in 24s (epoch 5 from step 31 to 40); 40 epoch(s) in all"),
+        # An earlier session's resume (before this one started): this session began at epoch 1.
+        ([{"epoch": 4, "step": 0, "time": "2026-04-30T09:00:00+0000"}],
+         "completed: 40 epoch(s) in 24s"),
+    ],
+    ids=["fresh", "resumed", "resumed-mid-epoch", "resumed-in-an-earlier-session"],
+)  # fmt: skip
+def test_the_last_line_says_what_this_session_trained_and_the_runs_total(resumes, expected):
+    out = io.StringIO()
+    PlainReporter(out).finish({"status": "completed", "epochs_completed": 40, "seconds": 24.2,
+                               "started": "2026-05-01T10:00:00+0000", "resumes": resumes,
+                               "run_dir": "runs/penguins"})  # fmt: skip
+    assert out.getvalue() == f"[tpurun] {expected} -> runs/penguins\n"

@@ -172,9 +172,31 @@ class PlainReporter(Reporter):
         if best.get("value") is not None:
             best_text = f", best {best['monitor']} {_num(best['value'])} at epoch {best['epoch']}"
         self._line(
-            f"{summary['status']}: {summary['epochs_completed']} epoch(s) in "
-            f"{format_duration(summary.get('seconds'))}{best_text} -> {summary.get('run_dir')}"
+            f"{summary['status']}: {done_text(summary)}{best_text} -> {summary.get('run_dir')}"
         )
+
+
+def done_text(summary: Mapping[str, Any]) -> str:
+    """What this session trained, in its time, and on a resumed run the run's total: "36 epoch(s)
+    in 24s (epochs 5-40); 40 epoch(s) in all". The summary's ``resumes`` say where a session began
+    (one from before this session's ``started`` is an earlier session's)."""
+    done, took = summary["epochs_completed"], format_duration(summary.get("seconds"))
+    resumes, started = summary.get("resumes") or [], summary.get("started")
+    resumed = (
+        resumes[-1] if resumes and started and resumes[-1].get("time", "") >= started else None
+    )
+    if resumed is None:
+        return f"{done} epoch(s) in {took}"
+    first, step = resumed["epoch"], resumed.get("step", 0)
+    ran = done - first
+    if ran <= 0:
+        return f"nothing to train in {took}; {done} epoch(s) in all"
+    where = (
+        f"epoch {first + 1} from step {step + 1} to {done}"
+        if step
+        else f"epochs {first + 1}-{done}"
+    )
+    return f"{ran} epoch(s) in {took} ({where}); {done} epoch(s) in all"
 
 
 class TaskProgress:
