@@ -346,3 +346,40 @@ def test_the_site_builds_strictly(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert (tmp_path / "site/config-reference/index.html").exists()
+    assert not blocks_inside_paragraphs(tmp_path / "site")
+
+
+#: A line of a rendered paragraph that the source meant as a list item, a table row or a heading:
+#: Markdown folds it into the paragraph above when no blank line comes between (a list item right
+#: after an indented paragraph: finetune.md's step 4 rendered inside step 3). The strict build
+#: passes such pages.
+BLOCK_START = re.compile(r"^\s*(?:[-*+]|\d+[.)]|\||#{1,6})\s+\S")
+
+
+def blocks_inside_paragraphs(site: Path) -> list[str]:
+    """``page: line`` for each paragraph line of the built site that starts like a block."""
+    found = []
+    for page in sorted(site.rglob("*.html")):
+        for paragraph in re.findall(r"<p>(.*?)</p>", page.read_text(), re.S):
+            lines = [line for line in paragraph.splitlines()[1:] if BLOCK_START.match(line)]
+            found += [f"{page.relative_to(site)}: {_text(line)}" for line in lines]
+    return found
+
+
+def _text(html_line: str) -> str:
+    import html
+
+    return html.unescape(re.sub(r"<[^>]+>", "", html_line)).strip()
+
+
+def test_a_list_item_without_a_blank_line_before_it_is_found(tmp_path):
+    """The check above, on the rendering that finetune.md's step 4 had."""
+    (tmp_path / "page").mkdir()
+    (tmp_path / "page/index.html").write_text(
+        "<ol><li><p>Write the config.</p></li><li><p>The preset's tokenizer runs on the host.\n"
+        "4. <strong>Train, predict, export</strong> with the commands below.</p></li></ol>"
+        "<p>A paragraph\nover two lines, 2. not a list.</p>"
+    )
+    assert blocks_inside_paragraphs(tmp_path) == [
+        "page/index.html: 4. Train, predict, export with the commands below."
+    ]
