@@ -18,7 +18,7 @@ from tpurun.config import Config, NamedObject
 from tpurun.errors import ModelError, TpurunError, describe
 from tpurun.multihost.collectives import lost_peer
 from tpurun.runtime.plan import Plan
-from tpurun.training import remat
+from tpurun.training import data_facts, remat
 from tpurun.training.factory_source import syntax_error
 from tpurun.training.input_check import check_inputs_fit, first_record_of
 from tpurun.training.schedule import learning_rate_schedule
@@ -121,15 +121,16 @@ def build_model(
         signature = inspect.signature(factory)
     except (TypeError, ValueError):  # a builtin or C function: nothing to check against
         signature = None
+    kwargs = {**data_facts.factory_keywords(signature, config), **config.model.kwargs}
     if signature is not None:
         try:
-            signature.bind(**config.model.kwargs)
+            signature.bind(**kwargs)
         except TypeError as exc:
             raise ModelError(
                 f"model.kwargs do not fit {config.model.factory}{signature}: {exc}"
             ) from None
     try:
-        model = factory(**config.model.kwargs)
+        model = factory(**kwargs)
     except TpurunError:  # the mesh's layout refused a variable as it was created
         raise
     except Exception as exc:
@@ -141,6 +142,7 @@ def build_model(
             f"model.factory '{config.model.factory}' returned {type(model).__name__}, not a Keras "
             "model (keras.Model, Sequential or a functional model)."
         )
+    data_facts.check_string_features(model, config, backend)
     first = first_record_of(data_files, config.data.compression) if data_files else None
     check_inputs_fit(model, config.data, first)
     return remat.as_configured(normalize.wrap(model, config, normalization), config)
