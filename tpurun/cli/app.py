@@ -198,7 +198,12 @@ def doctor(
         from tpurun.doctor import exit_code, run_checks
 
         if not as_json:
-            reports.note("running checks (about 10 s; none can hang)...")
+            # Measured on 2 cores: the devices probe's children import TensorFlow (5 s of CPU)
+            # and JAX (1 s) side by side, 7-15 s; health 1-3 s; a config's model step 2-15 s.
+            reports.note(
+                "running checks (10-20 s on 2 cores, longer with a config: child processes start "
+                "TensorFlow and JAX, each with a timeout, so none can hang)..."
+            )
         checks = run_checks(str(config) if config else None, overrides=set_ or [])
         reports.show_checks(checks, as_json=as_json, plain=plain)
     raise typer.Exit(code=exit_code(checks))
