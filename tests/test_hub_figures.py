@@ -80,9 +80,7 @@ def test_every_loss_written_is_the_log_of_its_perplexity(padded_run):
     assert batch[1::2] == pytest.approx([float(r["loss"]) for r in rows], rel=1e-6)
 
 
-def test_evaluate_gives_the_logged_val_loss_the_mean_over_the_response_tokens(
-    padded_run, tmp_path
-):
+def test_evaluate_gives_the_logged_val_loss_the_mean_over_the_response_tokens(padded_run, tmp_path):
     """evaluate's loss on the best checkpoint is its epoch's val_loss in the log, and both are
     the mean over the validation's response tokens, computed here in float64."""
     import shutil
@@ -120,3 +118,70 @@ def test_evaluate_gives_the_logged_val_loss_the_mean_over_the_response_tokens(
         positions = w.size
     assert tokens < positions / 2  # prompts and padding: most positions weigh 0
     assert metrics["loss"] == pytest.approx(total / tokens, rel=1e-3)  # bfloat16 logits
+
+
+# ------------------------------------------------------------------ what sequence_length cuts
+def _needed(preset: Path, data: Path, split: str) -> list[int]:
+    """Each record's length as sequence_length counts it, by hand: packed at 200 positions by the
+    pipeline's own packing, its padding mask's ones less one (each position predicts the next)."""
+    import tensorflow as tf
+
+    from tpurun import frameworks
+    from tpurun.hub import tokenize
+
+    preprocessor = frameworks.keras_hub().models.CausalLMPreprocessor.from_preset(str(preset))
+    preprocessor.sequence_length = 199
+    prompts, responses = [], []
+    for path in sorted(data.glob(f"chat-{split}-*")):
+        for record in tf.data.TFRecordDataset(str(path)).as_numpy_iterator():
+            feature = tf.train.Example.FromString(record).features.feature
+            prompts.append(feature["prompt"].bytes_list.value[0])
+            responses.append(feature["response"].bytes_list.value[0])
+    pack = tokenize.pack_prompt_response(preprocessor)  # in tf.data, as the pipeline runs it
+    ds = tf.data.Dataset.from_tensor_slices((prompts, responses)).batch(len(prompts))
+    _, mask, _ = next(iter(ds.map(pack)))
+    return sorted(int(n) - 1 for n in tf.reduce_sum(tf.cast(mask, tf.int32), axis=1).numpy())
+
+
+def test_train_says_the_share_of_records_cut_and_the_length_that_keeps_95_percent(
+    padded_run, tiny_presets
+):
+    _, data, output = padded_run
+    needed = _needed(tiny_presets.gemma, data, "train")
+    assert len(needed) == 12 and needed[-1] < 199
+    cut = sum(n > 24 for n in needed)
+    keep = needed[math.ceil(0.95 * 12) - 1]
+    assert cut > 0 and keep > 24
+    expected = (
+        f"warning: model.sequence_length: 24 tokens cuts {cut / 12:.0%} of the records ({cut} of "
+        f"all 12 records are longer; the longest needs {needed[-1]}); 95% of them fit in {keep}: "
+        f"set model.sequence_length: {keep}"
+    )
+    assert expected in output, output
+
+
+def test_inspect_shows_the_token_lengths_for_a_preset(chat_records, tiny_presets):
+    data = chat_records(16)
+    needed = _needed(tiny_presets.gemma, data, "validation")
+    glob = str(data / "chat-validation-*")
+    result = runner.invoke(app, ["data", "inspect", glob, "--preset", str(tiny_presets.gemma),
+                                 "--sequence-length", str(needed[1]), "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    lengths = json.loads(result.output)["token_lengths"]
+    assert (lengths["sampled"], lengths["min"], lengths["max"]) == (4, needed[0], needed[-1])
+    assert lengths["cut"] == sum(n > needed[1] for n in needed)
+    assert lengths["keep_95"] == needed[-1]  # 95% of 4 records: all of them
+    result = runner.invoke(app, ["data", "inspect", glob, "--plain", "--preset",
+                                 str(tiny_presets.gemma), "--sequence-length", "199"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert (
+        f"min {needed[0]}  median {needed[1]}  90% {needed[-1]}  95% {needed[-1]}  "
+        f"max {needed[-1]}" in result.output
+    )
+    assert (
+        f"model.sequence_length: 199 tokens keeps every record whole (all 4 records; the longest "
+        f"needs {needed[-1]})" in result.output
+    )
+    result = runner.invoke(app, ["data", "inspect", glob, "--sequence-length", "24"])
+    assert result.exit_code == 2
+    assert "--sequence-length goes with --preset" in result.output

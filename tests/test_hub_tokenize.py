@@ -295,6 +295,11 @@ def test_bench_times_the_tokenising_both_ways(tiny_presets, tmp_path):
         assert result["tokens_per_sec"] == pytest.approx(result["examples_per_sec"] * LENGTH)
     assert "tokenises each batch" in results["text"]["preprocessing"]
     assert "tokenised once for GemmaCausalLM" in results["tok"]["preprocessing"]
+    # What the sequence length cuts: counted on the text (tokenised records were cut when written).
+    lengths = results["text"]["token_lengths"]
+    assert lengths["sequence_length"] == LENGTH and lengths["sampled"] == 48  # the train split
+    assert lengths["sentence"].startswith(f"model.sequence_length: {LENGTH} tokens ")
+    assert results["tok"]["token_lengths"] is None
 
 
 @pytest.mark.slow

@@ -44,12 +44,15 @@ def data_bench(
         cfg = load_config(config, set_ or [])
         from tpurun.data.bench import bench
 
-        preprocessing = None
+        preprocessing = lengths = None
         if cfg.model.preset is not None:
             from tpurun.hub.batches import pipeline_preprocessing
+            from tpurun.hub.lengths import measurer
 
             preprocessing = pipeline_preprocessing(cfg)
-        result = bench(cfg, steps=steps, warmup=warmup, preprocessing=preprocessing)
+            lengths = measurer(preprocessing.preprocessor)
+        result = bench(cfg, steps=steps, warmup=warmup, preprocessing=preprocessing,
+                       lengths=lengths)  # fmt: skip
         reports.show_bench(result, str(config), as_json=as_json)
 
 
@@ -225,6 +228,23 @@ def data_inspect(
     plain: Annotated[
         bool, typer.Option("--plain", help="Plain lines instead of a live view.")
     ] = False,
+    preset: Annotated[
+        str | None,
+        typer.Option(
+            "--preset",
+            help="Also show the text's lengths in tokens for this preset (a folder or handle), "
+            "from a sample of up to 512 records, and what --sequence-length cuts.",
+            metavar="PRESET",
+        ),
+    ] = None,
+    sequence_length: Annotated[
+        int | None,
+        typer.Option(
+            "--sequence-length",
+            min=1,
+            help="With --preset: the model.sequence_length to check (default: the preset's).",
+        ),
+    ] = None,
 ) -> None:
     """List files, bytes and records, infer the features, and print a ready-to-paste features: block."""
     from tpurun.display.lines import TaskProgress
@@ -236,6 +256,16 @@ def data_inspect(
         from tpurun.data.inspect import inspect
         from tpurun.display import reports
 
+        if sequence_length is not None and preset is None:
+            raise TpurunError(
+                "--sequence-length goes with --preset (whose tokenizer counts the tokens): "
+                "add --preset PRESET, or leave --sequence-length out."
+            )
         with progress:
             report = inspect(globs, sample=sample, progress=progress)
-        reports.show_inspected(report, globs, as_json=as_json, plain=plain)
+        lengths = None
+        if preset is not None:
+            from tpurun.hub.lengths import of_inspected
+
+            lengths = of_inspected(preset, sequence_length, report)
+        reports.show_inspected(report, globs, as_json=as_json, plain=plain, token_lengths=lengths)

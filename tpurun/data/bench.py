@@ -21,6 +21,7 @@ def bench(
     steps: int = 100,
     warmup: int = 10,
     preprocessing: Callable[[DataConfig, dict | None], Callable] | None = None,
+    lengths: Callable[[DataConfig, list[str]], dict | None] | None = None,
 ) -> dict[str, Any]:
     """Time ``steps`` batches of the training pipeline after ``warmup`` batches.
 
@@ -30,12 +31,14 @@ def bench(
         preprocessing: for a preset, ``(data, tokenized) ->`` the transform training maps over
             the records (:func:`tpurun.hub.batches.pipeline_preprocessing`): its tokenising is
             part of the input's cost, unless the records were tokenised once.
+        lengths: for a preset, ``(data, train files) ->`` the token lengths of a sample of the
+            records against the sequence length (:func:`tpurun.hub.lengths.measurer`), or None.
 
     Returns:
         examples_per_sec, batches_per_sec and mb_per_sec (bytes as stored, so compressed for GZIP),
         with the batch size, the timed steps and seconds, and the CPU cores this process may use;
         for token batches, tokens_per_sec (positions: examples x the sequence length the model
-        reads) and what preprocessing ran; the reader training would use (``data.reader``), which
+        reads), what preprocessing ran and ``token_lengths`` (the share the sequence length cuts); the reader training would use (``data.reader``), which
         is the one measured, and why.
     """
     from tpurun.runtime.prepare import prepare_here
@@ -79,6 +82,7 @@ def bench(
         "bytes_per_record": bytes_per_record,
         "reader": prepared.reader.name,
         "reader_reason": prepared.reader.reason,
+        "token_lengths": lengths(prepared.config.data, data.train_files) if lengths else None,
     }
 
 

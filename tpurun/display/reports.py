@@ -131,6 +131,8 @@ def show_bench(result: dict[str, Any], config: str, as_json: bool = False) -> No
                                  "positions per example)"))  # fmt: skip
     if result.get("preprocessing"):
         rows.append(("preprocessing", result["preprocessing"]))
+    if result.get("token_lengths"):
+        rows.append(("sequence length", result["token_lengths"]["sentence"]))
     rows += [
         ("batches/s", batches),
         ("MB/s", size),
@@ -168,11 +170,15 @@ def show_written(report: Any, source: str, as_json: bool = False, plain: bool = 
 
 
 def show_inspected(
-    report: Any, globs: Sequence[str], as_json: bool = False, plain: bool = False
-) -> None:
-    """``tpurun data inspect``: files and counts, the inferred features as a pasteable block."""
+    report: Any, globs: Sequence[str], as_json: bool = False, plain: bool = False,
+    token_lengths: dict[str, Any] | None = None,
+) -> None:  # fmt: skip
+    """``tpurun data inspect``: files and counts, the inferred features as a pasteable block;
+    with ``--preset``, the text's lengths in tokens (``token_lengths``)."""
     if as_json:
-        show_json(report.to_dict())
+        show_json(
+            {**report.to_dict(), **({"token_lengths": token_lengths} if token_lengths else {})}
+        )
         return
     from tpurun.data.advice import format_bytes
 
@@ -207,6 +213,14 @@ def show_inspected(
             ids = " ".join(str(i) for i in tokens["first"])
             more = " ..." if tokens["positions"] > len(tokens["first"]) else ""
             _out(f"  {'':<16} [{ids}{more}]  ({tokens['length']} of {tokens['positions']} tokens)")
+    if token_lengths:
+        t = token_lengths
+        _out(f"\nlength in tokens for {t['preset']} ({t['sampled']} records sampled, the "
+             "sequence_length each needs):")  # fmt: skip
+        _out(
+            f"  min {t['min']}  median {t['p50']}  90% {t['p90']}  95% {t['keep_95']}  max {t['max']}"
+        )
+        _out(f"  {t['sentence']}")
     _out("\npaste into data: in the config")
     _out(report.features_yaml.rstrip())
     if report.advice:

@@ -191,18 +191,23 @@ def take_preprocessing(model: Any, config: Config, tokenized: dict | None) -> tu
 
 def pipeline_preprocessing(config: Config) -> Callable[[DataConfig, dict | None], Callable]:
     """For ``tpurun data bench`` on a preset config: ``(data, tokenized) ->`` the transform a
-    run maps over its records. Sets this process up on the CPU and loads the preset's
-    preprocessor (its tokenizer, not its weights).
+    run maps over its records; its ``preprocessor`` attribute is the preprocessor it uses. Sets
+    this process up on the CPU and loads the preset's preprocessor (its tokenizer, not its
+    weights).
 
     Raises:
         ModelError: as :func:`tpurun.hub.model.build_preprocessor`.
     """
+    import functools
+
     from tpurun.hub.model import build_preprocessor
     from tpurun.hub.report import set_up_cpu
 
     set_up_cpu("jax", why="tpurun data bench runs the preset's preprocessor on the CPU")
     preprocessor = build_preprocessor(config)
-    return lambda data, tokenized=None: transform(preprocessor, data, tokenized)
+    made = functools.partial(transform, preprocessor)
+    made.preprocessor = preprocessor  # the token lengths bench reports are counted with it
+    return made
 
 
 def _labelled(preprocessor: Any) -> Callable:

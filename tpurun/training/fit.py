@@ -16,7 +16,7 @@ from tpurun.config import Config
 from tpurun.data import reader as readers
 from tpurun.display.reporter import Reporter
 from tpurun.errors import DataError, ModelError, describe
-from tpurun.hub import batches
+from tpurun.hub import batches, lengths
 from tpurun.observe import throughput
 from tpurun.runtime.activate import ActiveRuntime
 from tpurun.runtime.plan import Plan
@@ -77,6 +77,7 @@ def train(job: TrainJob) -> TrainResult:
     config, plan = prepared.config, prepared.plan
     model = _compiled_model(job)
     preprocessor, transform = batches.take_preprocessing(model, config, prepared.data.tokenized)
+    lengths.say_truncation(model, preprocessor, prepared, reporter.message)
     train_data, val_ds = _datasets(job, transform)
     callbacks, progress, control = cbs.build_callbacks(
         config, plan, run, reporter, job.stop, job.identity, sharded=job.runtime.sharded
