@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from tpurun.config.base import NamedObject
-from tpurun.config.features import Feature
+from tpurun.config.features import Feature, FeatureOptions
 from tpurun.config.schema import Config
 
 PAGE = "docs/config-reference.md"
@@ -150,13 +150,23 @@ def _feature_types() -> str:
         "feature, the file, what was declared and what the record holds.\n",
     ]
     union = typing.get_args(Feature)[0]
-    for model in typing.get_args(union):
+    for member in typing.get_args(union):
+        model = typing.get_args(member)[0]  # Annotated[Model, Tag(...)]
+        if model is FeatureOptions:
+            continue
         type_field = model.model_fields["type"]
         (name,) = typing.get_args(type_field.annotation)
         rows = [row for row in _rows(model) if row[0] != "type"]
         parts.append(f"### `type: {name}`\n")
         parts.append((type_field.description or "") + "\n")
         parts.append(_table(rows))
+    parts.append("### An entry without `type`\n")
+    parts.append(
+        "Options over the schema file's entry of the same name, merged when the data is read: "
+        "`x: {normalize: true}` is the schema's `x` (its type and shape) with `normalize: true`. "
+        "Its keys are those of the feature types above; the schema file must describe the feature, "
+        "and the options must fit its type.\n"
+    )
     return "\n".join(parts)
 
 
