@@ -109,9 +109,7 @@ def resolve(config: Config) -> ResolvedData:
                                     schema_path, train_files[0])  # fmt: skip
     features = {**(first_schema or {}).get("features", {}), **declared}
     if not features:
-        # A CSV or JSONL file given as data.train has no schema either: say what it is instead.
-        with _named(None, "data.train"):
-            records.check_first_record(train_files[:1], {}, data.compression)
+        _first_is_tfrecords(train_files[0], data.compression)
         raise ConfigError(
             [
                 f"data.features is left out, and no schema file beside {train_files[0]} "
@@ -162,6 +160,13 @@ def resolve(config: Config) -> ResolvedData:
         tokenized=tokenized_entry(schemas),
         warnings=categories.warnings(effective, first_schema),
     )
+
+
+def _first_is_tfrecords(path: str, compression: str) -> None:
+    """A CSV or JSONL file given as data.train has no schema file either: say what it is,
+    rather than that its schema is missing."""
+    with _named(None, "data.train"):
+        records.check_first_record([path], {}, compression)
 
 
 @contextlib.contextmanager
