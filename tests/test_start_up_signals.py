@@ -74,7 +74,9 @@ def test_other_commands_read_it_as_ctrl_c_or_not_at_all_when_ignored(config):
     interrupted = run_signalled(["config", str(config), "--check"])
     assert (interrupted.returncode, interrupted.stderr) == (130, "interrupted\n")
     ignored = run_signalled(["config", str(config), "--check"], ignored=True)
-    assert ignored.returncode == 0 and ignored.stdout.startswith(f"{config}: valid\n"), ignored.stderr
+    assert ignored.returncode == 0 and ignored.stdout.startswith(f"{config}: valid\n"), (
+        ignored.stderr
+    )
     terminated = run_signalled(["config", str(config), "--check"], sig="SIGTERM")
     assert terminated.returncode == -signal.SIGTERM
 

@@ -103,8 +103,7 @@ def resolve(config: Config) -> ResolvedData:
     schemas = schema_lib.find_for(train_files + val_files)
     schema_path, first_schema = schemas.get(train_files[0], (None, None))
 
-    # Declared features override the schema's (an entry without type, its options only); the
-    # rest come from it, in its (column) order. Categories get their vocabularies.
+    # Declared features override the schema's (see categories.completed); the rest come from it.
     declared = categories.completed(data.model_dump(mode="json")["features"], first_schema,
                                     schema_path, train_files[0])  # fmt: skip
     features = {**(first_schema or {}).get("features", {}), **declared}
