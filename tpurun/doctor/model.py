@@ -81,7 +81,9 @@ def check_model(prepared: Any, runtime: Any) -> tuple[Check, int | None]:
     except ConfigError as exc:  # a monitor, the mesh's layout, train.remat: the message names it
         return Check("model", "fail", exc.message, "change the config as the message says"), None
     except TpurunError as exc:
-        return Check("model", "fail", exc.message, "fix the model section"), None
+        return Check(
+            "model", "fail", exc.message, "change the model or the config as the message says"
+        ), None
     finally:
         runtime.release()
     params = int(model.count_params())

@@ -34,10 +34,11 @@ def check_string_features(model: Any, config: Config, backend: str) -> None:
     Raises:
         ModelError: naming the feature and the option that turns it into numbers.
     """
-    from tpurun.training.normalize import _model_input, _slots
+    from tpurun.training.input_check import slots
+    from tpurun.training.normalize import _model_input
 
     data = config.data
-    for slot, name in _slots(data.inputs):
+    for slot, name in slots(data.inputs):
         problem = categories.string_feature_problem(data, name, "inputs")
         own = _model_input(model, data.inputs, slot)
         takes_strings = own is not None and "string" in str(own.dtype)

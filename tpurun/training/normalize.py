@@ -22,19 +22,11 @@ from tpurun import frameworks
 from tpurun.config import Config, DataConfig
 from tpurun.data.decode import decoded_dtype
 from tpurun.errors import ModelError
+from tpurun.training.input_check import slots
 
 
 def _normalized(data: DataConfig) -> set[str]:
     return {n for n, f in data.features.items() if getattr(f, "normalize", False)}
-
-
-def _slots(ref: Any) -> list[tuple[Any, str]]:
-    """``(position or model input name, feature)`` for each entry of ``data.inputs``."""
-    if isinstance(ref, str):
-        return [(None, ref)]
-    if isinstance(ref, dict):
-        return list(ref.items())
-    return list(enumerate(ref))
 
 
 def _model_input(model: Any, ref: Any, slot: Any) -> Any:
@@ -123,7 +115,7 @@ def wrap(model: Any, config: Config, numbers: Mapping[str, Mapping] | None) -> A
     keras = frameworks.keras()
     fed: dict[Any, Any] = {}
     inputs: dict[Any, Any] = {}
-    for slot, feature in _slots(data.inputs):
+    for slot, feature in slots(data.inputs):
         own = _model_input(model, data.inputs, slot)
         tensor = inputs[slot] = _input(keras, own, data, slot, feature)
         if feature in wanted:
