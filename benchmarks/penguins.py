@@ -9,7 +9,8 @@ learnt from the four measurements, island and sex. One split (a fifth to validat
 - tpurun: ``normalize: true`` on the packed numbers, ``type: category`` (one-hot) on island and
   sex, a softmax Dense layer (a logistic regression), trained with Adam.
 
-Prints both validation accuracies. Needs scikit-learn and palmerpenguins (dev dependencies)::
+Prints both validation accuracies. Needs the bench extra (scikit-learn, palmerpenguins):
+``.venv/bin/pip install -e '.[bench]'``, then::
 
     .venv/bin/python benchmarks/penguins.py [--epochs 60] [--seed 0]
 """

@@ -16,6 +16,7 @@ Printed: the three validation accuracies per seed, then their mean and standard 
 seeds. tpurun's figure is the last epoch's ``val_accuracy`` (summary.json), every validation row
 scored once; no epoch is picked by its validation score, as none is for the logistic regression.
 
+    .venv/bin/pip install -e '.[bench]'                      # scikit-learn: not in make install
     .venv/bin/python benchmarks/tabular.py                  # 5 seeds, about 3 minutes on 2 cores
     .venv/bin/python benchmarks/tabular.py --seeds 0 1 --epochs 40 --json
 

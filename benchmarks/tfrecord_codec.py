@@ -7,7 +7,8 @@ parse_example + tpurun's decode on the same files.
 Each figure is the best of three passes, in wall seconds and in CPU seconds of the process (tf.data
 runs threads; on a loaded machine the CPU figure is the steadier one). Datasets: 512 int64 token
 ids and a label (as `data write --tokenize` stores them); 64 raw float32 values and a label; JPEG
-photo crops (sklearn's sample images) stored at 224x224 and at 256x256, decoded to 224x224.
+photo crops (sklearn's sample images: the bench extra, `.venv/bin/pip install -e '.[bench]'`)
+stored at 224x224 and at 256x256, decoded to 224x224.
 """
 
 from __future__ import annotations
