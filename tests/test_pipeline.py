@@ -218,9 +218,12 @@ def test_first_record_mismatches_name_feature_file_declared_and_found(tmp_path):
 
 def test_unreadable_and_empty_files(tmp_path):
     bad = tmp_path / "bad.tfrecord"
-    bad.write_bytes(b"this is not a tfrecord file at all")
+    bad.write_bytes(bytes(range(7, 47)))  # no kind of file known: a damaged TFRecord
     data = data_config({"i": {"type": "int64"}}, "i", "i")
     with pytest.raises(DataError, match="cannot read it as TFRecords"):
+        records.check_first_record([str(bad)], data.features, "none")
+    bad.write_bytes(b"this is not a tfrecord file at all")  # text: said as such
+    with pytest.raises(DataError, match=r"bad\.tfrecord is a plain text file, not TFRecords"):
         records.check_first_record([str(bad)], data.features, "none")
     empty = write_shards(str(tmp_path / "e"), [], 1)
     with pytest.raises(DataError, match="the file holds no records"):
