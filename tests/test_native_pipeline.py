@@ -342,7 +342,7 @@ def test_a_damaged_record_is_raised_by_the_next_batch_naming_file_and_record(tmp
 
 # -------------------------------------------------------------------------------- the choice
 @pytest.mark.parametrize(
-    ("setting", "backend", "tensorflow", "preprocessing", "images", "name", "reason"),
+    ("setting", "backend", "tensorflow", "preprocessing", "measured", "name", "reason"),
     [
         ("auto", "jax", False, None, False, "native", "TensorFlow is not installed"),
         ("auto", "jax", False, None, True, "native", "TensorFlow is not installed"),
@@ -357,11 +357,27 @@ def test_a_damaged_record_is_raised_by_the_next_batch_naming_file_and_record(tmp
          "the preset's image converter runs in tf.data"),
     ],
 )  # fmt: skip
-def test_one_function_chooses_the_reader(setting, backend, tensorflow, preprocessing, images,
+def test_one_function_chooses_the_reader(setting, backend, tensorflow, preprocessing, measured,
                                          name, reason):  # fmt: skip
-    chosen = readers.choose(setting, backend, tensorflow, preprocessing, images)
+    chosen = readers.choose(setting, backend, tensorflow, preprocessing, measured)
     assert (chosen.name, chosen.reason) == (name, reason)
     assert chosen.summary == f"reader: {name} ({reason})"
+
+
+def test_auto_reads_natively_the_kinds_of_records_measured_as_fast():
+    """Images, raw bytes, floats and short int64 lists (labels): native; token ids (a long int64
+    list) and strings: tf.data, where TensorFlow is installed (benchmarks/input_pipeline.py)."""
+    data = data_config({"image": {"type": "image", "shape": [8, 8, 3]},
+                        "x": {"type": "raw", "dtype": "float32", "shape": [4]},
+                        "f": {"type": "float", "shape": [3]}, "y": {"type": "int64"},
+                        "pair": {"type": "int64", "shape": [readers.SHORT_INT64]},
+                        "ids": {"type": "int64", "shape": [readers.SHORT_INT64 + 1]},
+                        "s": {"type": "bytes"}}, ["image", "x", "f", "pair"], "y")  # fmt: skip
+    assert readers.measured_native(data.features) is False  # ids and s among them
+    native = {n: data.features[n] for n in ("image", "x", "f", "y", "pair")}
+    assert readers.measured_native(native) is True
+    for slower in ("ids", "s"):
+        assert readers.measured_native({**native, slower: data.features[slower]}) is False, slower
 
 
 @pytest.mark.parametrize(
@@ -602,7 +618,7 @@ def test_data_bench_times_the_reader_training_would_use(toy_data, tmp_path):
                                    "class": {"type": "int64"}},
                       "inputs": "image", "targets": "class"}  # fmt: skip
     cases = {"images": (config, "native"),
-             "raw": (toy_config(toy_data, tmp_path / "runs"), "native" if not TF else "tf_data")}  # fmt: skip
+             "raw": (toy_config(toy_data, tmp_path / "runs"), "native")}  # fmt: skip
     for name, (cfg, expected) in cases.items():
         path = write_config(tmp_path, cfg, name)
         result = CliRunner().invoke(app, ["data", "bench", str(path), "--steps", "3", "--json"])

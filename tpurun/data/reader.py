@@ -22,16 +22,40 @@ from tpurun.frameworks import HUB_EXTRA
 
 NATIVE = "native"
 TF_DATA = "tf_data"
-#: Why ``auto`` reads images natively where TensorFlow is installed too, and other records with
-#: tf.data: measured on 2 cores (docs/benchmarks.md), the native reader decoded JPEGs 1.08x as
-#: fast as tf.data; with its batch-level parse it reads raw floats about as fast as tf.data and
-#: token ids slower (one core, the GIL, against TensorFlow's C++ on every core). Not slower is
-#: the bar for switching a kind of record to native here; TensorFlow's 4 s import is paid then.
-NATIVE_MEASURED = "it decodes images as fast as tf.data or faster: benchmarks/input_pipeline.py"
+#: Why ``auto`` reads most records natively where TensorFlow is installed too: measured on 2 cores
+#: (docs/benchmarks.md), the native reader decodes JPEGs 1.08x as fast as tf.data and, with its
+#: batch-level parse, reads raw and packed floats and scalar labels as fast (0.99-1.0x), without
+#: TensorFlow's 4-5 s import at every start. Long int64 lists (token ids) it parses slower (one
+#: core against TensorFlow's C++ on every core), and strings were not measured: tf.data keeps
+#: those. Not slower is the bar for a kind of record to be read natively here.
+NATIVE_MEASURED = (
+    "it reads these records as fast as tf.data, without importing TensorFlow: "
+    "benchmarks/input_pipeline.py"
+)
 TF_DATA_MEASURED = (
-    "TensorFlow is installed, and tf.data parses these records faster: "
+    "TensorFlow is installed, and tf.data parses token ids and strings faster: "
     "benchmarks/input_pipeline.py; data.reader: native reads them without it"
 )
+#: The longest int64 list still read natively by ``auto`` (labels, small id lists): token ids
+#: (hundreds a record) are where tf.data measured faster.
+SHORT_INT64 = 16
+
+
+def measured_native(features: Any) -> bool:
+    """Whether every feature in ``features`` (name -> spec) is of a kind the native reader
+    measured as fast as tf.data: images, raw bytes, floats, and int64 lists of at most
+    :data:`SHORT_INT64` values."""
+    import math
+
+    for feature in features.values():
+        if (
+            feature.type == "int64"
+            and math.prod(getattr(feature, "shape", None) or [1]) <= SHORT_INT64
+        ):
+            continue
+        if feature.type not in ("image", "raw", "float"):
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -53,7 +77,7 @@ class Reader:
 
 def choose(
     setting: str, backend: str, tensorflow: bool, preprocessing: str | None = None,
-    images: bool = False,
+    measured: bool = False,
 ) -> Reader:  # fmt: skip
     """The reader for ``data.reader: setting`` on ``backend``.
 
@@ -64,7 +88,8 @@ def choose(
         preprocessing: what a preset runs inside the pipeline: ``"text"`` (its tokenizer, on
             records not written with ``--tokenize``), ``"images"`` (its image converter), or
             None (nothing: a factory's model, or tokenised records).
-        images: the model reads image features (where the native reader measured faster).
+        measured: every feature the model reads is of a kind the native reader measured as fast
+            as tf.data (:func:`measured_native`).
 
     Raises:
         EnvironmentSetupError: the setting cannot run here; the message names the key and the
@@ -93,7 +118,7 @@ def choose(
         return Reader(NATIVE, "asked for in data.reader")
     if not tensorflow:
         return Reader(NATIVE, "TensorFlow is not installed")
-    return Reader(NATIVE, NATIVE_MEASURED) if images else Reader(TF_DATA, TF_DATA_MEASURED)
+    return Reader(NATIVE, NATIVE_MEASURED) if measured else Reader(TF_DATA, TF_DATA_MEASURED)
 
 
 def for_config(config: Any, choice: Any, preset_maps: bool = False) -> Reader:
@@ -105,8 +130,8 @@ def for_config(config: Any, choice: Any, preset_maps: bool = False) -> Reader:
 
     tensorflow = getattr(choice, "tensorflow", None) is not None
     preprocessing = preset_preprocessing(config, always=preset_maps)
-    images = any(f.type == "image" for f in used_features(config.data).values())
-    return choose(config.data.reader, choice.backend, tensorflow, preprocessing, images)
+    measured = measured_native(used_features(config.data))
+    return choose(config.data.reader, choice.backend, tensorflow, preprocessing, measured)
 
 
 _PREPROCESSOR = {"text": "tokenizer", "images": "image converter"}
