@@ -46,12 +46,14 @@ $(JAX_VENV)/.installed: pyproject.toml
 		echo "$(JAX_VENV) has TensorFlow: a dependency pulled it in"; exit 1; fi
 	@touch $@
 
-# Two worker processes, each taking whole test files (--dist loadfile: a module's fixtures, such
-# as a trained run several tests read, are made once). Most tests wait on a subprocess or on one
-# Python thread, so two workers finish the suite on 2 cores in about two thirds of the time (14:20
-# against 21:45 in one, measured). Each worker holds 8 simulated devices and its subprocesses: on
-# a larger machine, `make test TEST_WORKERS=4` (or auto); TEST_WORKERS=0 runs in this process.
-TEST_WORKERS ?= 2
+# Three worker processes, each taking whole test files (--dist loadfile: a module's fixtures, such
+# as a trained run several tests read, are made once). Many tests wait on a subprocess or on one
+# Python thread: on 2 cores, two workers kept the CPU 83% busy and three 96% (the suite in 15:15
+# with three, 28.8 CPU-minutes; 23:47 with two before the last cuts). Each worker holds 8 simulated
+# devices and its
+# subprocesses: on a larger machine, `make test TEST_WORKERS=6` (or auto); TEST_WORKERS=0 runs in
+# this process.
+TEST_WORKERS ?= 3
 PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # The JAX path's own unit tests again in .venv-jax, where TensorFlow is absent (the ones comparing

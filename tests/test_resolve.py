@@ -163,9 +163,8 @@ def test_a_file_cache_left_half_written_by_a_killed_run_is_cleared(tmp_path, toy
     # What TF leaves when the process dies while writing the cache (measured with SIGKILL).
     (prefix.parent / "toy-train_0.lockfile").write_text("Created at: 1795336182")
     (prefix.parent / "toy-train_0.data-00000-of-00001.tempstate1563045044").write_bytes(b"xx")
-    config = toy_config(
-        toy_data, tmp_path / "runs", data={"cache": str(prefix)}, train={"epochs": 2}
-    )
+    config = toy_config(toy_data, tmp_path / "runs", train={"epochs": 2},
+                        data={"cache": str(prefix), "reader": "tf_data"})  # fmt: skip
     assert tpurun.train(config, verbose=False)["status"] == "completed"
     assert (prefix.parent / "toy-train.index").exists()  # written whole this time
 

@@ -199,3 +199,18 @@ def test_runs_of_a_folder_that_does_not_exist(tmp_path):
     assert result.exit_code == 2 and "nowhere: no such folder" in result.output
     empty = CliRunner().invoke(app, ["runs", str(tmp_path)])
     assert empty.exit_code == 0 and f"no runs in {tmp_path}" in empty.output
+
+
+def test_a_log_newer_than_the_summary_gives_its_epochs_and_best_together(tmp_path):
+    """The summary is rewritten after each epoch's log row: read between the two, the listing
+    shows the log's epochs with the log's best, never the summary's best beside the log's count."""
+    best = {"monitor": "val_loss", "value": 0.5, "epoch": 2}
+    run = write_run(tmp_path, "raced", "00:01", status="running", epochs=9, epochs_completed=2,
+                    best=best)  # fmt: skip
+    (run / "log.csv").write_text("epoch,loss,val_loss\n0,0.9,0.7\n1,0.6,0.5\n2,0.4,0.3\n")
+    [row] = list_runs(str(tmp_path))
+    assert (row["epochs_completed"], row["best_value"], row["best_epoch"]) == (3, 0.3, 3)
+    # The log no newer than the summary: the summary's epochs and best, which agree.
+    (run / "log.csv").write_text("epoch,loss,val_loss\n0,0.9,0.7\n1,0.6,0.5\n")
+    [row] = list_runs(str(tmp_path))
+    assert (row["epochs_completed"], row["best_value"], row["best_epoch"]) == (2, 0.5, 2)

@@ -33,12 +33,11 @@ def _mtime(path: str) -> datetime.datetime | None:
         return None
 
 
-def _best_logged(rows: list[dict[str, str]], best: dict[str, Any]) -> dict[str, Any]:
-    """The best value of a loss-like monitor in a log, for a run whose summary predates it (a
-    metric's direction is known only to its compiled model, and checkpoints are not read)."""
-    monitor = best.get("monitor")
-    if not monitor or not monitor.endswith("loss") or best.get("value") is not None:
-        return best
+def _best_logged(rows: list[dict[str, str]], monitor: str | None) -> dict[str, Any] | None:
+    """The best value of a loss-like monitor in a log; None for another monitor (a metric's
+    direction is known only to its compiled model, and checkpoints are not read)."""
+    if not monitor or not monitor.endswith("loss"):
+        return None
     values = []
     for epoch, row in enumerate(rows, start=1):
         try:
@@ -46,7 +45,7 @@ def _best_logged(rows: list[dict[str, str]], best: dict[str, Any]) -> dict[str, 
         except (KeyError, TypeError, ValueError):
             continue
     if not values:
-        return best
+        return None
     value, epoch = min(values)
     return {"monitor": monitor, "value": value, "epoch": epoch}
 
@@ -77,9 +76,13 @@ def _row(path: str) -> dict[str, Any]:
         log = run.log_name()
         rows = run.read_log(log) if log else []
         if rows:
-            epochs_done = max(epochs_done or 0, len(rows))
             updated.append(_mtime(run.file(log)))
-            best = _best_logged(rows, best)
+            # The summary is rewritten after each epoch's log row: a log with more rows is the
+            # newer of the two, and its epochs and best are shown together (from the rows, where
+            # the monitor is a loss; else the summary's, which agree with each other).
+            logged = _best_logged(rows, best.get("monitor"))
+            if len(rows) > (epochs_done or 0) and (logged is not None or not best.get("monitor")):
+                epochs_done, best = len(rows), logged or best
     when = max((u for u in updated if u is not None), default=None)
     return {
         "name": fileio.basename(path.rstrip("/")),
