@@ -50,9 +50,8 @@ $(JAX_VENV)/.installed: pyproject.toml
 # as a trained run several tests read, are made once). Many tests wait on a subprocess or on one
 # Python thread: on 2 cores, two workers kept the CPU 83% busy and three 96% (the suite in 15:15
 # with three, 28.8 CPU-minutes; 23:47 with two before the last cuts). Each worker holds 8 simulated
-# devices and its
-# subprocesses: on a larger machine, `make test TEST_WORKERS=6` (or auto); TEST_WORKERS=0 runs in
-# this process.
+# devices and its subprocesses: on a larger machine, `make test TEST_WORKERS=6` (or auto);
+# TEST_WORKERS=0 runs in this process.
 TEST_WORKERS ?= 3
 PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
