@@ -229,6 +229,21 @@ def assert_same_model(a: Path, b: Path, atol: float = 0.0) -> None:
                        atol)  # fmt: skip
 
 
+def token_loss_by_hand(task, batches) -> tuple[float, float, int]:
+    """A causal LM's summed token loss in float64 over ``batches`` of ``(x, y, weights)`` numpy
+    arrays, computed from its logits by hand: ``(weighted loss, weight, positions of a batch)``
+    (the per-token mean is the first over the second)."""
+    total = tokens = 0.0
+    positions = 0
+    for x, y, w in batches:
+        logits = np.asarray(task.predict_on_batch(x), dtype=np.float64)
+        top = logits.max(axis=-1, keepdims=True)
+        log_p = logits - top - np.log(np.exp(logits - top).sum(axis=-1, keepdims=True))
+        nll = -np.take_along_axis(log_p, y[..., None], axis=-1)[..., 0]
+        total, tokens, positions = total + (nll * w).sum(), tokens + w.sum(), w.size
+    return total, tokens, positions
+
+
 def read_summary(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "summary.json").read_text())
 

@@ -12,9 +12,8 @@ import json
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
-from helpers import read_log, write_config
+from helpers import read_log, token_loss_by_hand, write_config
 from typer.testing import CliRunner
 
 from tpurun.cli.app import app
@@ -108,14 +107,7 @@ def test_evaluate_gives_the_logged_val_loss_the_mean_over_the_response_tokens(pa
     files = loading.find_records(str(data / "chat-validation-*"), {}, "--data").files
     ds = pipeline.make_dataset(files, trained.config.data, 6, training=False, score_records=4,
                                transform=transform)  # fmt: skip
-    total = tokens = 0.0
-    for x, y, w in ds.as_numpy_iterator():
-        logits = np.asarray(task.predict_on_batch(x), dtype=np.float64)
-        top = logits.max(axis=-1, keepdims=True)
-        log_p = logits - top - np.log(np.exp(logits - top).sum(axis=-1, keepdims=True))
-        nll = -np.take_along_axis(log_p, y[..., None], axis=-1)[..., 0]
-        total, tokens = total + (nll * w).sum(), tokens + w.sum()
-        positions = w.size
+    total, tokens, positions = token_loss_by_hand(task, ds.as_numpy_iterator())
     assert tokens < positions / 2  # prompts and padding: most positions weigh 0
     assert metrics["loss"] == pytest.approx(total / tokens, rel=1e-3)  # bfloat16 logits
 

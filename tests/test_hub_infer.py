@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import write_config
+from helpers import token_loss_by_hand, write_config
 from hub_presets import sentences
 from typer.testing import CliRunner
 
@@ -208,13 +208,7 @@ def test_evaluate_reports_the_loss_per_token_and_its_perplexity(lm_run, tmp_path
     files = loading.find_records(lm_run.glob("validation"), {}, "--data").files
     ds = pipeline.make_dataset(files, trained.config.data, 5, training=False, score_records=24,
                                transform=transform)  # fmt: skip
-    total = tokens = 0.0
-    for x, y, w in ds.as_numpy_iterator():
-        logits = np.asarray(task.predict_on_batch(x), dtype=np.float64)
-        top = logits.max(axis=-1, keepdims=True)
-        log_p = logits - top - np.log(np.exp(logits - top).sum(axis=-1, keepdims=True))
-        nll = -np.take_along_axis(log_p, y[..., None], axis=-1)[..., 0]
-        total, tokens = total + (nll * w).sum(), tokens + w.sum()
+    total, tokens, _ = token_loss_by_hand(task, ds.as_numpy_iterator())
     assert tokens > 24 * 5  # many tokens per answer
     assert shown["metrics"]["loss"] == pytest.approx(total / tokens, rel=1e-5)
     assert shown["metrics"]["perplexity"] == pytest.approx(np.exp(total / tokens), rel=1e-5)
