@@ -22,14 +22,15 @@ from tpurun.frameworks import HUB_EXTRA
 
 NATIVE = "native"
 TF_DATA = "tf_data"
-#: Why ``auto`` reads most records natively where TensorFlow is installed too: measured on 2 cores
-#: (docs/benchmarks.md), the native reader decodes JPEGs 1.08x as fast as tf.data and, with its
-#: batch-level parse, reads raw and packed floats and scalar labels as fast (0.99-1.0x), without
-#: TensorFlow's 4-5 s import at every start. Long int64 lists (token ids) it parses slower (one
-#: core against TensorFlow's C++ on every core), and strings were not measured: tf.data keeps
-#: those. Not slower is the bar for a kind of record to be read natively here.
+#: Why ``auto`` reads most records natively where TensorFlow is installed too (docs/benchmarks.md,
+#: 2 cores): the native reader parsed raw floats 1.28x as fast as tf.data, and each such run
+#: skips TensorFlow's 4-5 s import. It parses on one core against tf.data's C++ on every core, so
+#: with both cores idle it lost on JPEG decoding (0.69x; 1.08x with another job holding a core):
+#: images stay native here because on small images the import outweighs the rate, and a large JPEG
+#: set on few cores is better served by ``data.reader: tf_data`` (the docs say so). Token ids
+#: (0.95x, 0.75x under load) and strings (not measured) stay on tf.data.
 NATIVE_MEASURED = (
-    "it reads these records as fast as tf.data, without importing TensorFlow: "
+    "no TensorFlow import (4-5 s), and as fast as tf.data on these records or close: "
     "benchmarks/input_pipeline.py"
 )
 TF_DATA_MEASURED = (
@@ -42,9 +43,9 @@ SHORT_INT64 = 16
 
 
 def measured_native(features: Any) -> bool:
-    """Whether every feature in ``features`` (name -> spec) is of a kind the native reader
-    measured as fast as tf.data: images, raw bytes, floats, and int64 lists of at most
-    :data:`SHORT_INT64` values."""
+    """Whether every feature in ``features`` (name -> spec) is of a kind ``auto`` reads natively
+    where TensorFlow is installed (see :data:`NATIVE_MEASURED`): images, raw bytes, floats, and
+    int64 lists of at most :data:`SHORT_INT64` values."""
     import math
 
     for feature in features.values():
@@ -88,8 +89,8 @@ def choose(
         preprocessing: what a preset runs inside the pipeline: ``"text"`` (its tokenizer, on
             records not written with ``--tokenize``), ``"images"`` (its image converter), or
             None (nothing: a factory's model, or tokenised records).
-        measured: every feature the model reads is of a kind the native reader measured as fast
-            as tf.data (:func:`measured_native`).
+        measured: every feature the model reads is of a kind ``auto`` reads natively where
+            TensorFlow is installed (:func:`measured_native`).
 
     Raises:
         EnvironmentSetupError: the setting cannot run here; the message names the key and the
