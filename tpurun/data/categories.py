@@ -2,9 +2,10 @@
 
 Ids follow Keras' ``StringLookup``: 0 for a value out of the vocabulary, 1 to K for its K values
 in order. ``encode: index`` feeds the id (int32: what JAX, without x64, and an ONNX export of its
-model take), ``encode: one_hot`` its one-hot vector of K + 1 float32 values. The mapping runs in the input pipeline, the same on both readers (numpy here for
-the native one, a ``tf.lookup`` table for ``tf.data``), so a model (and every export of it) takes
-ids or vectors, never strings: the JAX backend has no string tensors.
+model take), ``encode: one_hot`` its one-hot vector of K + 1 float32 values. The mapping runs in
+the input pipeline, the same on both readers (numpy here for the native one, a ``tf.lookup`` table
+for ``tf.data``), so a model (and every export of it) takes ids or vectors, never strings: the JAX
+backend has no string tensors.
 
 The vocabulary a config leaves out comes from the schema file (``statistics.vocabulary``, counted
 by ``tpurun data write`` over the train split, most frequent first), is written into the run's
