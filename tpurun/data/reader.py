@@ -12,6 +12,7 @@ Imports no framework: TensorFlow only inside the ``tf_data`` branches.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,8 +47,6 @@ def measured_native(features: Any) -> bool:
     """Whether every feature in ``features`` (name -> spec) is of a kind ``auto`` reads natively
     where TensorFlow is installed (see :data:`NATIVE_MEASURED`): images, raw bytes, floats, and
     int64 lists of at most :data:`SHORT_INT64` values."""
-    import math
-
     for feature in features.values():
         if (
             feature.type == "int64"
