@@ -13,15 +13,22 @@ PINS   := tensorflow-cpu==2.21.0 keras==3.15.1 jax==0.10.2
 # JAX-path tests run there too (`make test`), so that training without TensorFlow stays proven.
 JAX_VENV := .venv-jax
 JAX_PINS := keras==3.15.1 jax==0.10.2
+# A fourth, for checking `tpurun export --format huggingface` with the real client: transformers
+# on PyTorch, loading the export in a fresh process as a user's serving code would
+# (tests/test_hf_export.py). Kept apart so that torch never enters the training environments.
+# torch==2.13.0 is the CPU build this kind of machine keeps on disk (pip's find-links): 1.2 GB and
+# about 45 s in all here; a version pip must download is a CUDA build of several GB.
+HF_VENV := .venv-hf
+HF_PINS := torch==2.13.0 transformers==5.24.0 safetensors sentencepiece protobuf
 
 .PHONY: install test test-fast lint format docs bench quickstart clean
 
-install: $(BIN)/tpurun $(KERNEL_VENV)/.installed $(JAX_VENV)/.installed
+install: $(BIN)/tpurun $(KERNEL_VENV)/.installed $(JAX_VENV)/.installed $(HF_VENV)/.installed
 
 $(BIN)/tpurun: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet $(PINS) -e '.[dev,export,viz,docs,hub,sharded,tensorflow]'
+	$(BIN)/pip install --quiet $(PINS) -e '.[dev,export,viz,docs,hub,sharded,tensorflow,trackers]'
 	@$(BIN)/tpurun --version
 
 # ipykernel exports MPLBACKEND=module://matplotlib_inline.backend_inline, which only this
@@ -44,6 +51,12 @@ $(JAX_VENV)/.installed: pyproject.toml
 	$(JAX_VENV)/bin/pip install --quiet sentencepiece regex tokenizers
 	@if $(JAX_VENV)/bin/python -c "import tensorflow" 2>/dev/null; then \
 		echo "$(JAX_VENV) has TensorFlow: a dependency pulled it in"; exit 1; fi
+	@touch $@
+
+$(HF_VENV)/.installed:
+	$(PYTHON) -m venv $(HF_VENV)
+	$(HF_VENV)/bin/pip install --quiet --upgrade pip
+	$(HF_VENV)/bin/pip install --quiet $(HF_PINS)
 	@touch $@
 
 # Three worker processes, each taking whole test files (--dist loadfile: a module's fixtures, such
@@ -90,4 +103,4 @@ bench: install
 	$(BIN)/python benchmarks/runner_overhead.py
 
 clean:
-	rm -rf $(VENV) $(KERNEL_VENV) $(JAX_VENV) runs .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(KERNEL_VENV) $(JAX_VENV) $(HF_VENV) runs .pytest_cache .ruff_cache *.egg-info
