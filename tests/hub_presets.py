@@ -1,7 +1,8 @@
 """Tiny KerasHub presets, built offline in a few seconds: the models the hub tests fine-tune.
 
-* ``gemma``: a SentencePiece vocabulary trained on generated text, a 2-layer Gemma backbone
-  (hidden size 64, one key/value head as Gemma 2B has) and ``GemmaCausalLM`` with its preprocessor.
+* ``gemma``: a SentencePiece vocabulary trained on generated text with Gemma's settings, a 2-layer
+  Gemma backbone (hidden size 64, one key/value head as Gemma 2B has) and ``GemmaCausalLM`` with
+  its preprocessor.
 * ``gemma_mesh``: the same vocabulary and sizes with 8 query and 4 key/value heads, for a device
   mesh: a model axis of 2 or 4 divides every head count (Gemma's own layout shards heads), one of
   8 does not divide the 4 key/value heads (the grouped-query case users hit); ``gemma``'s single
@@ -88,7 +89,7 @@ def corpus() -> list[str]:
     return sentences() + made_up_sentences() + pairs
 
 
-def _sentencepiece_proto(text: list[str]) -> bytes:
+def _sentencepiece_proto(text: list[str], symbols: tuple[str, ...] = ()) -> bytes:
     import sentencepiece as spm
 
     buffer = io.BytesIO()
@@ -96,13 +97,18 @@ def _sentencepiece_proto(text: list[str]) -> bytes:
         sentence_iterator=iter(text),
         model_writer=buffer,
         vocab_size=GEMMA_VOCABULARY,
-        model_type="unigram",
+        # Gemma's own settings (BPE, no normalisation, no dummy prefix, whitespace kept): Hugging
+        # Face's GemmaTokenizer reads tokenizer.model so, and a vocabulary trained otherwise splits
+        # text differently there (tests/test_hf_export.py compares the ids).
+        model_type="bpe", add_dummy_prefix=False, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, split_digits=True, allow_whitespace_only_pieces=True,
         # Gemma's own ids; GemmaTokenizer checks that the pieces <bos>, <eos> and <pad> exist.
         pad_id=0, eos_id=1, bos_id=2, unk_id=3,
         pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>",
         character_coverage=1.0,
         hard_vocab_limit=True,
         minloglevel=2,
+        **({"user_defined_symbols": list(symbols)} if symbols else {}),
     )  # fmt: skip
     return buffer.getvalue()
 
@@ -165,6 +171,21 @@ def gemma(folder: Path, **sizes: int) -> Path:
 
     frameworks.keras().utils.set_random_seed(0)
     _gemma(frameworks.keras_hub(), _sentencepiece_proto(corpus()), folder, **sizes)
+    return folder
+
+
+#: Gemma's turn markers, one piece each in a real Gemma vocabulary.
+TURN_MARKERS = ("<start_of_turn>", "<end_of_turn>")
+
+
+def chat_gemma(folder: Path) -> Path:
+    """The tiny Gemma with :data:`TURN_MARKERS` as pieces of its vocabulary (user-defined
+    symbols, as Gemma's own vocabulary holds them), for chat data; the shared ``gemma`` lacks
+    them. Keras must be importable (the process set up)."""
+    from tpurun import frameworks
+
+    frameworks.keras().utils.set_random_seed(0)
+    _gemma(frameworks.keras_hub(), _sentencepiece_proto(corpus(), TURN_MARKERS), folder)
     return folder
 
 
