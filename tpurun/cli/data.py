@@ -172,6 +172,24 @@ def data_write(
             metavar="N",
         ),
     ] = None,
+    chat_template: Annotated[
+        str | None,
+        typer.Option(
+            "--chat-template",
+            help="With --tokenize, for chat data: a YAML file of user, assistant (and system) "
+            "turn templates, each with one {content}, for a preset whose family has no chat "
+            "format (Gemma, Llama 3 and Qwen have theirs).",
+            metavar="FILE",
+        ),
+    ] = None,
+    packing: Annotated[
+        bool,
+        typer.Option(
+            "--packing",
+            help="With --tokenize, for a causal LM: pack the train split's examples into full "
+            "sequences (first-fit, in order); the validation split stays one example a record.",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     plain: Annotated[
         bool, typer.Option("--plain", help="Plain lines instead of a live view.")
@@ -191,6 +209,14 @@ def data_write(
                 "that many tokens); without it the text is stored as it is: leave it out."
             )
         )
+    for given, option in ((chat_template, "--chat-template"), (packing or None, "--packing")):
+        if given is not None and tokenize is None:
+            raise fail(
+                TpurunError(
+                    f"{option}: applies with --tokenize PRESET --sequence-length N (it works on "
+                    "the preset's tokens); add them, or leave it out."
+                )
+            )
     plain = want_plain(plain)
     progress = TaskProgress("writing", "records", plain=plain or as_json, closing=False)
     with exit_codes(interrupted="interrupted: nothing was left half-written"):
@@ -203,7 +229,12 @@ def data_write(
             # imports hub/, the command wires them.
             from tpurun.hub.tokenize import mapper
 
-            map_source = mapper(tokenize, sequence_length)
+            template = None
+            if chat_template is not None:
+                from tpurun.config.chat_config import load_template
+
+                template = load_template(chat_template)
+            map_source = mapper(tokenize, sequence_length, template, packing)
         with progress:
             report = write_dataset(
                 source, out_prefix, shard_mb=shard_mb, shard_multiple=shard_multiple,

@@ -160,7 +160,10 @@ def write_dataset(
     table = table_options(label, pack, fill_missing, text)
     source = _opened(source, image_size, seed, table, map_source)
     is_validation = split_mask(source.records, validation_fraction, seed)
-    source.use_split(is_validation)  # a CSV's mean fill: of the train split only
+    # A CSV's mean fill: of the train split only. A packing source returns the split of the
+    # records it yields instead (fewer train records: several examples in each).
+    written = source.use_split(is_validation)
+    is_validation = is_validation if written is None else written
     shard_sets = _shard_sets(source, out_prefix, is_validation, shard_mb, shard_multiple,
                              compression)  # fmt: skip
     chunk_size = max(1, min(chunk_records, CHUNK_BYTES * source.records // max(1, source.nbytes)))
@@ -195,6 +198,12 @@ def _opened(
 
     if isinstance(source, (str, os.PathLike)):
         opened = open_source(os.fspath(source), image_size=image_size, seed=seed, table=table)
+        if map_source is None and opened.layout.get("chat"):
+            raise DataError(
+                f"{opened.path}: chat data becomes tokens only through a preset's chat format: "
+                "write it with `tpurun data write SOURCE OUT_PREFIX --tokenize PRESET "
+                "--sequence-length N`."
+            )
         return opened if map_source is None else map_source(opened)
     if map_source is not None:
         return map_source(_opened(source, image_size, seed, table))

@@ -163,6 +163,14 @@ def show_written(report: Any, source: str, as_json: bool = False, plain: bool = 
     if tokenized:
         rows.append(("tokenized", f"for {tokenized['task']} at sequence length "
                                   f"{tokenized['sequence_length']} ({tokenized['preset']})"))  # fmt: skip
+        if tokenized.get("chat"):
+            rows.append(("chat format", tokenized["chat"]["format"]))
+        packed = tokenized.get("packing")
+        if packed:
+            rows.append(("packing", f"{packed['examples']:,} train examples in "
+                                    f"{packed['records']:,} records; padding "
+                                    f"{packed['padding']:.0%} (unpacked: "
+                                    f"{packed['padding_unpacked']:.0%})"))  # fmt: skip
     rows.append(("schema", report.schema_path))
     rate = report.records / max(report.seconds, 1e-9)
     rows.append(("time", f"{report.seconds:.1f}s ({rate:,.0f} records/s)"))

@@ -190,11 +190,25 @@ def say_truncation(task: Any, preprocessor: Any, prepared: Any, say: Any) -> Tok
     ``say``: the reporter's ``message``."""
     if preprocessor is None:
         return None
+    packed = (prepared.data.tokenized or {}).get("packing")
+    if packed:
+        say(packing_note(packed), "note")
     found = measure(preprocessor, prepared.config.data, prepared.data.train_files,
                     longest_sequence(task))  # fmt: skip
     if found is not None:
         say(found.sentence(), "warn" if found.cut else "note")
     return found
+
+
+def packing_note(packed: dict[str, Any]) -> str:
+    """The start line of a run on packed records (the schema file's ``packing`` entry)."""
+    return (
+        f"data.train: packed records ({packed['examples']:,} examples in {packed['records']:,} "
+        f"records, padding {packed['padding']:.0%} where unpacked it was "
+        f"{packed['padding_unpacked']:.0%}). KerasHub's causal LMs take no segment mask: an "
+        "example attends to those before it in its record, and positions run on across them. "
+        "Validation is not packed: each example is scored once, alone."
+    )
 
 
 def of_inspected(preset: str, sequence_length: int | None, report: Any) -> dict[str, Any] | None:

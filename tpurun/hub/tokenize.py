@@ -32,9 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from tpurun import frameworks
+from tpurun.data.packing import PackedSource
 from tpurun.data.schema_file import TOKEN_INPUTS, TOKENIZED
 from tpurun.data.sources.base import OVERHEAD_PER_FEATURE, MappedSource, Source
 from tpurun.errors import ConfigError, DataError, EnvironmentSetupError, ModelError
+from tpurun.hub import chat
 
 #: The features a tokenised causal LM record holds, in order.
 CAUSAL_FEATURES = ("token_ids", "padding_mask", "weights")
@@ -218,13 +220,17 @@ def load(preset: str, sequence_length: int | None) -> tuple[Any, dict[str, Any]]
     return preprocessor, entry
 
 
-def mapper(preset: str, sequence_length: int | None) -> Callable[[Source], Source]:
+def mapper(
+    preset: str, sequence_length: int | None, chat_template: Any = None, packing: bool = False
+) -> Callable[[Source], Source]:
     """What ``tpurun data write --tokenize`` does to the source it opened: its text replaced by
-    token ids, a chunk at a time. Sets this process up on the CPU and loads the preprocessor at
-    once, so a bad preset fails before the source is read.
+    token ids, a chunk at a time (a chat source's conversations by the preset's chat format,
+    :mod:`tpurun.hub.chat`, or ``chat_template``), then with ``packing`` the train split's
+    examples packed into full sequences (:mod:`tpurun.data.packing`). Sets this process up on the
+    CPU and loads the preprocessor at once, so a bad preset fails before the source is read.
 
     Raises:
-        ModelError: as :func:`load`.
+        ModelError: as :func:`load`; packing for a classifier.
     """
     from tpurun.hub.report import set_up_cpu
 
@@ -237,7 +243,25 @@ def mapper(preset: str, sequence_length: int | None) -> Callable[[Source], Sourc
         )
     set_up_cpu("jax", why="tpurun data write tokenises text on the CPU")
     preprocessor, entry = load(preset, sequence_length)
-    return lambda source: _Tokenizing(source, preprocessor, entry).mapped()
+    if packing and entry["kind"] != CAUSAL_LM:
+        raise ModelError(
+            f"--packing: packs a causal LM's examples into full sequences, and {preset} is a "
+            f"{entry['task']}, whose records are one example each. Leave --packing out."
+        )
+
+    def mapped(source: Source) -> Source:
+        if source.layout.get("chat"):
+            made = chat.mapped(source, preprocessor, entry, chat_template)
+        elif chat_template is not None:
+            raise DataError(
+                f"{source.path}: --chat-template applies to chat data (lines of 'messages'); "
+                "this source holds other records. Leave it out."
+            )
+        else:
+            made = _Tokenizing(source, preprocessor, entry).mapped()
+        return PackedSource(made) if packing else made
+
+    return mapped
 
 
 class _Tokenizing:

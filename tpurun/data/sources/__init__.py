@@ -7,7 +7,7 @@ one chunk is held in memory, so a source larger than RAM can be written.
 
 Sources are local files; copy a remote one here first (``gsutil -m cp -r``). One module per kind:
 :mod:`.arrays`, :mod:`.images`, :mod:`.tabular` (CSV files, with their options: label, packed
-columns, missing values, text columns), :mod:`.jsonl` (JSONL files: text, a label); :mod:`.base`
+columns, missing values, text columns), :mod:`.jsonl` (JSONL files: text, a label), :mod:`.chat` (JSONL conversations); :mod:`.base`
 is what they all share, :mod:`.columns` what the two tables share. This module recognises which
 kind a path is.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import glob
 import os
 
+from tpurun.data.sources import chat
 from tpurun.data.sources.arrays import ArraySource, npy_array, npz_arrays
 from tpurun.data.sources.base import ACCEPTED, Source
 from tpurun.data.sources.columns import TableOptions
@@ -86,6 +87,13 @@ def _open(
         if all(kind == ".csv" for kind in kinds):
             return CsvSource(path, files, table)
         if all(kind == ".jsonl" for kind in kinds):
+            if chat.is_chat(files):
+                if table:
+                    raise DataError(
+                        f"{path}: --label and --text apply to JSONL files of named values, and "
+                        "this is chat data (one 'messages' list a line); leave them out."
+                    )
+                return chat.ChatSource(path, files)
             return JsonlSource(path, files, table)
         other = next((f for f, kind in zip(files, kinds, strict=True) if kind is None), None)
         found = (

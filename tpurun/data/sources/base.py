@@ -43,10 +43,12 @@ class Source:
         """Yield ``{feature: column}`` dicts of at most ``size`` records each, in order."""
         raise NotImplementedError
 
-    def use_split(self, is_validation: Any) -> None:
+    def use_split(self, is_validation: Any) -> Any:
         """Learn which records go to validation (a bool per record; None: no split) before
         ``chunks``: what the source derives from its values (a CSV's mean fill) then comes from
-        the train split only. Most sources derive nothing."""
+        the train split only. Most sources derive nothing and return None; a source that yields
+        other records than the mask was drawn over (packing several examples into one) sets
+        ``records`` anew and returns the split of the records it yields."""
 
 
 class MappedSource(Source):
@@ -84,5 +86,5 @@ class MappedSource(Source):
         for chunk in self._source.chunks(size):
             yield self._fn(chunk)
 
-    def use_split(self, is_validation: Any) -> None:
-        self._source.use_split(is_validation)
+    def use_split(self, is_validation: Any) -> Any:
+        return self._source.use_split(is_validation)
