@@ -29,6 +29,7 @@ from tpurun.config.mesh_config import (
     Layout,
     MeshConfig,
 )
+from tpurun.config.observe_config import ObserveConfig
 from tpurun.config.train_config import TrainConfig
 
 #: Keys tpurun writes into a run directory's config.yaml; ignored when that file is loaded again.
@@ -350,6 +351,9 @@ class Config(Section):
     )
     output: OutputConfig = Field(
         default_factory=OutputConfig, description="Where the run directories go."
+    )
+    observe: ObserveConfig = Field(
+        default_factory=ObserveConfig, description="Experiment trackers (MLflow, W&B) to log to."
     )
 
     @field_validator("name")

@@ -200,6 +200,11 @@ def observers(config: Config, plan: Plan, run: RunDir, reporter: Reporter, *, pr
             TensorBoardLog(run, plan.steps_per_epoch, tensorboard.loss_every_steps,
                            checkpointer=checkpointer, progress=progress, input_wait=wait)
         )  # fmt: skip
+    if config.observe.trackers and run.writer:  # MLflow, W&B: their SDKs only when named
+        from tpurun.observe.tracker_log import TrackerLog
+
+        out.last.append(TrackerLog(config, run, reporter, steps_per_epoch=plan.steps_per_epoch,
+                                   progress=progress, input_wait=wait))  # fmt: skip
     return out
 
 

@@ -28,6 +28,23 @@ from tpurun.training.checkpoints.checkpointer import step_offset
 keras = frameworks.keras()  # the process is set up: see tpurun.frameworks
 
 
+def epoch_figures(progress: Any, input_wait: Any) -> dict[str, float]:
+    """The epoch's figures beside its metrics: ``examples_per_sec``, the throughput figures
+    (``tokens_per_sec``, ``tflops_per_device``, ``mfu``) and ``input_wait``, where measured."""
+    out: dict[str, float] = {}
+    rates = getattr(progress, "epoch_rates", None)
+    if rates:
+        out["examples_per_sec"] = rates[-1]
+    figures = getattr(progress, "epoch_throughput", None)
+    for key, value in (figures[-1] if figures else {}).items():
+        if value is not None and key != "examples_per_second":  # that one is examples_per_sec
+            out[key.replace("_per_second", "_per_sec")] = value
+    wait = getattr(input_wait, "epoch_value", None)
+    if wait is not None:
+        out["input_wait"] = wait
+    return out
+
+
 class TensorBoardLog(keras.callbacks.Callback):
     """Writes the run's scalars; made only for the process that writes the run directory.
 
@@ -108,16 +125,7 @@ class TensorBoardLog(keras.callbacks.Callback):
                 validation[f"epoch_{key[4:]}"] = value
             else:
                 train[f"epoch_{key}"] = value
-        rates = getattr(self.progress, "epoch_rates", None)
-        if rates:
-            train["examples_per_sec"] = rates[-1]
-        figures = getattr(self.progress, "epoch_throughput", None)
-        for key, value in (figures[-1] if figures else {}).items():
-            if value is not None and key != "examples_per_second":  # that one is examples_per_sec
-                train[key.replace("_per_second", "_per_sec")] = value
-        wait = getattr(self.input_wait, "epoch_value", None)
-        if wait is not None:
-            train["input_wait"] = wait
+        train.update(epoch_figures(self.progress, self.input_wait))
         self._write("train", train, step)
         if validation:
             self._write("validation", validation, step)
