@@ -6,6 +6,7 @@ server down, a store gone mid-run, a required tracker) each train a few steps.""
 from __future__ import annotations
 
 import json
+import re
 import struct
 import sys
 from pathlib import Path
@@ -224,6 +225,9 @@ def test_a_tracker_failing_mid_run_is_one_line_and_not_called_again(tracker_env,
     summary = tpurun.train(config, verbose=True)
     assert summary["status"] == "completed" and summary["epochs_completed"] == 3
     out = capsys.readouterr()
+    assert re.search(
+        rf"\[tpurun\] mlflow: run [0-9a-f]{{32}} in experiment 0 of {store}\n", out.out
+    )
     (line,) = tracker_lines(out.out + out.err)  # one line, not one an epoch
     assert f"mlflow failed logging epoch 1 (Exception: '{store}' does not exist.)" in line
     assert line.endswith("training goes on, without mlflow for the rest of this session")

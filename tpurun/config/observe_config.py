@@ -27,8 +27,8 @@ class MlflowConfig(Section):
     tracking_uri: str | None = Field(
         None,
         description="Where MLflow keeps runs: a server (`http://host:5000`), `databricks`, or a "
-        "local folder (`mlruns` or `file:/path/mlruns`; mlflow-skinny's only local store, "
-        "a SQLite file needs the full `mlflow` package). null: `MLFLOW_TRACKING_URI`, else "
+        "local folder (`mlruns`, relative to the working directory, or `file:/path/mlruns`: "
+        "mlflow-skinny's only local store; a SQLite file needs the full `mlflow` package). null: `MLFLOW_TRACKING_URI`, else "
         "MLflow's default.",
     )
     experiment: str | None = Field(

@@ -80,6 +80,7 @@ class TrackerLog(keras.callbacks.Callback):
         run_id = saved.get("run_id") if saved.get("where") == where else None
         try:
             started = tracker.start(run_id, name=self.name, run_dir=self.run.path)
+            line = tracker.started_line()
         except Exception as exc:
             what = str(exc) if isinstance(exc, Unavailable) else describe(exc)
             if self.required.get(tracker.name):
@@ -97,7 +98,6 @@ class TrackerLog(keras.callbacks.Callback):
             self.resumed.add(tracker.name)
         else:
             self.state[tracker.name] = {"run_id": started, "where": where, "last_step": 0}
-        line = tracker.started_line()
         if line:
             self.reporter.message(line, "note")
 

@@ -151,6 +151,10 @@ class MlflowTracker(Tracker):
             self.run_id = run.info.run_id
         return self.run_id
 
+    def started_line(self) -> str | None:
+        experiment = self.client.get_run(self.run_id).info.experiment_id
+        return f"mlflow: run {self.run_id} in experiment {experiment} of {self.client.tracking_uri}"
+
     def log_params(self, config: Mapping[str, Any], *, resumed: bool) -> None:
         from mlflow.entities import Param, RunTag
 
