@@ -238,6 +238,15 @@ def tiny_presets(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def chat_preset(tmp_path_factory) -> Path:
+    """The tiny Gemma whose vocabulary holds Gemma's turn markers (hub_presets.chat_gemma), for
+    chat data; built once per session."""
+    from hub_presets import chat_gemma
+
+    return chat_gemma(tmp_path_factory.mktemp("chat-preset") / "tiny_gemma_chat")
+
+
+@pytest.fixture(scope="session")
 def chat_records(tmp_path_factory):
     """``chat_records(n=96)``: the folder of ``n`` prompt/response records written by `tpurun
     data write` (helpers.write_chat_data), built once per session for each ``n``; read them in

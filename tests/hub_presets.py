@@ -70,6 +70,21 @@ def prompt_response_pairs(n: int = 256, seed: int = 1) -> list[tuple[str, str]]:
     return out
 
 
+def conversations(n: int = 32, seed: int = 3, most_turns: int = 3) -> list[list[dict]]:
+    """Chat conversations (``messages`` lists) of 1 to ``most_turns`` question/answer exchanges,
+    a quarter with a system turn first: examples of mixed lengths."""
+    rng = random.Random(seed)
+    pairs = prompt_response_pairs(n * most_turns, seed)
+    out = []
+    for i in range(n):
+        turns = [{"role": "system", "content": "answer in one sentence."}] if i % 4 == 0 else []
+        for prompt, response in pairs[i * most_turns : i * most_turns + rng.randint(1, most_turns)]:
+            turns += [{"role": "user", "content": prompt},
+                      {"role": "assistant", "content": response}]  # fmt: skip
+        out.append(turns)
+    return out
+
+
 def made_up_sentences(n: int = 300, seed: int = 2) -> list[str]:
     """Sentences of made-up words: SentencePiece needs this much variety to fill 256 pieces."""
     rng = random.Random(seed)
@@ -185,7 +200,8 @@ def chat_gemma(folder: Path) -> Path:
     from tpurun import frameworks
 
     frameworks.keras().utils.set_random_seed(0)
-    _gemma(frameworks.keras_hub(), _sentencepiece_proto(corpus(), TURN_MARKERS), folder)
+    # A line break is a piece of Gemma's vocabulary too (the tiny one's text has none).
+    _gemma(frameworks.keras_hub(), _sentencepiece_proto(corpus(), (*TURN_MARKERS, "\n")), folder)
     return folder
 
 

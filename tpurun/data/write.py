@@ -160,10 +160,7 @@ def write_dataset(
     table = table_options(label, pack, fill_missing, text)
     source = _opened(source, image_size, seed, table, map_source)
     is_validation = split_mask(source.records, validation_fraction, seed)
-    # A CSV's mean fill: of the train split only. A packing source returns the split of the
-    # records it yields instead (fewer train records: several examples in each).
-    written = source.use_split(is_validation)
-    is_validation = is_validation if written is None else written
+    is_validation = _split_of(source, is_validation)
     shard_sets = _shard_sets(source, out_prefix, is_validation, shard_mb, shard_multiple,
                              compression)  # fmt: skip
     chunk_size = max(1, min(chunk_records, CHUNK_BYTES * source.records // max(1, source.nbytes)))
@@ -213,6 +210,14 @@ def _opened(
             "opened Source lays out its own features."
         )
     return source
+
+
+def _split_of(source: Source, is_validation: Any) -> Any:
+    """The source told the split (a CSV's mean fill: of the train split only), and the split
+    of the records it yields: a packing source yields fewer train records than it was drawn
+    over, several examples in each."""
+    written = source.use_split(is_validation)
+    return is_validation if written is None else written
 
 
 def _shard_sets(
