@@ -115,16 +115,20 @@ def export(
     *,
     checkpoint: str = "best",
     platforms: str | list[str] | None = None,
+    check_python: str | None = None,
 ) -> dict[str, Any]:
-    """Export a trained run's model as ``keras``, ``saved_model`` or ``onnx``, with a sidecar
-    ``<output>.json``, checked in a fresh process without tpurun, as ``tpurun export`` does.
+    """Export a trained run's model as ``keras``, ``saved_model``, ``onnx``, ``lora`` or
+    ``huggingface``, with a sidecar ``<output>.json``, checked in a fresh process without tpurun,
+    as ``tpurun export`` does.
 
     Args:
         platforms: where a JAX model's SavedModel runs (default ``cpu,cuda``; cpu included).
+        check_python: the Python whose transformers checks a ``huggingface`` folder.
     """
     from tpurun.infer.export import export as _export
 
-    return _export(run_dir, format, output, checkpoint=checkpoint, platforms=platforms)
+    return _export(run_dir, format, output, checkpoint=checkpoint, platforms=platforms,
+                   check_python=check_python)  # fmt: skip
 
 
 def load(run_dir: str, checkpoint: str = "best"):

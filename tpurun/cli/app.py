@@ -18,7 +18,7 @@ from typing import Annotated
 import typer
 
 from tpurun._version import __version__
-from tpurun.cli.args import ConfigArg, SetOpt
+from tpurun.cli.args import CheckOpt, ConfigArg, PlacementOpt, SetOpt
 from tpurun.cli.boundary import SetCommand, end_process, exit_codes
 from tpurun.cli.data import data_app
 from tpurun.errors import EXIT_USER_ERROR
@@ -141,20 +141,13 @@ def config_command(
     config: ConfigArg,
     set_: SetOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of YAML.")] = False,
-    check: Annotated[
-        bool,
-        typer.Option(
-            "--check",
-            help="Only validate the file (instant: no data, no devices, the model factory's file "
-            "compiled but not imported): print 'CONFIG: valid' and what was checked, or with "
-            "--json the validated config.",
-        ),
-    ] = False,
+    check: CheckOpt = False,
+    placement: PlacementOpt = False,
 ) -> None:
     """Print the resolved config with its derived values (replicas, batch, LR, steps; a preset's task and parameters), without training."""
     with exit_codes():
         from tpurun.config import load_config
-        from tpurun.display import reports
+        from tpurun.display import placements, reports
 
         cfg = load_config(config, set_ or [])
         if check:
@@ -170,6 +163,10 @@ def config_command(
             from tpurun.runtime.prepare import prepare_here
 
             prepared = prepare_here(cfg)
+            if placement:  # instead of the config: where each weight goes on the mesh
+                from tpurun.training.placement import placement as placed
+
+                return placements.show(placed(cfg, prepared), as_json=as_json)
             data = prepared.effective()
             if cfg.model.preset is not None:  # builds it on the CPU to count its parameters
                 from tpurun.hub.report import describe
@@ -320,8 +317,9 @@ def export(
         typer.Option(
             "--format",
             "-f",
-            metavar="keras|saved_model|onnx|lora",
-            help="The artifact; lora: a LoRA fine-tune's adapter alone (KerasHub's .lora.h5).",
+            metavar="keras|saved_model|onnx|lora|huggingface",
+            help="The artifact; lora: a LoRA fine-tune's adapter alone (KerasHub's .lora.h5); "
+            "huggingface: a causal LM's folder for transformers and vLLM, LoRA merged.",
         ),
     ],
     output: Annotated[
@@ -331,7 +329,8 @@ def export(
             "-o",
             metavar="PATH",
             help="The artifact's path (model.keras, a SavedModel folder, model.onnx, "
-            "adapter.lora.h5); its description goes beside it as PATH.json.",
+            "adapter.lora.h5, a Hugging Face folder); its description goes beside it as "
+            "PATH.json.",
         ),
     ],
     checkpoint: CheckpointOpt = "best",
@@ -343,6 +342,15 @@ def export(
             help="Where a JAX model's SavedModel runs: cpu, cuda, rocm, tpu (cpu included).",
         ),
     ] = "cpu,cuda",
+    check_python: Annotated[
+        str | None,
+        typer.Option(
+            "--check-python",
+            metavar="PYTHON",
+            help="huggingface: the Python whose transformers and torch check the folder "
+            "(default: this one, where it has them; else the folder is written unchecked).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Export a model that loads without tpurun, checked in a fresh process before it is kept."""
@@ -350,7 +358,8 @@ def export(
         from tpurun.display import reports
         from tpurun.infer.export import export as run_export
 
-        result = run_export(run_dir, format, output, checkpoint=checkpoint, platforms=platforms)
+        result = run_export(run_dir, format, output, checkpoint=checkpoint, platforms=platforms,
+                            check_python=check_python)  # fmt: skip
         reports.show_exported(result, as_json=as_json)
 
 

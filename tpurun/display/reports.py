@@ -326,7 +326,8 @@ def show_exported(result: dict[str, Any], as_json: bool = False) -> None:
         ("format", result["format"] + (f" (platforms {','.join(result['platforms'])})"
                                        if result["platforms"] else "")),  # fmt: skip
         ("checked", f"loaded in a fresh Python process without tpurun; on {checked['on']}: max "
-                    f"|diff| {checked['max_abs_diff']:.3g} (tolerance {checked['tolerance']:g})"),
+                    f"|diff| {checked['max_abs_diff']:.3g} (tolerance {checked['tolerance']:g})"
+         if checked else "no (see the note)"),
         ("files", ", ".join(result["files"])),
         ("load", result["usage"]),
         ("checkpoint", f"{result['checkpoint_label']}: {result['checkpoint']}"),

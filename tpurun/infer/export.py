@@ -37,9 +37,10 @@ from typing import Any
 
 from tpurun import frameworks
 from tpurun.errors import EnvironmentSetupError, TpurunError
-from tpurun.infer import checking, hub_export, preset
+from tpurun.infer import checking, hf_export, hub_export, preset
 
-FORMATS = ("keras", "saved_model", "onnx", "lora")  # lora: a preset run's adapter alone
+# lora: a preset run's adapter alone; huggingface: a causal LM's folder (hf_export.py)
+FORMATS = ("keras", "saved_model", "onnx", "lora", hf_export.FORMAT)
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")  # what jax2tf's native_serialization_platforms takes
 DEFAULT_PLATFORMS = ("cpu", "cuda")
 CHECK_RECORDS = 16
@@ -225,6 +226,7 @@ def export(
     checkpoint: str = "best",
     platforms: str | Sequence[str] | None = None,
     machine: Any = None,
+    check_python: str | None = None,
 ) -> dict[str, Any]:
     """Export a run's model as ``format`` to ``output``, with a sidecar, checked on the spot.
 
@@ -236,6 +238,7 @@ def export(
         checkpoint: best, latest, or a checkpoint file.
         platforms: what a JAX model's SavedModel runs on (``cpu,cuda`` by default; cpu included).
         machine: facts about the machine (tests inject them); probed when None.
+        check_python: the Python that checks a huggingface export (:mod:`hf_export`).
 
     Raises:
         TpurunError: an unknown format or platform, an output that cannot be written, no such run
@@ -249,6 +252,8 @@ def export(
     output = _checked_output(fmt, output)
     trained = loading.open_run(run_dir)
     hub = preset.is_preset(trained.config)
+    if fmt == hf_export.FORMAT:
+        hf_export.refuse(trained)
     if hub:
         hub_export.refuse(trained, fmt)
     elif fmt == "lora":
@@ -256,6 +261,10 @@ def export(
                           "with model.lora; export keras, saved_model or onnx.")  # fmt: skip
     found = loading.find_checkpoint(trained, checkpoint)
     runtime = loading.activate_for(trained, machine)
+    if fmt == hf_export.FORMAT:
+        tol = tolerance(runtime.choice.precision, runtime.choice.accelerator, runtime.sharded)
+        return hf_export.export(trained, found, runtime, output, reference_inputs(trained), tol,
+                                check_python)  # fmt: skip
     ref = _trained_reference(trained, found, fmt, hub, runtime)
     tol = tolerance(ref.precision, runtime.choice.accelerator, runtime.sharded)
     folder, name = os.path.split(output)
@@ -301,6 +310,9 @@ def _checked_output(fmt: str, output: str) -> str:
     from tpurun.infer import loading
 
     output = loading.writable_output(output).rstrip(os.sep)
+    if fmt == hf_export.FORMAT:
+        hf_export.check_output(output)
+        return output
     if fmt == "keras" and not output.endswith(".keras"):
         raise TpurunError(f"--output {output}: a keras export is a .keras file (Keras saves no "
                           "other name), e.g. --output export/model.keras.")  # fmt: skip
