@@ -1,4 +1,5 @@
-"""Argument types shared by the commands of :mod:`tpurun.cli.app` and :mod:`tpurun.cli.data`."""
+"""Argument types shared by the commands of :mod:`tpurun.cli.app` and :mod:`tpurun.cli.data`, and
+the longer options of one command."""
 
 from __future__ import annotations
 
@@ -19,5 +20,26 @@ SetOpt = Annotated[
         "-s",
         help="Override a key: --set train.epochs=3 (repeatable).",
         metavar="KEY=VALUE",
+    ),
+]
+
+
+# tpurun config's two alternatives to printing the config.
+CheckOpt = Annotated[
+    bool,
+    typer.Option(
+        "--check",
+        help="Only validate the file (instant: no data, no devices, the model factory's file "
+        "compiled but not imported): print 'CONFIG: valid' and what was checked, or with "
+        "--json the validated config.",
+    ),
+]
+PlacementOpt = Annotated[
+    bool,
+    typer.Option(
+        "--placement",
+        help="List each weight's place on the mesh instead: its path, shape, split, the rule "
+        "that placed it and its bytes per device (the model built on the CPU, shapes only; "
+        "nothing trains).",
     ),
 ]

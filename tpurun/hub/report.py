@@ -10,7 +10,9 @@ process would keep the parent clean too, but costs the same imports again for no
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from tpurun import frameworks
@@ -45,6 +47,22 @@ def _pending_variables() -> list:
     return state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
 
 
+@contextlib.contextmanager
+def shapes_only() -> Iterator[None]:
+    """Build models inside with their variables uninitialised: shapes only, no weights read or
+    drawn (a 7B preset in seconds and no memory). Keras keeps a list of such variables to draw
+    later; the next fit in this process would draw every one (a notebook's): these are dropped
+    from it on the way out, having only ever been counted."""
+    keras = frameworks.keras()
+    pending = _pending_variables()
+    before = len(pending)
+    try:
+        with keras.StatelessScope(initialize_variables=False):
+            yield
+    finally:
+        del pending[before:]
+
+
 def describe(config: Config, backend: str = "jax", plan: Any = None,
              mesh: tuple[int, int] | None = None, limit: Any = None) -> dict[str, Any]:  # fmt: skip
     """``{"preset": {...}, "parameters": {"total", "trainable"}}`` for ``derived``; with a plan,
@@ -62,17 +80,8 @@ def describe(config: Config, backend: str = "jax", plan: Any = None,
         ModelError: as :func:`tpurun.hub.model.build_task`.
     """
     set_up_cpu(backend)
-    keras = frameworks.keras()
-
-    pending = _pending_variables()
-    before = len(pending)
-    try:
-        with keras.StatelessScope(initialize_variables=False):
-            task = build_task(config, load_weights=False, compile=False)
-    finally:
-        # Keras keeps a list of the variables to draw later; the next fit in this process would
-        # draw every one of the preset's (a notebook's): these were only ever counted.
-        del pending[before:]
+    with shapes_only():
+        task = build_task(config, load_weights=False, compile=False)
     preprocessor = task.preprocessor
     lora = config.model.lora
     preset = {
@@ -120,16 +129,7 @@ def plan_specs(model: Any, config: Config, mesh: tuple[int, int]) -> tuple[dict,
     the rules read only the mesh's shape), and the layout's name. Whole without a model axis."""
     if config.runtime.mesh is None:
         return {v.path: (None,) * len(v.shape) for v in model.weights}, "data parallel"
-    from tpurun.runtime.layout import Placer
-    from tpurun.runtime.mesh import AXES, rules_for
+    from tpurun.runtime.mesh import plan_placer
 
-    keras = frameworks.keras()
-    # Any n objects stand for the devices: get_layout_map reads the mesh's axis names only.
-    devices = [f"device:{i}" for i in range(mesh[0] * mesh[1])]
-    shape = keras.distribution.DeviceMesh(mesh, list(AXES), devices=devices)
-    mine, preset, source, auto = rules_for(config, shape)
-    placer = Placer(mine, {"data": mesh[0], "model": mesh[1]}, source, preset, auto=auto)
-    specs = {}
-    for v in model.weights:
-        specs[v.path] = placer.place(v.path, v.shape, 1)
-    return specs, source
+    placer = plan_placer(model, config, mesh)
+    return {path: p.axes for path, p in placer.placements.items()}, placer.source

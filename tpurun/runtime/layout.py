@@ -27,9 +27,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tpurun.errors import ConfigError
+from tpurun.runtime.auto_layout import Axes, Weight, auto_rule
 from tpurun.runtime.memory import size
 
-Axes = tuple[str | None, ...]
 Rule = tuple[str, Axes]  # (pattern matched in full against the variable path, axes per dimension)
 
 #: A weight of 2 or more dimensions at least this big (bytes) must be split when the model axis
@@ -47,7 +47,8 @@ class Placement:
     shape: tuple[int, ...]
     itemsize: int
     axes: Axes  # per dimension: the mesh axis it is split over, or None
-    rule: str | None  # the pattern that placed it; None: no rule matched (replicated)
+    rule: str | None  # the pattern that placed it, or "auto"; None: no rule matched (replicated)
+    how: str = ""  # which rule, as the placement listing says it: "auto: attention heads"
 
     @property
     def nbytes(self) -> int:
@@ -58,17 +59,12 @@ class Placement:
         return not any(self.axes)
 
 
-def auto_axes(shape: Sequence[int], model: int) -> Axes:
-    """tpurun's ``auto`` rule: a weight of 2 or more dimensions is split over ``model`` along its
-    largest dimension the model axis divides (a Dense kernel's output units, an embedding's
-    vocabulary, a convolution's filters: Megatron's column split where it can); vectors (biases,
-    norms) and weights no dimension of which divides stay replicated."""
-    axes: list[str | None] = [None] * len(shape)
-    if len(shape) >= 2 and model > 1:
-        divisible = [i for i, n in enumerate(shape) if n % model == 0]
-        if divisible:
-            axes[max(divisible, key=lambda i: (shape[i], i))] = "model"
-    return tuple(axes)
+def auto_axes(shape: Sequence[int], model: int, weight: Weight | None = None) -> Axes:
+    """tpurun's ``auto`` rule (:mod:`tpurun.runtime.auto_layout`): attention heads where the layer
+    says which dimension counts them, an embedding's vocabulary, else the largest dimension the
+    model axis divides (a Dense kernel's units, a convolution's filters); vectors (biases, norms)
+    and weights no dimension of which divides stay replicated."""
+    return auto_rule(shape, model, weight)[0]
 
 
 def _generalized(path: str) -> str:
@@ -101,31 +97,43 @@ class Placer:
         self.auto = auto
         self.placements: dict[str, Placement] = {}
 
-    def _rule(self, path: str, shape: tuple[int, ...]) -> tuple[str | None, Axes]:
+    def _rule(self, path: str, shape: tuple[int, ...],
+              weight: Weight | None) -> tuple[str | None, Axes, str]:  # fmt: skip
         for rules in (self.rules, self.preset):
             matched = [(p, a) for p, a in rules if re.fullmatch(p, path)]
+            mine = rules is self.rules
             if len(matched) > 1:
-                key = "runtime.layout" if rules is self.rules else f"the layout {self.source}"
+                key = "runtime.layout" if mine else f"the layout {self.source}"
                 raise ConfigError([
                     f"{key}: the variable {path} matches {len(matched)} rules "
                     f"({', '.join(repr(p) for p, _ in matched)}); each variable may match one. "
                     "Make the patterns narrower."
                 ])  # fmt: skip
             if matched:
-                return matched[0]
+                pattern, axes = matched[0]
+                return pattern, axes, f"{'runtime.layout' if mine else self.map}: {pattern}"
         if self.auto:
-            return "auto", auto_axes(shape, self.mesh["model"])
-        return None, (None,) * len(shape)
+            axes, why = auto_rule(shape, self.mesh["model"], weight)
+            return "auto", axes, f"auto: {why}"
+        return None, (None,) * len(shape), "whole (no rule matches)"
 
-    def place(self, path: str, shape: Sequence[int], itemsize: int) -> Axes:
-        """The axes of the variable at ``path``.
+    @property
+    def map(self) -> str:
+        """The preset's layout map, as the listing names it: ``GemmaBackbone.get_layout_map``."""
+        name = re.search(r"\((\w+)\)", self.source)
+        return f"{name.group(1)}.get_layout_map" if name else self.source
+
+    def place(self, path: str, shape: Sequence[int], itemsize: int,
+              weight: Weight | None = None) -> Axes:  # fmt: skip
+        """The axes of the variable at ``path`` (``weight``: what its layer says of its
+        dimensions, for the ``auto`` rule).
 
         Raises:
             ConfigError: two rules match it, a rule's axes do not fit its dimensions, or a
                 dimension is not divisible by the axis it is split over.
         """
         shape = tuple(int(n) for n in shape)
-        rule, axes = self._rule(path, shape)
+        rule, axes, how = self._rule(path, shape, weight)
         if len(axes) != len(shape):
             raise ConfigError([
                 f"runtime.layout: the rule {rule!r} gives {len(axes)} axes, and the variable "
@@ -135,7 +143,7 @@ class Placer:
         for dim, (n, axis) in enumerate(zip(shape, axes, strict=True)):
             if axis and n % self.mesh[axis]:
                 raise ConfigError([_indivisible(path, shape, dim, axes, rule, self)])
-        self.placements[path] = Placement(path, shape, itemsize, tuple(axes), rule)
+        self.placements[path] = Placement(path, shape, itemsize, tuple(axes), rule, how)
         return tuple(axes)
 
     def deliberate(self, placement: Placement) -> bool:
@@ -188,10 +196,7 @@ def check_placements(placer: Placer, paths: Sequence[str], exempt: Sequence[str]
     """
     placements = _of(placer, paths)
     if config_rules:
-        used = {p.rule for p in placements}
-        for pattern, _ in placer.rules:
-            if pattern not in used:
-                raise ConfigError([_unmatched(pattern, [p.path for p in placements])])
+        check_rules_match(placer, paths)
     total = sum(p.nbytes for p in placements)
     large = min(LARGE_BYTES, LARGE_SHARE * total)
     whole = [
@@ -203,9 +208,34 @@ def check_placements(placer: Placer, paths: Sequence[str], exempt: Sequence[str]
         raise ConfigError([_replicated(whole, placer, large)])
 
 
+def check_rules_match(placer: Placer, paths: Sequence[str] | None = None) -> None:
+    """Every rule of the config's placed one of ``paths`` (None: all the placed variables).
+
+    Raises:
+        ConfigError: a rule matched none, with the paths it comes closest to, or the wider
+            pattern to write where it matches part of a path only (re.search's match).
+    """
+    placements = _of(placer, paths)
+    used = {p.rule for p in placements}
+    for pattern, _ in placer.rules:
+        if pattern not in used:
+            raise ConfigError([_unmatched(pattern, [p.path for p in placements])])
+
+
 def _unmatched(pattern: str, paths: list[str]) -> str:
     import difflib
 
+    partly = [p for p in paths if re.search(pattern, p)]
+    if partly:  # what Keras before 3.14 would have matched (re.search; keras#22164)
+        inner = f"({pattern})" if "|" in pattern else pattern
+        wider = next((w for w in (f".*{inner}", f"{inner}.*") if all(re.fullmatch(w, p)
+                      for p in partly)), f".*{inner}.*")  # fmt: skip
+        return (
+            f"runtime.layout: the pattern {pattern!r} matches no whole variable path: tpurun "
+            f"matches each pattern against the whole path (re.fullmatch, as Keras 3.14 and later "
+            f"match LayoutMap keys, keras#22164), and it matches only part of {len(partly)} "
+            f"path(s), such as {partly[0]}. To place those, write {wider!r}."
+        )
     close = difflib.get_close_matches(pattern, paths, n=5, cutoff=0.3) or paths[:5]
     return (
         f"runtime.layout: the pattern {pattern!r} matches no variable of this model (a pattern "

@@ -20,7 +20,9 @@ from tpurun import frameworks
 from tpurun.config import Config
 from tpurun.config.mesh_config import AXES
 from tpurun.errors import ConfigError
+from tpurun.runtime.auto_layout import Weight
 from tpurun.runtime.layout import Placer, Rule, check_placements
+from tpurun.runtime.memory import itemsize
 
 #: Keras before 3.15 silently dropped weights across shards when it loaded sharded H5 files.
 KERAS_FOR_MESH = (3, 15)
@@ -153,6 +155,40 @@ def _device_mesh(keras: Any, shape: tuple[int, int], devices: list) -> Any:
     return keras.distribution.DeviceMesh(shape, list(AXES), devices=ordered)
 
 
+def weight_of(layer: Any, name: str) -> Weight | None:
+    """What ``layer`` says of the dimensions of its weight ``name`` (the ``auto`` rule's
+    :class:`~tpurun.runtime.auto_layout.Weight`): an EinsumDense kernel's equation, an
+    embedding's vocabulary; None for any other layer (its shape alone places it)."""
+    keras = frameworks.keras()
+    if isinstance(layer, keras.layers.EinsumDense) and name == "kernel":
+        return Weight(type(layer).__name__, equation=layer.equation)
+    if isinstance(layer, keras.layers.Embedding) and name.endswith("embeddings"):
+        return Weight(type(layer).__name__, vocabulary=int(layer.input_dim))
+    return None
+
+
+def weights_of(model: Any) -> dict[str, Weight]:
+    """:func:`weight_of` for each variable of a built ``model``, by path (a layer's variables are
+    at its path)."""
+    layers = {layer.path: layer for layer in model._flatten_layers(include_self=False)}
+    out = {}
+    for variable in model.variables:
+        parent, _, name = variable.path.rpartition("/")
+        weight = weight_of(layers.get(parent), name)
+        if weight is not None:
+            out[variable.path] = weight
+    return out
+
+
+def _creating_layer(path: str) -> Any:
+    """The layer creating the variable at ``path`` now: Keras' ``add_weight`` opens the layer's
+    name scope with the layer as its caller."""
+    state = frameworks.keras("src.backend.common.global_state")
+    stack = state.get_global_attribute("name_scope_stack") or []
+    caller = stack[-1].caller if stack else None
+    return caller if getattr(caller, "path", None) == path.rpartition("/")[0] else None
+
+
 _PLACING: Any = None
 
 
@@ -172,11 +208,22 @@ def _placing_class(keras: Any) -> Any:
                 if getattr(variable, "_layout", None) is not None:
                     return variable._layout
                 itemsize = jnp.dtype(variable.dtype).itemsize
-                axes = self.placer.place(variable.path, variable.shape, itemsize)
+                path = variable.path
+                weight = weight_of(_creating_layer(path), path.rpartition("/")[2])
+                axes = self.placer.place(path, variable.shape, itemsize, weight)
                 return keras.distribution.TensorLayout(list(axes), self.device_mesh)
 
         _PLACING = PlacingModelParallel
     return _PLACING
+
+
+def placing(placer: Placer, keras_mesh: Any, auto_shard: bool = True) -> Any:
+    """A Keras ``ModelParallel`` distribution over ``keras_mesh`` that places each variable where
+    ``placer`` says, as it is created (``auto_shard``: Keras splits a dataset over the processes
+    itself; off where each process reads its own share)."""
+    keras = frameworks.keras()
+    return _placing_class(keras)(placer=placer, batch_dim_name="data", auto_shard_dataset=auto_shard,
+                                 layout_map=keras.distribution.LayoutMap(keras_mesh))  # fmt: skip
 
 
 def install(runtime: Any, config: Config) -> Placer | None:
@@ -190,14 +237,29 @@ def install(runtime: Any, config: Config) -> Placer | None:
     keras_mesh = _device_mesh(keras, (data, model), runtime.devices)
     rules, preset, source, auto = rules_for(config, keras_mesh)
     placer = Placer(rules, {"data": data, "model": model}, source, preset=preset, auto=auto)
-    distribution = _placing_class(keras)(
-        placer=placer,
-        layout_map=keras.distribution.LayoutMap(keras_mesh),
-        batch_dim_name="data",
-        auto_shard_dataset=not runtime.choice.cluster.multi,
-    )
+    distribution = placing(placer, keras_mesh, auto_shard=not runtime.choice.cluster.multi)
     keras.distribution.set_distribution(distribution)
     runtime.distribution, runtime.placer = distribution, placer
+    return placer
+
+
+def plan_placer(model: Any, config: Config, mesh: tuple[int, int]) -> Placer:
+    """The run's layout applied to a model built without the devices (a stateless scope): each
+    variable placed as the mesh's distribution would place it as it is created. No device is
+    needed: the rules read only the mesh's shape.
+
+    Raises:
+        ConfigError: the layout cannot place a variable (an indivisible shape, two rules).
+    """
+    keras = frameworks.keras()
+    # Any n objects stand for the devices: get_layout_map reads the mesh's axis names only.
+    devices = [f"device:{i}" for i in range(mesh[0] * mesh[1])]
+    shape = keras.distribution.DeviceMesh(mesh, list(AXES), devices=devices)
+    mine, preset, source, auto = rules_for(config, shape)
+    placer = Placer(mine, {"data": mesh[0], "model": mesh[1]}, source, preset, auto=auto)
+    weights = weights_of(model)
+    for v in model.weights:
+        placer.place(v.path, v.shape, itemsize(v.dtype), weights.get(v.path))
     return placer
 
 
