@@ -70,7 +70,6 @@ class TrackerLog(keras.callbacks.Callback):
         for tracker in self.trackers:
             if tracker.name not in self.dropped:
                 self._start(tracker)
-        self._write_state()
         if self.active:
             _OPEN.append(self)
 
@@ -145,7 +144,9 @@ class TrackerLog(keras.callbacks.Callback):
         if self._params_logged:
             return
         self._params_logged = True
-        config = self.run.read_config() or {}  # config.yaml: written at the first train begin
+        # The run's first writes (config.yaml) are made by now: the model fits the data.
+        self._write_state()
+        config = self.run.read_config() or {}
         for tracker in list(self.active):
             resumed = tracker.name in self.resumed
             self._call(tracker, "logging the config",
