@@ -29,7 +29,7 @@ def padded_run(tiny_presets, chat_records, tmp_path_factory) -> tuple[Path, Path
     data = chat_records(16)  # 12 train, 4 validation records
     config = {
         "name": "figures",
-        "model": {"preset": str(tiny_presets.gemma), "lora": {"rank": 4}, "sequence_length": 24},
+        "model": {"preset": str(tiny_presets.gemma), "lora": {"rank": 4}, "sequence_length": 16},
         "data": {"train": str(data / "chat-train-*"), "validation": str(data / "chat-validation-*")},
         "train": {"per_core_batch_size": 3, "gradient_accumulation_steps": 2, "epochs": 2,
                   "steps_per_execution": 1, "learning_rate": {"base": 1e-2}},
@@ -141,11 +141,11 @@ def test_train_says_the_share_of_records_cut_and_the_length_that_keeps_95_percen
     _, data, output = padded_run
     needed = _needed(tiny_presets.gemma, data, "train")
     assert len(needed) == 12 and needed[-1] < 199
-    cut = sum(n > 24 for n in needed)
+    cut = sum(n > 16 for n in needed)
     keep = needed[math.ceil(0.95 * 12) - 1]
-    assert cut > 0 and keep > 24
+    assert cut > 0 and keep > 16
     expected = (
-        f"warning: model.sequence_length: 24 tokens cuts {cut / 12:.0%} of the records ({cut} of "
+        f"warning: model.sequence_length: 16 tokens cuts {cut / 12:.0%} of the records ({cut} of "
         f"all 12 records are longer; the longest needs {needed[-1]}); 95% of them fit in {keep}: "
         f"set model.sequence_length: {keep}"
     )
