@@ -247,3 +247,21 @@ def test_a_required_tracker_that_cannot_start_exits_2_naming_the_fix(tracker_env
     )
     assert "set observe.mlflow.required: false to train without it" in result.output
     assert "Traceback" not in result.output
+
+
+def test_mlflows_default_sqlite_store_without_sqlalchemy_names_the_fix(
+    tracker_env, tmp_path, monkeypatch
+):
+    import importlib.util
+
+    from tpurun.config.observe_config import MlflowConfig
+    from tpurun.observe.trackers import MlflowTracker, Unavailable
+
+    if importlib.util.find_spec("sqlalchemy") is not None:
+        pytest.skip("the full mlflow's SQLAlchemy is installed: SQLite stores work")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(Unavailable, match=r"^its store is sqlite:///.*mlflow\.db \(SQLite\), "
+                       r"which needs the full mlflow package \(pip install mlflow\); or set "
+                       r"observe\.mlflow\.tracking_uri to a folder"):  # fmt: skip
+        MlflowTracker(MlflowConfig()).start(None, name="x", run_dir=str(tmp_path))
+    assert list(tmp_path.iterdir()) == []  # no mlflow.db left behind

@@ -114,13 +114,13 @@ class MlflowTracker(Tracker):
             # ("maintenance mode"); naming a folder in the config is the user's choice of it.
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         try:
+            import mlflow
             from mlflow.tracking import MlflowClient
         except ImportError as exc:
             raise Unavailable(
                 f"cannot import mlflow ({describe(exc)}): pip install mlflow-skinny"
             ) from None
-        client = MlflowClient(tracking_uri=self.uri)
-        uri = str(client.tracking_uri)
+        uri = self.uri or mlflow.get_tracking_uri()  # MLflow 3's default: sqlite:///mlflow.db
         if uri.startswith("sqlite:"):
             try:
                 import sqlalchemy  # noqa: F401
@@ -130,7 +130,7 @@ class MlflowTracker(Tracker):
                     "(pip install mlflow); or set observe.mlflow.tracking_uri to a folder "
                     "(file:mlruns) or a server"
                 ) from None
-        return client
+        return MlflowClient(tracking_uri=uri)
 
     def _experiment_id(self) -> str:
         name = self._experiment_name()
