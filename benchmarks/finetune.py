@@ -24,6 +24,15 @@ script.
 
     .venv/bin/python benchmarks/finetune.py            # 8 CPU devices, ~4 min on 2 cores
     .venv/bin/python benchmarks/finetune.py --json
+
+``--packing`` measures something else: `tpurun train` on chat records of mixed lengths (1 to 6
+question/answer exchanges, 33 to ~200 tokens, in a 256-token sequence), written by `tpurun data
+write --tokenize` unpacked and with ``--packing``, one epoch a pass over every example. It prints
+the padding share of each, positions/s (every position a step computes) and tokens/s (the
+examples' own tokens, padding left out) over the steady epochs, and the packed run's tokens/s over
+the unpacked run's.
+
+    .venv/bin/python benchmarks/finetune.py --packing  # 2 CPU devices, ~5 min on 2 cores
 """
 
 import time
@@ -70,6 +79,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         "epoch (executions queue up; on simulated CPU devices this can deadlock)",
     )
     # The hand-written script's own arguments (it is this file, in a process of its own).
+    p.add_argument(
+        "--packing",
+        action="store_true",
+        help="tokens/s and padding of chat records packed and unpacked (see above)",
+    )
     p.add_argument("--hand", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--preset", help=argparse.SUPPRESS)
     p.add_argument("--data", help=argparse.SUPPRESS)
@@ -302,10 +316,103 @@ def load_average() -> list[float]:
         return []
 
 
+# ------------------------------------------------------------------------- --packing: chat data
+CHAT_PRESET = """import os, sys
+os.environ.setdefault("KERAS_BACKEND", "jax"); os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, "tests")
+from pathlib import Path
+from tpurun import frameworks
+frameworks.activated("jax")
+from hub_presets import chat_gemma
+chat_gemma(Path(sys.argv[1]))
+"""
+CHAT = {"conversations": 1024, "most_turns": 6, "sequence_length": 256, "devices": 2,
+        "per_core_batch": 8, "epochs": 3}  # fmt: skip
+
+
+def ensure_chat(args: argparse.Namespace) -> tuple[Path, Path]:
+    """The tiny Gemma with Gemma's turn markers, and the chat records written twice."""
+    preset = WORK / "presets" / "tiny_gemma_chat"
+    if not (preset / "model.weights.h5").exists():
+        log(args, f"building the chat preset into {preset} ...")
+        run([sys.executable, "-c", CHAT_PRESET, str(preset)], args, "the chat preset")
+    data, source = WORK / "chat-data", WORK / "chat-messages.jsonl"
+    if not source.exists():
+        sys.path.insert(0, str(ROOT / "tests"))
+        from hub_presets import conversations
+
+        rows = conversations(CHAT["conversations"], seed=6, most_turns=CHAT["most_turns"])
+        source.write_text("".join(json.dumps({"messages": t}) + "\n" for t in rows))
+    for name, extra in (("unpacked", []), ("packed", ["--packing"])):
+        if not (data / f"{name}.schema.json").exists():
+            run([str(BIN / "tpurun"), "data", "write", str(source), str(data / name),
+                 "--tokenize", str(preset), "--sequence-length", str(CHAT["sequence_length"]),
+                 "--overwrite", "--plain", *extra], args, "tpurun data write")  # fmt: skip
+    return preset, data
+
+
+def run_chat(args: argparse.Namespace, preset: Path, data: Path, name: str, i: int) -> dict:
+    out = WORK / "runs" / f"chat-{name}-{i}"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    config = {
+        "name": name, "seed": 0,
+        "model": {"preset": str(preset), "lora": {"rank": 4},
+                  "sequence_length": CHAT["sequence_length"]},
+        "data": {"train": str(data / f"{name}-*.tfrecord")},
+        "train": {"per_core_batch_size": CHAT["per_core_batch"], "epochs": CHAT["epochs"],
+                  "learning_rate": {"base": 1e-3, "base_batch_size": None}},
+        "runtime": {"backend": "jax", "accelerator": "cpu", "cpu_devices": CHAT["devices"]},
+        "output": {"dir": str(out)},
+    }  # fmt: skip
+    (out / "chat.yaml").write_text(json.dumps(config))
+    run([str(BIN / "tpurun"), "train", str(out / "chat.yaml"), "--plain"], args, "tpurun train")
+    summary = json.loads((out / name / "summary.json").read_text())
+    positions = summary["steps_per_epoch"] * summary["global_batch_size"] * CHAT["sequence_length"]
+    seconds = statistics.median(summary["epoch_seconds"][1:])
+    return {"steps_per_epoch": summary["steps_per_epoch"], "steady_epoch_seconds": seconds,
+            "positions_per_sec": positions / seconds}  # fmt: skip
+
+
+def packing_main(args: argparse.Namespace) -> None:
+    preset, data = ensure_chat(args)
+    packing = json.loads((data / "packed.schema.json").read_text())["tokenized"]["packing"]
+    padding = {"unpacked": packing["padding_unpacked"], "packed": packing["padding"]}
+    result: dict = {"setup": {**CHAT, "cpu_count": os.cpu_count()}, "packing": packing}
+    for name in ("unpacked", "packed"):
+        runs = [run_chat(args, preset, data, name, i) for i in range(args.repeats)]
+        positions = statistics.median(r["positions_per_sec"] for r in runs)
+        result[name] = {"padding": padding[name], "runs": runs,
+                        "positions_per_sec": round(positions, 1),
+                        "tokens_per_sec": round(positions * (1 - padding[name]), 1)}  # fmt: skip
+        log(args, f"{name}: {runs}")
+    result["tokens_per_sec_ratio"] = round(
+        result["packed"]["tokens_per_sec"] / result["unpacked"]["tokens_per_sec"], 3
+    )
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    print(f"\nchat records: {packing['examples']} conversations, {CHAT['sequence_length']}-token "
+          f"sequences, {CHAT['devices']} CPU devices x {CHAT['per_core_batch']}, "
+          f"{args.repeats} run(s) each, steady epochs")  # fmt: skip
+    print(f"{'':14s}{'records':>9s}{'padding':>9s}{'steps':>7s}{'epoch s':>9s}{'positions/s':>13s}"
+          f"{'tokens/s':>10s}")  # fmt: skip
+    for name in ("unpacked", "packed"):
+        r, first = result[name], result[name]["runs"][0]
+        records = packing["records"] if name == "packed" else packing["examples"]
+        print(f"{name:14s}{records:9d}{r['padding']:9.1%}{first['steps_per_epoch']:7d}"
+              f"{statistics.median(x['steady_epoch_seconds'] for x in r['runs']):9.2f}"
+              f"{r['positions_per_sec']:13,.0f}{r['tokens_per_sec']:10,.0f}")  # fmt: skip
+    print(f"packed / unpacked tokens/s: {result['tokens_per_sec_ratio']:.2f}")
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     if args.hand:
         hand(args)
+        return
+    if args.packing:
+        packing_main(args)
         return
     started = time.monotonic()
     preset, data = ensure_inputs(args)
