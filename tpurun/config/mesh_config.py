@@ -37,9 +37,10 @@ class MeshConfig(Section):
 
 class LayoutRule(Section):
     pattern: str = Field(
-        description="A regular expression matched in full against a variable's path "
-        "(`decoder_block_0/ffw_gating/kernel`; a pattern that matches nothing is refused, "
-        "naming the closest paths).",
+        description="A regular expression matched against a variable's whole path (Python's "
+        "`re.fullmatch`, as Keras 3.14 and later match LayoutMap keys): "
+        "`decoder_block_\\d+/ffw_gating/kernel`. A pattern that matches nothing is refused, "
+        "naming the closest paths, or the whole-path pattern where it matches part of some.",
     )
     axes: list[Literal["data", "model"] | None] = Field(
         description="One entry per dimension of the variables it matches: the mesh axis that "
@@ -61,8 +62,10 @@ Layout = Literal["preset", "auto"] | list[LayoutRule]
 LAYOUT_DESCRIPTION = (
     "How the weights are split over the mesh's model axis. `preset`: the backbone's own "
     "`get_layout_map` (KerasHub's Gemma, Llama, Qwen). `auto`: tpurun's rule for any Keras "
-    "model: every weight of 2 or more dimensions is split over `model` along its largest "
-    "dimension the axis divides. A list of `{pattern, axes}` rules: yours, first; what they do not "
+    "model (Gemma 3, Qwen 3, Mistral, Mixtral, Phi-3 have no map): an attention kernel is split "
+    "by head where `model` divides the head count, else along the hidden size (a head is never "
+    "split); an embedding along its vocabulary; any other weight of 2 or more dimensions along "
+    "its largest dimension the axis divides. A list of `{pattern, axes}` rules: yours, first; what they do not "
     "match is placed by the preset's layout where the model has one, else by `auto` (a rule of "
     "all nulls keeps a weight whole on purpose). Unset: `preset` where the model has one, else "
     "`auto`. Either way, a weight of 2 or more dimensions and at least 1 "
