@@ -263,3 +263,29 @@ def test_a_layout_pattern_is_matched_against_the_whole_path(on_2x4, chat_records
     assert (query["axes"], query["rule"]) == (
         [None, "model", None], "runtime.layout: .*attention/query/kernel")  # fmt: skip
     assert rows["decoder_block_1/attention/key/kernel"]["rule"].startswith("auto: features")
+
+
+def test_a_factory_models_placement_and_a_data_parallel_one(toy_data, tmp_path):
+    """auto on a model.factory model: mlp(64)'s kernels [8, 64] and [64, 1] both along their 64
+    (the largest dimension 4 divides), the biases whole; without a mesh every weight is whole."""
+    from helpers import FACTORIES, toy_config
+
+    config = toy_config(toy_data, tmp_path / "runs",
+                        model={"factory": f"{FACTORIES}:mlp", "kwargs": {"units": 64}},
+                        runtime={"cpu_devices": 8, "mesh": {"model": 4}})  # fmt: skip
+    path = write_config(tmp_path / "mlp.yaml", config)
+    done = CliRunner().invoke(app, ["config", str(path), "--placement", "--json"])
+    assert done.exit_code == 0, done.output
+    listing = json.loads(done.output)
+    assert (listing["mesh"], listing["layout"]) == ({"data": 2, "model": 4}, "auto")
+    largest = "auto: largest divisible dimension"
+    assert [(v["shape"], v["axes"], v["rule"], v["bytes_per_device"]) for v in listing["variables"]] == [
+        ([8, 64], [None, "model"], largest, 8 * 16 * 4), ([64], [None], "auto: whole (a vector)", 256),
+        ([64, 1], ["model", None], largest, 16 * 4), ([1], [None], "auto: whole (a vector)", 4)]  # fmt: skip
+
+    done = CliRunner().invoke(app, ["config", str(path), "--placement", "--json",
+                                    "--set", "runtime.mesh=null"])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    listing = json.loads(done.output)
+    assert {v["rule"] for v in listing["variables"]} == {"whole (data parallel: no runtime.mesh)"}
+    assert listing["bytes_per_device"] == listing["bytes"] == (8 * 64 + 64 + 64 + 1) * 4
