@@ -120,6 +120,7 @@ PRESET_ONLY = {
     "task": "the KerasHub task class",
     "lora": "LoRA on the backbone",
     "sequence_length": "the preprocessor's length",
+    "quantize": "the pretrained base quantized under LoRA (a quantized kernel does not train)",
 }
 
 
@@ -152,6 +153,12 @@ class ModelConfig(Section):
         None,
         description="Preset only: LoRA on the backbone (`enable_lora`): the pretrained weights "
         "are frozen and only the adapter trains. `{rank: 4}`.",
+    )
+    quantize: Literal["int8", "int4"] | None = Field(
+        None,
+        description="Preset with `lora` only (QLoRA): the frozen base quantized after loading and "
+        "before LoRA (Keras' `quantize`): `int8` (a quarter of float32's bytes) or `int4` (an "
+        "eighth, in blocks of 128). The adapters stay float32; checkpoints hold only them.",
     )
     sequence_length: int | None = Field(
         None,
@@ -215,6 +222,12 @@ class ModelConfig(Section):
                         f"model.{key} ({what}) applies to a model.preset; model.factory builds "
                         f"its own model: remove model.{key}, or use a preset"
                     )
+        if self.quantize is not None and self.lora is None:
+            raise ValueError(
+                f"model.quantize: {self.quantize} needs model.lora: Keras' quantized layers hold "
+                "their kernels as integers that do not train, so only the norms and biases "
+                "would; add model.lora: {rank: 4} (QLoRA), or remove model.quantize"
+            )
         return self
 
 

@@ -20,6 +20,7 @@ from tpurun.config import Config
 from tpurun.errors import ModelError, TpurunError, describe
 from tpurun.hub import handles
 from tpurun.hub.preset import Preset, check_sequence_length, max_sequence_length, read
+from tpurun.hub.quantize import quantize
 from tpurun.hub.task import concrete, task_class
 from tpurun.multihost.collectives import lost_peer
 
@@ -46,7 +47,8 @@ def build_task(config: Config, load_weights: bool = True, compile: bool = True) 
     Raises:
         ModelError: a missing or incomplete preset, a task that does not fit it, kwargs
             ``from_preset`` refuses, a sequence length over the backbone's maximum, LoRA on a
-            backbone without attention layers to adapt, a handle that cannot be downloaded here.
+            backbone without attention layers to adapt, a handle that cannot be downloaded here,
+            a ``model.quantize`` the backbone's layers cannot take.
         EnvironmentSetupError: keras-hub is not installed.
     """
     preset = read(config)
@@ -54,6 +56,8 @@ def build_task(config: Config, load_weights: bool = True, compile: bool = True) 
     check_kwargs(concrete(cls, preset), config.model.kwargs)
     task = load(cls, preset, config.model.kwargs, load_weights=load_weights, compile=compile)
     set_sequence_length(task, config.model.sequence_length)
+    if config.model.quantize is not None:  # after loading the float weights, before LoRA
+        quantize(task, config.model.quantize, fingerprint=load_weights)
     if config.model.lora is not None:
         enable_lora(task, config.model.lora.rank, config.model.lora.alpha)
     return task

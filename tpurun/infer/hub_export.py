@@ -8,6 +8,9 @@ and checks what this writes, in a fresh process without tpurun, as for any run).
 - ``saved_model``: the merged task without its preprocessor: token ids in (the preset
   tokenizer's, padded to the run's sequence length: a fixed length, since jax2tf cannot export
   KerasHub's attention over a length left open), logits out.
+- A QLoRA run's (``model.quantize``) ``keras`` and ``saved_model`` hold the adapter merged into
+  the preset's original float weights (:func:`tpurun.infer.preset.merged_into_float`), checked
+  against that merged model's own outputs.
 - ``lora``: the adapter alone, KerasHub's ``.lora.h5`` (``save_lora_weights``), for the preset it
   was trained on; checked by loading that preset and the adapter in the fresh process.
 
@@ -107,21 +110,33 @@ def reference(trained: Any, task: Any, fmt: str, records: tuple[Any, str]) -> Hu
         inputs = batches.token_inputs(task.preprocessor, records[0])
     else:
         inputs = _texts(records[0])
+    served, notes = task, []  # the model whose outputs the artifact must reproduce
+    if config.model.quantize is not None:
+        # QLoRA: every artifact is served on the preset's float weights (the adapter loaded onto
+        # the float preset, or merged into it), not on the quantized base it trained against.
+        served, notes = preset.merged(task, config), [_float_note(config)]
+        task = task if fmt == LORA_FORMAT else served
     if fmt == "saved_model":
         return _saved_model(task, config, inputs, source, on_tokens)
     if fmt == LORA_FORMAT:
         refuse_for_task(trained, task)
-    notes = []
     if on_tokens:
-        expected, notes = _on_tokens(task, inputs), [_token_note(config, inputs, fmt)]
+        expected = _on_tokens(served, inputs)
+        notes.append(_token_note(config, inputs, fmt))
     else:
         n = len(keras.tree.flatten(inputs)[0])
-        expected = _flat(task.predict(inputs, batch_size=n, verbose=0))
+        expected = _flat(served.predict(inputs, batch_size=n, verbose=0))
     if fmt == LORA_FORMAT:
         check = {**_lora_check(trained, task), "token_ids": on_tokens}
         return HubReference(task, inputs, source, expected, notes, check)
     plain = preset.merged(task, config)
     return HubReference(plain, inputs, source, expected, notes, {"token_ids": on_tokens})
+
+
+def _float_note(config: Any) -> str:
+    return (f"the run trained against the preset quantized to {config.model.quantize} "
+            "(model.quantize); this artifact is for its original float weights, and its outputs "
+            "differ from the quantized run's by the quantization's error")  # fmt: skip
 
 
 def _saved_model(task: Any, config: Any, inputs: Any, source: str, on_tokens: bool) -> HubReference:

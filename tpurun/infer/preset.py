@@ -243,10 +243,12 @@ def merged(task: Any, config: Any) -> Any:
     Keras saves a LoRA layer's kernel merged (``EinsumDense.save_own_variables``), under the
     names a layer without LoRA has, so the weights load into the task built without LoRA.
     """
-    from tpurun.hub.model import build_task
+    from tpurun.hub.model import build_task, lora_layers
 
-    if not has_lora(config):
+    if not has_lora(config) or not lora_layers(task.backbone):
         return task
+    if config.model.quantize is not None:
+        return merged_into_float(task, config)
     plain = build_task(config.model_copy(update={"model": config.model.model_copy(
         update={"lora": None})}))  # fmt: skip
     work = tempfile.mkdtemp(prefix="tpurun-merge-")
@@ -256,6 +258,33 @@ def merged(task: Any, config: Any) -> Any:
         plain.load_weights(path)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    plain.preprocessor = task.preprocessor
+    return plain
+
+
+def merged_into_float(task: Any, config: Any) -> Any:
+    """A QLoRA run's task merged into the preset's *original* float weights: the preset loaded
+    again without ``model.quantize``, each adapter's update (``alpha / rank * A @ B``, in float32)
+    added to its float kernel, the other trainable weights copied. Not the dequantized integers
+    plus the adapter (what Keras' own save of a quantized LoRA layer writes, quantized again):
+    the adapter learnt to correct the quantized base, and what users serve is the float one."""
+    from tpurun.hub.model import build_task, lora_layers
+
+    ops = frameworks.keras().ops
+    model = config.model.model_copy(update={"lora": None, "quantize": None})
+    plain = build_task(config.model_copy(update={"model": model}))
+    layers = {layer.path: layer for layer in plain.backbone._flatten_layers(include_self=False)}
+    adapters = set()
+    for layer in lora_layers(task.backbone):
+        delta = ops.matmul(layer.lora_kernel_a, layer.lora_kernel_b)
+        kernel = layers[layer.path]._kernel  # the float variable (LoRA is off in the plain task)
+        update = ops.add(ops.cast(kernel, "float32"), (layer.lora_alpha / layer.lora_rank) * delta)
+        kernel.assign(ops.cast(update, kernel.dtype))
+        adapters.update({id(layer.lora_kernel_a), id(layer.lora_kernel_b)})
+    own = {v.path: v for v in plain.weights}
+    for variable in task.trainable_variables:  # a classifier's head, the adapted layers' biases
+        if id(variable) not in adapters:
+            own[variable.path].assign(variable)
     plain.preprocessor = task.preprocessor
     return plain
 

@@ -45,6 +45,7 @@ import numpy as np
 
 from tpurun import frameworks
 from tpurun.errors import ModelError, describe
+from tpurun.hub import quantize
 from tpurun.hub.model import lora_layers
 from tpurun.hub.preset import CONFIG, is_handle
 from tpurun.storage import fileio
@@ -72,14 +73,18 @@ def adapter_name(name: str) -> str:
 
 
 # ------------------------------------------------------------------ the preset it adapts
-def preset_record(location: str | None) -> dict | None:
+def preset_record(location: str | None, model: Any = None) -> dict | None:
     """Which preset a checkpoint belongs to: its location, and a fingerprint that is cheap to
     take: a hash of ``config.json``, and of each ``*.weights.h5`` file its size and a hash of
     samples spread over it (:func:`_sampled_sha256`). None without a preset; a handle
-    (``kaggle://``) is recorded by name only (its files are in a cache)."""
+    (``kaggle://``) is recorded by name only (its files are in a cache). A ``model`` whose base
+    was quantized adds the quantized base's fingerprint (``quantized``:
+    :func:`tpurun.hub.quantize.record`)."""
     if not location:
         return None
     record: dict[str, Any] = {"location": location}
+    if quantize.record_of(model) is not None:
+        record["quantized"] = quantize.record_of(model)
     if is_handle(location) or not os.path.isdir(location):
         return record
     config = os.path.join(location, CONFIG)
@@ -260,7 +265,9 @@ def load(model: Any, path: str, source: str, preset: str | None = None) -> None:
     name = fileio.basename(path)
     with _open(path) as f:
         _check_format(f, path)
-        changes = preset_changes(json.loads(f.attrs.get("preset", "null")), preset_record(preset))
+        saved, now = json.loads(f.attrs.get("preset", "null")), preset_record(preset, model)
+        _check_quantized(source, name, saved, now)
+        changes = preset_changes(saved, now)
         if changes:
             raise ModelError(
                 f"{source}: {name} holds a LoRA adapter trained on other base weights than the "
@@ -281,6 +288,19 @@ def load(model: Any, path: str, source: str, preset: str | None = None) -> None:
         for group in GROUPS:
             for key, variable in parts.keyed(group).items():
                 variable.assign(_get(found[group][key]))
+
+
+def _check_quantized(source: str, name: str, saved: dict | None, now: dict | None) -> None:
+    """Refuse an adapter trained on a quantized base other than the one rebuilt now."""
+    changes = quantize.changes((saved or {}).get("quantized"), (now or {}).get("quantized"))
+    if changes:
+        raise ModelError(
+            f"{source}: {name} holds a LoRA adapter trained on another quantized base than the "
+            f"one rebuilt now ({'; '.join(changes[:4])}). Quantizing the same preset in the same "
+            "mode with the same Keras gives the same base; the adapter learnt to correct that "
+            "one. Resume with the model.quantize and Keras the run was trained with, or pass "
+            "--restart to start over."
+        )
 
 
 def _misfits(group: str, saved: dict[str, Any], expected: dict[str, Any]) -> list[str]:

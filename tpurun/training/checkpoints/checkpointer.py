@@ -215,7 +215,7 @@ class Checkpointer:
         if self._lora is None:
             self._lora = adapter.is_lora(model)
             if self._lora:
-                self._preset = adapter.preset_record(self.identity.get("model.preset"))
+                self._preset = adapter.preset_record(self.identity.get("model.preset"), model)
         return self._lora
 
     def _writer(self, model: Any, name: str):
