@@ -20,7 +20,7 @@ from tpurun.config import Config
 from tpurun.errors import ModelError, TpurunError, describe
 from tpurun.hub import handles
 from tpurun.hub.preset import Preset, check_sequence_length, max_sequence_length, read
-from tpurun.hub.quantize import quantize
+from tpurun.hub.quantize import quantize, stored_over_parameters
 from tpurun.hub.task import concrete, task_class
 from tpurun.multihost.collectives import lost_peer
 
@@ -221,10 +221,12 @@ def enable_lora(task: Any, rank: int, alpha: float | None = None) -> None:
 
 
 def parameter_counts(model: Any) -> ParameterCounts:
-    """Parameters in all the model's weights and in its trainable ones (each variable once)."""
+    """Parameters in all the model's weights and in its trainable ones (each variable once); a
+    quantized base counts its float parameters, not the elements it stores."""
 
     def count(variables: list[Any]) -> int:
         unique = {id(v): v for v in variables}
         return sum(math.prod(v.shape) for v in unique.values())
 
-    return ParameterCounts(count(model.weights), count(model.trainable_weights))
+    total = count(model.weights) - stored_over_parameters(model)
+    return ParameterCounts(total, count(model.trainable_weights))

@@ -30,6 +30,7 @@ Checked on Keras 3.15.1:
 from __future__ import annotations
 
 import hashlib
+import math
 import warnings
 from typing import Any
 
@@ -40,6 +41,8 @@ from tpurun.errors import ConfigError, ModelError, describe
 MODES = ("int8", "int4")
 #: The task attribute :func:`quantize` leaves its :func:`record` in (what an adapter file keeps).
 RECORD_ATTRIBUTE = "_tpurun_quantized"
+#: The task attribute that says how many more elements the quantized base stores than the float.
+STORED_ATTRIBUTE = "_tpurun_quantized_elements"
 
 
 def quantize(task: Any, mode: str, fingerprint: bool = True) -> None:
@@ -56,6 +59,7 @@ def quantize(task: Any, mode: str, fingerprint: bool = True) -> None:
     keras = frameworks.keras()
     backbone = task.backbone
     embedding = keras.layers.ReversibleEmbedding
+    before = _elements(backbone)
 
     def tied(layer: Any) -> bool:
         return isinstance(layer, embedding)
@@ -89,8 +93,20 @@ def quantize(task: Any, mode: str, fingerprint: bool = True) -> None:
             "quantizes Dense, EinsumDense and Embedding layers; this backbone has none), so "
             "nothing would be smaller. Remove model.quantize."
         )
+    # The model's parameters are the float ones: int4 stores two a byte, and scales are extra.
+    setattr(task, STORED_ATTRIBUTE, _elements(backbone) - before)
     if fingerprint:
         setattr(task, RECORD_ATTRIBUTE, record(backbone, mode))
+
+
+def _elements(model: Any) -> int:
+    return sum(math.prod(v.shape) for v in {id(v): v for v in model.weights}.values())
+
+
+def stored_over_parameters(model: Any) -> int:
+    """How many more elements a quantized ``model`` stores than it has parameters (0 for a model
+    :func:`quantize` left alone)."""
+    return getattr(model, STORED_ATTRIBUTE, 0)
 
 
 def _shapes(mode: str) -> str:

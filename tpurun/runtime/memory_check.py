@@ -159,9 +159,10 @@ def fixes(est: Estimate, limit: Limit, config: Config, plan: Any) -> list[tuple[
     """What the config could change, each as ``(text with its estimate, fits)``: those that
     lower the estimate (each fix answers ``(lowers, text, fits)`` or None). First those that
     leave the training's maths as it is (a larger model axis, remat: more devices or more
-    compute), then those that change what trains, its precision or its batch."""
+    compute), then those that change what trains, its precision (bfloat16, then a quantized
+    base) or its batch."""
     out = []
-    for fix in (_larger_model_axis, _remat, _lora, _bfloat16, _smaller_batch):
+    for fix in (_larger_model_axis, _remat, _lora, _bfloat16, _quantize, _smaller_batch):
         found = fix(est, limit, config, plan)
         if found is not None and found[0]:
             out.append(found[1:])
@@ -232,6 +233,16 @@ def _lora(est: Estimate, limit: Limit, config: Config, plan: Any):
     attention query and value kernel (float32, replicated), trained alone."""
     if config.model.preset is None or config.model.lora is not None:
         return None
+    trial = _with_lora(est)
+    if trial is None:
+        return None
+    text = f"model.lora: {{rank: {LORA_RANK}}} (about {size(trial.total)} per device)"
+    return trial.total < est.total, text, trial.total <= limit.bytes
+
+
+def _with_lora(est: Estimate) -> Estimate | None:
+    """``est`` with every weight frozen and adapters beside the attention query and value
+    kernels; None where it has no such kernel."""
     adapters = []
     for e in est.entries:
         if e.path.endswith(("query/kernel", "value/kernel")) and len(e.shape) >= 2:
@@ -242,9 +253,57 @@ def _lora(est: Estimate, limit: Limit, config: Config, plan: Any):
     if not adapters:
         return None
     frozen = [replace(e, trainable=False) for e in est.entries]
-    trial = replace(est, entries=frozen + adapters, slots=replace(est.slots, factored=False))
-    text = f"model.lora: {{rank: {LORA_RANK}}} (about {size(trial.total)} per device)"
-    return trial.total < est.total, text, trial.total <= limit.bytes
+    return replace(est, entries=frozen + adapters, slots=replace(est.slots, factored=False))
+
+
+def _quantize(est: Estimate, limit: Limit, config: Config, plan: Any):
+    """``model.quantize`` (QLoRA) on a preset: its frozen kernels and embeddings int8, else
+    int4 (the first that fits), with LoRA where the run has none (a quantized kernel does not
+    train). After bfloat16: the base's weights only approximate the float ones."""
+    modes = {None: ("int8", "int4"), "int8": ("int4",)}.get(config.model.quantize, ())
+    if config.model.preset is None or not modes:
+        return None
+    base, lora = est, ""
+    if config.model.lora is None:
+        base, lora = _with_lora(est), f"model.lora: {{rank: {LORA_RANK}}} with "
+        if base is None:
+            return None
+    found = None
+    for mode in modes:
+        trial = replace(base, entries=[q for e in base.entries for q in quantized(e, mode)])
+        layout = ""
+        if mode == "int4" and est.mesh["model"] > 1 and config.runtime.layout != "auto":
+            layout = " and runtime.layout: auto"  # the preset's per-head rules cannot split it
+        text = f"{lora}model.quantize: {mode}{layout} (about {size(trial.total)} per device)"
+        found = (trial.total < est.total, text, trial.total <= limit.bytes)
+        if found[2]:
+            break
+    return found
+
+
+#: Keras' int4 scales one block of this many inputs together (``Int4QuantizationConfig``).
+INT4_BLOCK = 128
+
+
+def quantized(entry: Entry, mode: str) -> list[Entry]:
+    """``entry`` as ``model.quantize: mode`` would store it, for the memory check's fix (the
+    live estimate reads the quantized variables themselves): a frozen kernel or embedding of 2
+    or more dimensions becomes int8 (int4: two a byte) with float32 scales (int4: and int8 zero
+    points, per block of 128 inputs), about as Keras lays them out; anything else is left."""
+    if entry.trainable or entry.lora or len(entry.shape) < 2:
+        return [entry]
+    if not entry.path.endswith(("kernel", "embeddings")):
+        return [entry]
+    n = math.prod(entry.shape)
+    if mode == "int8":
+        scales = n // max(entry.shape[:-1] if entry.path.endswith("kernel") else entry.shape[1:])
+        return [replace(entry, dtype="int8"),
+                Entry(entry.path + "_scale", (scales,), "float32", (None,), False)]  # fmt: skip
+    packed = (*entry.shape[:-1], -(-entry.shape[-1] // 2))
+    blocks = max(1, -(-n // INT4_BLOCK))
+    return [replace(entry, shape=packed, dtype="int8"),
+            Entry(entry.path + "_scale", (blocks,), "float32", (None,), False),
+            Entry(entry.path + "_zero", (blocks,), "int8", (None,), False)]  # fmt: skip
 
 
 def _bfloat16(est: Estimate, limit: Limit, config: Config, plan: Any):
