@@ -4,7 +4,8 @@ sidecar, and checked on the spot.
 Formats: ``keras`` (a ``.keras`` file; with a small loader module beside it when the model uses code
 of its own), ``saved_model`` (TensorFlow SavedModel with a serving signature, through Keras'
 ``ExportArchive``) and ``onnx`` (Keras' own ONNX export: jax2onnx on JAX, tf2onnx on TensorFlow);
-:mod:`tpurun.infer.formats` writes them.
+:mod:`tpurun.infer.formats` writes them. A preset run's ``lora`` and ``huggingface`` (a causal LM's
+folder for transformers, checked with transformers: :mod:`tpurun.infer.hf_export`) come too.
 
 A JAX model goes into a SavedModel through jax2tf, whose native serialization targets only the
 export-time platform unless told otherwise: a model exported on a TPU would refuse to run on a GPU.
@@ -232,7 +233,7 @@ def export(
 
     Args:
         run_dir: the run directory ``train`` made.
-        format: ``keras``, ``saved_model`` or ``onnx``.
+        format: ``keras``, ``saved_model``, ``onnx``, ``lora`` or ``huggingface``.
         output: where the artifact goes (a ``.keras`` file, a SavedModel folder, an ``.onnx``
             file); the sidecar is ``<output>.json``.
         checkpoint: best, latest, or a checkpoint file.
@@ -262,7 +263,8 @@ def export(
     found = loading.find_checkpoint(trained, checkpoint)
     runtime = loading.activate_for(trained, machine)
     if fmt == hf_export.FORMAT:
-        tol = tolerance(runtime.choice.precision, runtime.choice.accelerator, runtime.sharded)
+        # Checked in float32 whatever the run's precision (hf_export._in_float32).
+        tol = tolerance("float32", runtime.choice.accelerator, runtime.sharded)
         return hf_export.export(trained, found, runtime, output, reference_inputs(trained), tol,
                                 check_python)  # fmt: skip
     ref = _trained_reference(trained, found, fmt, hub, runtime)

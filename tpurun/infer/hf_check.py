@@ -11,7 +11,8 @@ CHECK.json holds ``prompts`` (texts) and ``token_ids`` (the preset tokenizer's i
 token first). For each prompt, transformers' tokenizer's ids are reported, and the model's logits
 for the preset tokenizer's ids are saved as ``logits_<i>`` (float32, ``[length, vocabulary]``),
 so a tokenizer that splits differently is told apart from weights that compute differently. The
-last line printed is a JSON object: the ids, the classes loaded, the dtype and the versions.
+last line printed is a JSON object: the ids, the classes loaded, the dtype computed in (float32)
+and the versions.
 """
 
 import json
@@ -28,7 +29,10 @@ def main(folder, check_path, out_path):
     with open(check_path) as f:
         check = json.load(f)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype="auto")
+    # In float32 whatever the folder holds (16-bit weights upcast exactly): the parent compares
+    # with the trained weights computing in float32 too, so a wrong mapping cannot hide in
+    # bfloat16's rounding.
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     model.eval()
     ids, logits = [], {}
     with torch.no_grad():

@@ -14,10 +14,11 @@ with the sidecar ``DIR.json`` beside it as for every format.
 **The check.** The folder is loaded in a fresh Python process by transformers itself
 (``AutoTokenizer``, ``AutoModelForCausalLM``: :mod:`tpurun.infer.hf_check`), on the first
 records' prompts: its tokenizer must give the preset tokenizer's ids, and its logits for them must
-match the trained model's (LoRA on) within the tolerance of the run's precision. As for every other
-format, an export that fails is not kept. Unlike the others, the client is not tpurun's to
-install: torch and transformers are several GB, and a TPU training environment has no other use
-for them. So export checks with the first of: ``--check-python PATH`` (a Python that has them,
+match the merged model's, both computing in float32 on the exported weights (a bfloat16 run's
+upcast exactly: in bfloat16, two implementations differ by rounding that would hide a wrong mapping
+in a loose tolerance), within float32's tolerance. As for every other format, an export that fails
+is not kept. Unlike the others, the client is not tpurun's to install: torch and transformers are
+several GB, and a TPU training environment has no other use for them. So export checks with the first of: ``--check-python PATH`` (a Python that has them,
 e.g. a separate virtual environment), else this Python when both are importable here (a Kaggle or
 Colab image has them). Where neither is, the folder is written unchecked, the sidecar's
 ``checked`` is null, and a note gives the command that checks it: the same export again with
@@ -129,8 +130,8 @@ def export(trained: Any, found: Any, runtime: Any, output: str, records: tuple[A
     try:
         task = _build(trained, found)
         prompts, ids = _prompts(task, trained.config, records[0])
-        expected = _logits(task, ids)
         merged = preset.merged(task, trained.config)
+        expected = _logits(_in_float32(merged), ids)
     finally:
         runtime.release()
     folder, name = os.path.split(output)
@@ -211,8 +212,26 @@ def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
+def _in_float32(task: Any) -> Any:
+    """The merged task computing in float32 on the same weights (a 16-bit run's upcast exactly),
+    without its preprocessor: what the check compares with, transformers loading the folder in
+    float32 too. Two implementations computing in bfloat16 differ by rounding that grows with
+    depth (0.023 on the tiny Gemma's 2 layers), which would hide a wrong mapping in a loose
+    tolerance or refuse a right one; in float32 both compute the same numbers to ~1e-6."""
+    import numpy as np
+
+    backbone = task.backbone
+    if backbone.compute_dtype == "float32" and all(w.dtype == "float32" for w in backbone.weights):
+        return task
+    config = {**backbone.get_config(), "dtype": "float32"}
+    copy = type(backbone).from_config(config)
+    copy.set_weights([np.asarray(w).astype("float32") if w.dtype in ("bfloat16", "float16")
+                      else np.asarray(w) for w in backbone.weights])  # fmt: skip
+    return type(task)(backbone=copy, preprocessor=None)
+
+
 def _logits(task: Any, ids: list[list[int]]) -> list[Any]:
-    """The trained task's logits for each row of ids (its preprocessor off), at full float32
+    """The merged task's logits for each row of ids (its preprocessor off), at full float32
     matmul precision (a TPU or GPU would round them otherwise), each ``[length, vocabulary]``."""
     import contextlib
 

@@ -1,0 +1,254 @@
+"""`tpurun export --format huggingface`: a LoRA fine-tune of the tiny Gemma, exported with the
+adapter merged, loads in transformers (``.venv-hf``: torch and transformers, no tpurun, no Keras)
+and gives the trained model's logits and the preset tokenizer's ids; the untouched base's logits
+it does not give. Gemma with one key/value head (conftest's chat_lora_run) and with four
+(``gemma_mesh``, trained here), the case keras-hub 0.32's own exporter writes wrong.
+
+This process (.venv) has no transformers, so an export is written unchecked, with the note that
+says how to check it; the other is checked with ``--check-python .venv-hf/bin/python``, as the note
+says. Then one .venv-hf process loads both and the test compares. What cannot be exported exits 2 before anything is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from helpers import write_config
+from typer.testing import CliRunner
+
+from tpurun.cli.app import app
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parent.parent
+HF_PYTHON = ROOT / ".venv-hf" / "bin" / "python"
+PROMPTS = (
+    "question: what builds a fox?",
+    "answer: the small bird reads a book.",
+    "the word bakoda means tifu and lemi.",
+    "Some Capitals, digits 1234 and  two spaces",
+)
+#: Loads each folder as a user of transformers would; the ids and logits of every prompt, for
+#: every folder, in one process.
+HF_SCRIPT = """
+import json, sys
+import numpy as np, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+folders, prompts, out = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+saved, ids = {}, {}
+for name, folder in folders.items():
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    ids[name] = [tokenizer(p)["input_ids"] for p in prompts]
+    with torch.no_grad():
+        for i, row in enumerate(ids[name]):
+            saved[f"{name}_{i}"] = model(torch.tensor([row])).logits[0].numpy()
+np.savez(out, **saved)
+print(json.dumps({"ids": ids, "tpurun": "tpurun" in sys.modules, "keras": "keras" in sys.modules}))
+"""
+
+
+def _hf_python() -> Path:
+    if not HF_PYTHON.exists():
+        pytest.fail(f"no {HF_PYTHON.relative_to(ROOT)}: run make install (it makes .venv-hf)")
+    return HF_PYTHON
+
+
+@pytest.fixture(scope="module")
+def mesh_lora_run(tiny_presets, chat_records, tmp_path_factory) -> Path:
+    """A LoRA fine-tune (rank 4, alpha 8) of the tiny Gemma with 8 query and 4 key/value heads:
+    one epoch of 3 steps on 12 records."""
+    folder = tmp_path_factory.mktemp("hf-mesh")
+    data = chat_records(16)
+    config = {
+        "model": {"preset": str(tiny_presets.gemma_mesh), "lora": {"rank": 4, "alpha": 8.0},
+                  "sequence_length": 24},
+        "data": {"train": str(data / "chat-train-*"), "validation": str(data / "chat-validation-*")},
+        "train": {"per_core_batch_size": 2, "epochs": 1, "learning_rate": {"base": 3e-2}},
+        "runtime": {"cpu_devices": 2},
+        "output": {"dir": str(folder / "runs")},
+    }  # fmt: skip
+    result = runner.invoke(app, ["train", str(write_config(folder, config, "mesh"))])
+    assert result.exit_code == 0, result.output
+    return folder / "runs" / "mesh"
+
+
+@pytest.fixture(scope="module")
+def exported(chat_lora_run, mesh_lora_run, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """``{"one_kv": (run, folder), "four_kv": (run, folder)}``, exported in-process: one_kv
+    without transformers here (unchecked); four_kv over a copy of it (an earlier export, with a
+    file of its own), checked with ``--check-python .venv-hf/bin/python``."""
+    folder = tmp_path_factory.mktemp("hf-exports")
+    out = {"one_kv": (chat_lora_run.run_dir, folder / "one_kv"),
+           "four_kv": (mesh_lora_run, folder / "four_kv")}  # fmt: skip
+    for name, (run, output) in out.items():
+        check = []
+        if name == "four_kv":
+            shutil.copytree(out["one_kv"][1], output)
+            (output / "stale.txt").write_text("from the earlier export")
+            check = ["--check-python", str(_hf_python())]
+        result = runner.invoke(app, ["export", str(run), "--format", "huggingface", "--output",
+                                     str(output), "--json", *check])  # fmt: skip
+        assert result.exit_code == 0, result.output
+    return out
+
+
+def _keras_side(run: Path) -> tuple[list[list[int]], list[np.ndarray], list[np.ndarray]]:
+    """The preset tokenizer's ids of each prompt, start token first; the merged task's logits
+    for them (what the export was made from); the untouched preset's."""
+    import tpurun
+    from tpurun import frameworks
+    from tpurun.infer import loading, preset
+
+    keras_hub = frameworks.keras_hub()
+    task, _ = tpurun.load(str(run))
+    merged = preset.merged(task, loading.open_run(str(run)).config)
+    base = keras_hub.models.GemmaCausalLM.from_preset(
+        yaml.safe_load((run / "config.yaml").read_text())["model"]["preset"]
+    )
+    tokenizer = task.preprocessor.tokenizer
+    ids = [[tokenizer.start_token_id, *map(int, np.asarray(tokenizer(p)))] for p in PROMPTS]
+    merged.preprocessor = base.preprocessor = None
+    longest = max(map(len, ids))
+    x = {"token_ids": np.array([row + [0] * (longest - len(row)) for row in ids]),
+         "padding_mask": np.array([[i < len(row) for i in range(longest)] for row in ids])}  # fmt: skip
+    # One padded batch: the causal mask keeps each prompt's logits from its padding.
+    out = [np.asarray(model.predict_on_batch(x)) for model in (merged, base)]
+    return ids, *([o[i, : len(row)] for i, row in enumerate(ids)] for o in out)
+
+
+@pytest.mark.slow
+def test_transformers_loads_the_export_and_gives_the_trained_models_logits(exported, tmp_path):
+    """One .venv-hf process loads both folders; the tokenizer splits every prompt as the preset's
+    does, and the logits match the merged task's to float32's rounding, not the base's."""
+    folders = {name: str(folder) for name, (_, folder) in exported.items()}
+    done = subprocess.run(
+        [str(_hf_python()), "-I", "-c", HF_SCRIPT, json.dumps(folders), json.dumps(PROMPTS),
+         str(tmp_path / "hf.npz")],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["tpurun"] is False and report["keras"] is False
+    with np.load(tmp_path / "hf.npz") as saved:
+        hf = {key: saved[key] for key in saved.files}
+    for name, (run, folder) in exported.items():
+        config = json.loads((folder / "config.json").read_text())
+        assert config["num_key_value_heads"] == {"one_kv": 1, "four_kv": 4}[name]
+        ids, merged, base = _keras_side(run)
+        assert report["ids"][name] == ids
+        diffs = []
+        for i, (want, untouched) in enumerate(zip(merged, base, strict=True)):
+            got = hf[f"{name}_{i}"]
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+            diffs.append(float(np.max(np.abs(got - want))))
+            # The adapter is in: the fine-tune moved every prompt's logits away from the base's.
+            assert np.max(np.abs(got - untouched)) > 1e-2
+        print(f"{name}: max |transformers - tpurun| {max(diffs):.3g} over {len(PROMPTS)} prompts")
+
+
+@pytest.mark.slow  # its fixture checks an export with .venv-hf
+def test_without_transformers_the_export_is_written_unchecked_and_says_how_to_check(exported):
+    run, folder = exported["one_kv"]
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "config.json", "generation_config.json", "model.safetensors", "tokenizer.model",
+        "tokenizer_config.json",
+    ]  # fmt: skip
+    sidecar = json.loads(Path(f"{folder}.json").read_text())
+    assert (sidecar["format"], sidecar["family"], sidecar["merged"]) == (
+        "huggingface",
+        "Gemma",
+        True,
+    )
+    assert sidecar["checked"] is None
+    assert sidecar["notes"] == [
+        "not checked: transformers and torch are not installed in this Python. Check it with a "
+        f"Python that has them: tpurun export {run} --format huggingface --output {folder} "
+        f"--checkpoint {sidecar['checkpoint']} --check-python PATH/TO/python"
+    ]
+    header = json.loads((folder / "config.json").read_text())
+    assert (header["model_type"], header["dtype"]) == ("gemma", "float32")
+
+
+@pytest.mark.slow
+def test_check_python_checks_with_transformers_and_replaces_an_earlier_export(exported):
+    """The note's command, with .venv-hf's Python: checked in a fresh process, over an earlier
+    export at the same place."""
+    _, output = exported["four_kv"]
+    checked = json.loads(Path(f"{output}.json").read_text())["checked"]
+    assert checked["max_abs_diff"] <= 1e-5 and checked["tolerance"] == 1e-5
+    assert (checked["model"], checked["tokenizer"], checked["dtype"]) == (
+        "GemmaForCausalLM", "GemmaTokenizer", "float32")  # fmt: skip
+    assert checked["tokenizer_ids_equal"] and checked["loaded_without_tpurun"]
+    assert checked["python"] == str(_hf_python())
+    assert checked["on"] == "4 prompts: the first 4 records of data.validation"
+    assert not (output / "stale.txt").exists()  # the earlier export was replaced whole
+    assert [p.name for p in output.parent.iterdir() if p.name.startswith(".")] == []
+
+
+def _edited_run(run: Path, tmp_path: Path, **model) -> Path:
+    """A copy of ``run`` whose config.yaml's model section has ``model``'s values."""
+    copy = tmp_path / run.name
+    shutil.copytree(run, copy)
+    raw = yaml.safe_load((copy / "config.yaml").read_text())
+    raw["model"].update(model)
+    (copy / "config.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    return copy
+
+
+def _export(run: Path, output: Path) -> object:
+    return runner.invoke(app, ["export", str(run), "--format", "huggingface", "--output",
+                               str(output)])  # fmt: skip
+
+
+def test_what_cannot_be_exported_exits_2_before_anything_is_loaded(
+    chat_lora_run, tiny_presets, tmp_path
+):
+    # The BERT classifier: not a causal LM.
+    bert = _edited_run(chat_lora_run.run_dir, tmp_path / "bert", preset=str(tiny_presets.bert))
+    result = _export(bert, tmp_path / "out")
+    assert result.exit_code == 2
+    assert f"{bert} fine-tuned BertTextClassifier (model.task), not a causal LM" in result.output
+    assert "causal LMs of Gemma (GemmaBackbone)" in result.output
+    # A GemmaBackbone with Gemma 2's settings is another model in transformers.
+    gemma2 = tmp_path / "gemma2"
+    shutil.copytree(tiny_presets.gemma, gemma2)
+    config = json.loads((gemma2 / "config.json").read_text())
+    config["config"].update(use_post_ffw_norm=True, final_logit_soft_cap=30.0)
+    (gemma2 / "config.json").write_text(json.dumps(config))
+    run = _edited_run(chat_lora_run.run_dir, tmp_path / "g2", preset=str(gemma2))
+    result = _export(run, tmp_path / "out")
+    assert result.exit_code == 2
+    assert (
+        "is a GemmaBackbone with Gemma 2's settings (use_post_ffw_norm=True, "
+        "final_logit_soft_cap=30.0); tpurun exports Gemma (v1) only" in result.output
+    )
+    # Another family.
+    config["class_name"], config["registered_name"] = "GPT2Backbone", "keras_hub>GPT2Backbone"
+    (gemma2 / "config.json").write_text(json.dumps(config))
+    result = _export(run, tmp_path / "out")
+    assert result.exit_code == 2
+    assert (
+        "is a GPT2Backbone, and tpurun exports only Gemma (GemmaBackbone) to Hugging Face"
+        in result.output
+    )
+    assert not (tmp_path / "out").exists()
+    # An output that is not an earlier export's folder.
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    result = _export(chat_lora_run.run_dir, tmp_path / "mine")
+    assert result.exit_code == 2
+    assert "the folder holds files that are not an earlier Hugging Face export" in result.output
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "mine"
+
+
+def test_the_help_names_the_format_and_the_checker():
+    result = runner.invoke(app, ["export", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert "keras|saved_model|onnx|lora|huggingface" in result.output
+    assert "--check-python" in result.output
