@@ -255,8 +255,8 @@ def _replicated(whole: list[Placement], placer: Placer, large: float) -> str:
         if rule and rule not in suggestions:
             suggestions.append(rule)
     fix = (
-        f"A rule that would split them: {'; '.join(suggestions[:3])} (runtime.layout as a list, "
-        "or runtime.layout: auto)."
+        f"A rule that would split them: {'; '.join(suggestions[:3])} (runtime.layout as a list"
+        f"{'' if placer.auto else ', or runtime.layout: auto'})."
         if suggestions
         else f"No dimension of theirs divides the model axis ({placer.mesh['model']}); choose a "
         "model axis that divides one."
