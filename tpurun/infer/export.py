@@ -4,8 +4,7 @@ sidecar, and checked on the spot.
 Formats: ``keras`` (a ``.keras`` file; with a small loader module beside it when the model uses code
 of its own), ``saved_model`` (TensorFlow SavedModel with a serving signature, through Keras'
 ``ExportArchive``) and ``onnx`` (Keras' own ONNX export: jax2onnx on JAX, tf2onnx on TensorFlow);
-:mod:`tpurun.infer.formats` writes them. A preset run's ``lora`` and ``huggingface`` (a causal LM's
-folder for transformers, checked with transformers: :mod:`tpurun.infer.hf_export`) come too.
+:mod:`tpurun.infer.formats` writes them; a preset run's ``lora`` and ``huggingface`` too (hf_export).
 
 A JAX model goes into a SavedModel through jax2tf, whose native serialization targets only the
 export-time platform unless told otherwise: a model exported on a TPU would refuse to run on a GPU.
@@ -234,12 +233,11 @@ def export(
     Args:
         run_dir: the run directory ``train`` made.
         format: ``keras``, ``saved_model``, ``onnx``, ``lora`` or ``huggingface``.
-        output: where the artifact goes (a ``.keras`` file, a SavedModel folder, an ``.onnx``
-            file); the sidecar is ``<output>.json``.
+        output: the artifact's path (a file, or a folder); its sidecar is ``<output>.json``.
         checkpoint: best, latest, or a checkpoint file.
         platforms: what a JAX model's SavedModel runs on (``cpu,cuda`` by default; cpu included).
         machine: facts about the machine (tests inject them); probed when None.
-        check_python: the Python that checks a huggingface export (:mod:`hf_export`).
+        check_python: the Python whose transformers checks a huggingface folder.
 
     Raises:
         TpurunError: an unknown format or platform, an output that cannot be written, no such run
@@ -252,9 +250,9 @@ def export(
     fmt, chosen = check_format(format), parse_platforms(platforms)
     output = _checked_output(fmt, output)
     trained = loading.open_run(run_dir)
-    hub = preset.is_preset(trained.config)
     if fmt == hf_export.FORMAT:
-        hf_export.refuse(trained)
+        return _huggingface(trained, checkpoint, machine, output, check_python)
+    hub = preset.is_preset(trained.config)
     if hub:
         hub_export.refuse(trained, fmt)
     elif fmt == "lora":
@@ -262,11 +260,6 @@ def export(
                           "with model.lora; export keras, saved_model or onnx.")  # fmt: skip
     found = loading.find_checkpoint(trained, checkpoint)
     runtime = loading.activate_for(trained, machine)
-    if fmt == hf_export.FORMAT:
-        # Checked in float32 whatever the run's precision (hf_export._in_float32).
-        tol = tolerance("float32", runtime.choice.accelerator, runtime.sharded)
-        return hf_export.export(trained, found, runtime, output, reference_inputs(trained), tol,
-                                check_python)  # fmt: skip
     ref = _trained_reference(trained, found, fmt, hub, runtime)
     tol = tolerance(ref.precision, runtime.choice.accelerator, runtime.sharded)
     folder, name = os.path.split(output)
@@ -305,6 +298,21 @@ def export(
             "total": round(time.monotonic() - started, 3),
         },  # fmt: skip
     }
+
+
+def _huggingface(
+    trained: Any, checkpoint: str, machine: Any, output: str, check_python: Any
+) -> dict:
+    """``--format huggingface`` (:mod:`tpurun.infer.hf_export`): refused before anything is
+    loaded; checked in float32 whatever the run's precision (``hf_export._in_float32``)."""
+    from tpurun.infer import loading
+
+    hf_export.refuse(trained)
+    found = loading.find_checkpoint(trained, checkpoint)
+    runtime = loading.activate_for(trained, machine)
+    tol = tolerance("float32", runtime.choice.accelerator, runtime.sharded)
+    return hf_export.export(trained, found, runtime, output, reference_inputs(trained), tol,
+                            check_python)  # fmt: skip
 
 
 def _checked_output(fmt: str, output: str) -> str:
