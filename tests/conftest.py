@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,6 +153,18 @@ def pytest_runtest_call(item):
                 "slow, or share the training in a fixture"
             )
         )
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _keras_policy_per_file():
+    """Each test file starts from Keras' default dtype policy. A run sets the global policy
+    (runtime.precision) as it activates, as in a notebook; with --dist loadfile one worker runs
+    several files in a row, and a file whose bfloat16 run went first must not make the next
+    file's models bfloat16 (test_hub's LoRA arithmetic failed so, after test_hub_figures)."""
+    yield
+    keras = sys.modules.get("keras")
+    if keras is not None:
+        keras.config.set_dtype_policy("float32")
 
 
 @pytest.fixture(autouse=True)
