@@ -289,3 +289,39 @@ def test_a_factory_models_placement_and_a_data_parallel_one(toy_data, tmp_path):
     listing = json.loads(done.output)
     assert {v["rule"] for v in listing["variables"]} == {"whole (data parallel: no runtime.mesh)"}
     assert listing["bytes_per_device"] == listing["bytes"] == (8 * 64 + 64 + 64 + 1) * 4
+
+
+# ----------------------------------------------------------- Gemma 3 fine-tuned through tpurun
+def test_gemma3_prompts_and_responses_pack_as_its_own_preprocessor_packs_them(on_2x4):
+    """Gemma 3's preprocessor packs with segment ids, not a padding mask (MultiSegmentPacker):
+    tpurun's prompt/response packing gives its very ids, mask and answer weights."""
+    from tpurun.hub import tokenize
+
+    keras_hub, tf = frameworks.keras_hub(), frameworks.tensorflow()
+    preprocessor = keras_hub.models.Gemma3CausalLMPreprocessor.from_preset(str(on_2x4.preset))
+    preprocessor.sequence_length = 12  # cuts the second pair's response
+    prompts = tf.constant(["the cat eats", "our teacher reads an apple"])
+    responses = tf.constant(["an apple today.", "some bread every day with joy again."])
+    pack = tokenize.pack_prompt_response(preprocessor)  # inside tf.data, as the pipeline runs it
+    packed = tf.data.Dataset.from_tensors((prompts, responses)).map(pack).get_single_element()
+    x, y, weights = tokenize.shifted(*packed)
+    own_x, own_y, own_weights = preprocessor({"prompts": prompts, "responses": responses})
+    np.testing.assert_array_equal(x["token_ids"], own_x["token_ids"])
+    np.testing.assert_array_equal(x["padding_mask"], own_x["padding_mask"])
+    np.testing.assert_array_equal(y, own_y)
+    np.testing.assert_array_equal(weights, np.asarray(own_weights, dtype="float32"))
+    assert 0 < int(np.sum(weights)) < int(np.sum(x["padding_mask"]))  # the prompts are masked
+
+
+@pytest.mark.slow
+def test_a_gemma3_preset_fine_tunes_with_lora_on_the_auto_layout(on_2x4, chat_records, tmp_path):
+    path = placement_config(tmp_path, on_2x4.preset, chat_records(64))
+    config = {**__import__("yaml").safe_load(path.read_text()), "train": {
+        "per_core_batch_size": 1, "epochs": 1, "steps_per_execution": 1}}  # fmt: skip
+    config["model"]["lora"] = {"rank": 2}
+    done = CliRunner().invoke(app, ["train", str(write_config(tmp_path / "lora.yaml", config))])
+    assert done.exit_code == 0, done.output
+    assert "model_parallel mesh 2x4" in done.output
+    summary = json.loads((tmp_path / "runs" / "placed" / "summary.json").read_text())
+    assert summary["epochs_completed"] == 1
+    assert np.isfinite(summary["best"]["value"])

@@ -55,19 +55,25 @@ def pack_prompt_response(preprocessor: Any) -> Callable:
         preprocessor.build(None)  # KerasHub makes the packer at build, once assets are loaded
     tokenizer, packer = preprocessor.tokenizer, preprocessor.packer
     start = 1 if preprocessor.add_start_token else 0
+    end = 1 if preprocessor.add_end_token else 0
+    length = preprocessor.sequence_length + 1  # x and y: shifted by one
 
     def pack(prompts, responses):
         prompt_ids, response_ids = tokenizer(prompts), tokenizer(responses)
         joined = tf.concat([prompt_ids, response_ids], axis=1)
-        token_ids, mask = packer(
+        # The packer's second output is a padding mask (StartEndPacker: Gemma, Llama, ...) or
+        # segment ids (MultiSegmentPacker: Gemma 3); the mask comes from the lengths for both.
+        token_ids, _ = packer(
             joined,
-            sequence_length=preprocessor.sequence_length + 1,  # x and y: shifted by one
+            sequence_length=length,
             add_start_value=preprocessor.add_start_token,
             add_end_value=preprocessor.add_end_token,
         )
+        filled = tf.minimum(start + joined.row_lengths() + end, length)
         # Token i is a response token (or the end token) from i = start + len(prompt) on.
-        first = tf.cast(start + prompt_ids.row_lengths(), tf.int32)
-        positions = tf.range(preprocessor.sequence_length + 1)[tf.newaxis, :]
+        first = start + prompt_ids.row_lengths()
+        positions = tf.range(length, dtype=filled.dtype)[tf.newaxis, :]
+        mask = positions < filled[:, tf.newaxis]
         answer = positions >= first[:, tf.newaxis]
         return token_ids, mask, tf.cast(tf.logical_and(mask, answer), tf.float32)
 
