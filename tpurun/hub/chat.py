@@ -105,6 +105,14 @@ def markers(tokenizer: Any, form: ChatFormat) -> tuple[dict[str, int], list[str]
     return found, missing
 
 
+def end_marker(form: ChatFormat) -> str | None:
+    """What ends an assistant turn: the first marker after its ``{content}`` (``<end_of_turn>``),
+    else that text stripped; None where nothing follows it."""
+    after = form.assistant.split(CONTENT)[1]
+    found = _MARKER.findall(after)
+    return found[0] if found else (after.strip() or None)
+
+
 def pieces(turns: list[dict[str, str]], form: ChatFormat) -> list[tuple[str, bool, bool]]:
     """A conversation as ``(text, is_template, weighted)`` pieces in order: the template's text
     around each turn's content (split at markers later), the content itself."""
@@ -140,10 +148,14 @@ class ChatTokenizing:
         parts = _MARKER.split(text)
         return [self.single.get(p, p) for p in parts if p]
 
-    def encode(self, conversations: list[list[dict[str, str]]]) -> list[tuple[list, list]]:
-        """Each conversation's ``(ids, weights)``, unpadded and uncut."""
+    def encode(self, conversations: list[list[dict[str, str]]],
+               open_answer: bool = False) -> list[tuple[list, list]]:  # fmt: skip
+        """Each conversation's ``(ids, weights)``, unpadded and uncut; ``open_answer``: followed by
+        what opens an assistant turn (its template before ``{content}``), where a prompt ends for
+        the model to answer (``tpurun predict``)."""
+        opener = self._split(self.form.assistant.split(CONTENT)[0], True) if open_answer else []
         laid = [[(part, weighted) for text, is_template, weighted in pieces(turns, self.form)
-                 for part in self._split(text, is_template)]
+                 for part in self._split(text, is_template)] + [(p, False) for p in opener]
                 for turns in conversations]  # fmt: skip
         texts = list(dict.fromkeys(p for row in laid for p, _ in row if isinstance(p, str)))
         tokens = self.tokenizer(texts) if texts else []

@@ -108,14 +108,14 @@ def check_prompts(first: bytes, filename: str, features: Any) -> None:
         )
 
 
-def _sampler(sampling: Sampling) -> Any:
+def sampler_for(sampling: Sampling) -> Any:
     keras_hub = frameworks.keras_hub()
     if sampling.sampler == "greedy":
         return keras_hub.samplers.GreedySampler()
     return keras_hub.samplers.TopKSampler(k=sampling.top_k, seed=sampling.seed)
 
 
-class _Completions:
+class Completions:
     """Rows in, a complete file out: written beside the output and renamed over it at the end,
     so a failed run leaves no half-written file."""
 
@@ -124,7 +124,7 @@ class _Completions:
         folder, name = os.path.split(path)
         self.tmp = os.path.join(folder, f".tmp-{os.getpid()}-{name}")
 
-    def __enter__(self) -> _Completions:
+    def __enter__(self) -> Completions:
         self.file = open(self.tmp, "w", newline="", encoding="utf-8")
         if self.kind == ".csv":
             self.csv = csv.writer(self.file)
@@ -148,7 +148,8 @@ class _Completions:
         self.written += len(ids)
 
 
-def _text(value: Any) -> str:
+def text_of(value: Any) -> str:
+    """A decoded string, from the bytes tf.data or a detokenizer gives (or any value)."""
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
@@ -166,20 +167,20 @@ def complete(model: Any, dataset: Any, records: int, output: str, kind: str, sam
                          "does not generate text. Leave the generation options out.")  # fmt: skip
     if sampling.sampler == "top_k" and sampling.seed is None:
         sampling = replace(sampling, seed=seed)
-    model.compile(sampler=_sampler(sampling))
+    model.compile(sampler=sampler_for(sampling))
     max_length = sampling.max_length or model.preprocessor.sequence_length
     remaining = records
-    with _Completions(output, kind) as writer:
+    with Completions(output, kind) as writer:
         for prompts, extra in dataset.as_numpy_iterator():
             keep = min(remaining, len(prompts))
             texts = model.generate(prompts, max_length=max_length, strip_prompt=True)
-            prompt_texts = [_text(p) for p in np.asarray(prompts)[:keep]]
+            prompt_texts = [text_of(p) for p in np.asarray(prompts)[:keep]]
             if id_feature:
-                ids = [_text(v) if isinstance(v, bytes) else v.item()
+                ids = [text_of(v) if isinstance(v, bytes) else v.item()
                        for v in np.asarray(extra[id_feature]).reshape(-1)[:keep]]  # fmt: skip
             else:
                 ids = list(range(writer.written, writer.written + keep))
-            writer.write(ids, prompt_texts, [_text(t) for t in list(texts)[:keep]])
+            writer.write(ids, prompt_texts, [text_of(t) for t in list(texts)[:keep]])
             remaining -= keep
     return {
         "rows": writer.written,

@@ -19,7 +19,7 @@ from typing import Any
 
 from tpurun import frameworks
 from tpurun.errors import DataError, TpurunError
-from tpurun.infer import prompts
+from tpurun.infer import chat_prompts, prompts
 
 KINDS = (".csv", ".npy", ".npz")
 _KINDS_SAID = ("name a .csv file (an id column and one column per output, or class names and "
@@ -284,13 +284,19 @@ def predict(
     trained = loading.open_run(run_dir)
     found_checkpoint = loading.find_checkpoint(trained, checkpoint)
     prompt_files = prompts.find(data)
+    form = chat_prompts.for_run(trained, prompt_files)  # None: the run did not train on chat
     runtime = loading.activate_for(trained, machine)
     try:
         causal = _generates(trained, sampling, output, prompt_files is not None)
         kind = output_kind(output, causal)
-        with _prompt_records(trained, prompt_files, data, id_feature) as (records, inputs):
-            result = _predict(trained, found_checkpoint, runtime, records, output, kind,
-                              id_feature, sampling if causal else None, inputs)  # fmt: skip
+        if form is not None:
+            result = chat_prompts.answer_run(trained, found_checkpoint, runtime, form,
+                                             prompt_files, output, kind, id_feature,
+                                             sampling)  # fmt: skip
+        else:
+            with _prompt_records(trained, prompt_files, data, id_feature) as (records, inputs):
+                result = _predict(trained, found_checkpoint, runtime, records, output, kind,
+                                  id_feature, sampling if causal else None, inputs)  # fmt: skip
     finally:
         runtime.release()
     if prompt_files is not None:

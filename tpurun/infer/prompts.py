@@ -51,7 +51,7 @@ def find(patterns: str | Sequence[str]) -> PromptFiles | None:
     return PromptFiles(files, kind) if kind is not None and kind.family in FAMILIES else None
 
 
-def _lines(path: str, kind: sniff.Kind) -> Iterator[tuple[int, str]]:
+def lines(path: str, kind: sniff.Kind) -> Iterator[tuple[int, str]]:
     """``(line number, line)`` of a file, decompressed where it is gzip, without line ends."""
     with fileio.open_binary(path) as raw:
         stream = gzip.GzipFile(fileobj=raw) if kind.gzip else raw
@@ -96,7 +96,7 @@ def records(found: PromptFiles, key: str, id_feature: str | None) -> Iterator[di
                         "prompts (the rows are numbered from 0); give a JSONL file with an "
                         f'"{id_feature}" key beside each prompt for ids of your own.')  # fmt: skip
     for path in found.files:
-        for number, line in _lines(path, found.kind):
+        for number, line in lines(path, found.kind):
             if found.kind.family == "text":
                 yield {key: line}
             else:
