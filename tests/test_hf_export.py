@@ -2,7 +2,10 @@
 adapter merged, loads in transformers (``.venv-hf``: torch and transformers, no tpurun, no Keras)
 and gives the trained model's logits and the preset tokenizer's ids; the untouched base's logits
 it does not give. Gemma with one key/value head (conftest's chat_lora_run) and with four
-(``gemma_mesh``, trained here), the case keras-hub 0.32's own exporter writes wrong.
+(``gemma_mesh``, trained here), the case keras-hub 0.32's own exporter writes wrong. Llama 3, Qwen 2
+and Mistral (tests/hf_presets.py, 2 key/value heads each) are written from their preset with the
+LoRA B matrices set to random values, not trained: what is family-specific is the mapping and the
+tokenizer files, which the same transformers process checks.
 
 This process (.venv) has no transformers, so an export is written unchecked, with the note that
 says how to check it; the other is checked with ``--check-python .venv-hf/bin/python``, as the note
@@ -40,16 +43,17 @@ import json, sys
 import numpy as np, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 folders, prompts, out = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
-saved, ids = {}, {}
+saved, ids, models = {}, {}, {}
 for name, folder in folders.items():
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder)
     ids[name] = [tokenizer(p)["input_ids"] for p in prompts]
+    models[name] = type(model).__name__
     with torch.no_grad():
         for i, row in enumerate(ids[name]):
             saved[f"{name}_{i}"] = model(torch.tensor([row])).logits[0].numpy()
 np.savez(out, **saved)
-print(json.dumps({"ids": ids, "tpurun": "tpurun" in sys.modules, "keras": "keras" in sys.modules}))
+print(json.dumps({"ids": ids, "models": models, "tpurun": "tpurun" in sys.modules, "keras": "keras" in sys.modules}))
 """
 
 
@@ -122,11 +126,61 @@ def _keras_side(run: Path) -> tuple[list[list[int]], list[np.ndarray], list[np.n
     return ids, *([o[i, : len(row)] for i, row in enumerate(ids)] for o in out)
 
 
+#: The families beside Gemma: tests/hf_presets.py's builder of each, transformers' class.
+FAMILIES = {"llama3": "LlamaForCausalLM", "qwen": "Qwen2ForCausalLM",
+            "mistral": "MistralForCausalLM"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def family_exports(tmp_path_factory) -> dict[str, tuple[Path, list, list, list]]:
+    """Each family's tiny preset with LoRA on (rank 4) and its B matrices set to random values,
+    so the merged kernels differ from the base's, written by :func:`hf_export.write` (what
+    ``export`` writes, without a run to train): ``{family: (folder, ids, merged logits, base
+    logits)}``, the preset tokenizer's ids of each prompt (start token first where the family
+    has one) and the task's logits for them, before and after the adapter is set."""
+    import hf_presets
+
+    from tpurun import frameworks
+    from tpurun.infer import hf_export
+
+    keras_hub = frameworks.keras_hub()
+    root, rng, out = tmp_path_factory.mktemp("hf-families"), np.random.default_rng(0), {}
+    for family in FAMILIES:
+        task = keras_hub.models.CausalLM.from_preset(
+            str(getattr(hf_presets, family)(root / f"preset-{family}"))
+        )
+        tokenizer, start = task.preprocessor.tokenizer, task.preprocessor.tokenizer.start_token_id
+        ids = [[start] * (start is not None) + [int(t) for t in np.asarray(tokenizer(p))]
+               for p in PROMPTS]  # fmt: skip
+        task.backbone.enable_lora(4)
+        base = _eager_logits(task, ids)
+        for weight in task.backbone.weights:
+            if weight.path.endswith("lora_kernel_b"):
+                weight.assign(rng.normal(0.0, 0.2, weight.shape).astype("float32"))
+        merged = _eager_logits(task, ids)
+        hf_export.write(task, str(root / family))
+        out[family] = (root / family, ids, merged, base)
+    return out
+
+
+def _eager_logits(task, ids: list[list[int]]) -> list[np.ndarray]:
+    """The task's logits for each row of ids, in one padded batch, called eagerly."""
+    longest = max(map(len, ids))
+    x = {"token_ids": np.array([row + [0] * (longest - len(row)) for row in ids]),
+         "padding_mask": np.array([[i < len(row) for i in range(longest)] for row in ids])}  # fmt: skip
+    out = np.asarray(task(x))
+    return [out[i, : len(row)] for i, row in enumerate(ids)]
+
+
 @pytest.mark.slow
-def test_transformers_loads_the_export_and_gives_the_trained_models_logits(exported, tmp_path):
-    """One .venv-hf process loads both folders; the tokenizer splits every prompt as the preset's
-    does, and the logits match the merged task's to float32's rounding, not the base's."""
+def test_transformers_loads_the_export_and_gives_the_trained_models_logits(
+    exported, family_exports, tmp_path
+):
+    """One .venv-hf process loads every folder (the Gemma runs' and each family's); the
+    tokenizer splits every prompt as the preset's does, and the logits match the merged task's
+    to float32's rounding, not the base's."""
     folders = {name: str(folder) for name, (_, folder) in exported.items()}
+    folders.update({name: str(found[0]) for name, found in family_exports.items()})
     done = subprocess.run(
         [str(_hf_python()), "-I", "-c", HF_SCRIPT, json.dumps(folders), json.dumps(PROMPTS),
          str(tmp_path / "hf.npz")],
@@ -149,6 +203,18 @@ def test_transformers_loads_the_export_and_gives_the_trained_models_logits(expor
             diffs.append(float(np.max(np.abs(got - want))))
             # The adapter is in: the fine-tune moved every prompt's logits away from the base's.
             assert np.max(np.abs(got - untouched)) > 1e-2
+        print(f"{name}: max |transformers - tpurun| {max(diffs):.3g} over {len(PROMPTS)} prompts")
+    for name, (folder, ids, merged, base) in family_exports.items():
+        config = json.loads((folder / "config.json").read_text())
+        assert (config["architectures"], config["num_key_value_heads"]) == ([FAMILIES[name]], 2)
+        assert report["models"][name] == FAMILIES[name]
+        assert report["ids"][name] == ids, name
+        diffs = []
+        for i, (want, untouched) in enumerate(zip(merged, base, strict=True)):
+            got = hf[f"{name}_{i}"]
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=name)
+            diffs.append(float(np.max(np.abs(got - want))))
+            assert np.max(np.abs(got - untouched)) > 1e-2, name  # the adapter is in
         print(f"{name}: max |transformers - tpurun| {max(diffs):.3g} over {len(PROMPTS)} prompts")
 
 
@@ -214,7 +280,10 @@ def test_what_cannot_be_exported_exits_2_before_anything_is_loaded(
     result = _export(bert, tmp_path / "out")
     assert result.exit_code == 2
     assert f"{bert} fine-tuned BertTextClassifier (model.task), not a causal LM" in result.output
-    assert "causal LMs of Gemma (GemmaBackbone)" in result.output
+    assert (
+        "causal LMs of Gemma (GemmaBackbone), Llama 3 (Llama3Backbone), Qwen 2 (QwenBackbone), "
+        "Mistral (MistralBackbone) for transformers" in result.output
+    )
     # A GemmaBackbone with Gemma 2's settings is another model in transformers.
     gemma2 = tmp_path / "gemma2"
     shutil.copytree(tiny_presets.gemma, gemma2)
@@ -234,8 +303,19 @@ def test_what_cannot_be_exported_exits_2_before_anything_is_loaded(
     result = _export(run, tmp_path / "out")
     assert result.exit_code == 2
     assert (
-        "is a GPT2Backbone, and tpurun exports only Gemma (GemmaBackbone) to Hugging Face"
+        "is a GPT2Backbone, and tpurun exports only Gemma (GemmaBackbone), Llama 3 "
+        "(Llama3Backbone), Qwen 2 (QwenBackbone), Mistral (MistralBackbone) to Hugging Face"
         in result.output
+    )
+    # A claimed family with a setting its transformers model is not checked with.
+    config["class_name"], config["registered_name"] = "QwenBackbone", "keras_hub>QwenBackbone"
+    config["config"]["use_sliding_window_attention"] = True
+    (gemma2 / "config.json").write_text(json.dumps(config))
+    result = _export(run, tmp_path / "out")
+    assert result.exit_code == 2
+    assert (
+        "is a QwenBackbone with use_sliding_window_attention=True; tpurun exports Qwen 2 with "
+        "rope_scaling_factor=1.0, use_sliding_window_attention=False only" in result.output
     )
     assert not (tmp_path / "out").exists()
     # An output that is not an earlier export's folder.

@@ -42,7 +42,7 @@ from typing import Any
 
 from tpurun import frameworks
 from tpurun.errors import ModelError, TpurunError
-from tpurun.infer import hf_families, preset
+from tpurun.infer import hf_families, hf_llama, preset
 
 FORMAT = "huggingface"
 CHECK_PROMPTS = 8
@@ -200,7 +200,8 @@ def _prompts(task: Any, config: Any, inputs: Any) -> tuple[list[str], list[list[
                    for v in np.asarray(first).reshape(-1)]  # fmt: skip
     prompts = [p for p in prompts if p.strip()][:CHECK_PROMPTS]
     length = getattr(preprocessor, "sequence_length", None) or 512
-    head = [tokenizer.start_token_id] if getattr(preprocessor, "add_start_token", True) else []
+    start = tokenizer.start_token_id  # None for Qwen, whose prompts start with no token
+    head = [start] if getattr(preprocessor, "add_start_token", True) and start is not None else []
     ids = [(head + [int(t) for t in np.asarray(tokenizer(p))])[:length] for p in prompts]
     return prompts, ids
 
@@ -271,6 +272,7 @@ def write(task: Any, folder: str) -> str:
     generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
     Path(folder, "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     tokenizer.export_to_transformers(folder)  # tokenizer.model and tokenizer_config.json
+    hf_llama.fix_tokenizer(tokenizer, folder)
     return dtype
 
 

@@ -1,0 +1,125 @@
+"""Tiny causal-LM presets of the families ``tpurun export --format huggingface`` claims beside
+Gemma, built offline in a few seconds each: 2 layers, 4 query and 2 key/value heads (grouped-query
+attention, the case users meet), each with a tokenizer of its family's kind made here.
+
+* ``llama3``: ``Llama3Backbone`` with a byte-level BPE vocabulary (trained with the ``tokenizers``
+  library on tests/hub_presets.py's text) and Llama 3's special tokens.
+* ``mistral``: ``MistralBackbone`` with a SentencePiece vocabulary trained with Llama's and
+  Mistral's settings (BPE, byte fallback, a dummy prefix), as transformers' ``LlamaTokenizer``
+  reads ``tokenizer.model``.
+* ``qwen``: ``QwenBackbone`` (Qwen 2: biases on query, key and value) with the same kind of
+  vocabulary and Qwen's ``<|endoftext|>``.
+
+Each is written with ``save_to_preset``, as Kaggle serves one; Keras must be importable (the
+process set up, as tests/conftest.py does).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hub_presets import corpus
+
+BPE_VOCABULARY = 320  # the 256 bytes and 64 merges less the special tokens; a multiple of 8
+SEQUENCE_LENGTH = 32
+SENTENCEPIECE_VOCABULARY = 384  # the 256 byte pieces of byte fallback and 128 more
+SIZES = {"num_layers": 2, "num_query_heads": 4, "num_key_value_heads": 2, "hidden_dim": 64,
+         "intermediate_dim": 96}  # fmt: skip
+LLAMA3_SPECIAL = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                  "<|end_header_id|>", "<|eot_id|>")  # fmt: skip
+QWEN_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+def byte_level_bpe(special: tuple[str, ...]) -> tuple[dict[str, int], list[str]]:
+    """A byte-level BPE vocabulary (GPT-2's byte alphabet, as Llama 3's and Qwen's) and its
+    merges, trained on the tiny presets' text, ``special`` last in the vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=BPE_VOCABULARY - len(special), show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )  # fmt: skip
+    tokenizer.train_from_iterator(corpus(), trainer)
+    model = json.loads(tokenizer.to_str())["model"]
+    vocabulary = dict(model["vocab"])
+    for token in special:
+        vocabulary[token] = len(vocabulary)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    return vocabulary, merges
+
+
+def llama3(folder: Path) -> Path:
+    """A tiny ``Llama3CausalLM`` at ``folder`` (untied embeddings, as Llama 3 8B)."""
+    from tpurun import frameworks
+
+    keras_hub = frameworks.keras_hub()
+    frameworks.keras().utils.set_random_seed(0)
+    tokenizer = keras_hub.models.Llama3Tokenizer(*byte_level_bpe(LLAMA3_SPECIAL))
+    preprocessor = keras_hub.models.Llama3CausalLMPreprocessor(
+        tokenizer, sequence_length=SEQUENCE_LENGTH
+    )
+    # Llama 3.1's scaled rotary embeddings, as Llama 3.1 and 3.2 have them (config.json's
+    # rope_scaling); over the tiny prompts' few positions they move the logits little.
+    backbone = keras_hub.models.Llama3Backbone(
+        vocabulary_size=tokenizer.vocabulary_size(), rope_max_wavelength=500000.0,
+        rope_frequency_adjustment_factor=8.0, rope_low_freq_factor=1.0,
+        rope_high_freq_factor=4.0, rope_pretraining_sequence_length=8192, **SIZES,
+    )  # fmt: skip
+    keras_hub.models.Llama3CausalLM(backbone, preprocessor).save_to_preset(str(folder))
+    return folder
+
+
+def qwen(folder: Path) -> Path:
+    """A tiny ``QwenCausalLM`` (Qwen 2) at ``folder`` (tied embeddings, as Qwen 2 0.5B)."""
+    from tpurun import frameworks
+
+    keras_hub = frameworks.keras_hub()
+    frameworks.keras().utils.set_random_seed(0)
+    tokenizer = keras_hub.models.QwenTokenizer(*byte_level_bpe(QWEN_SPECIAL))
+    preprocessor = keras_hub.models.QwenCausalLMPreprocessor(
+        tokenizer, sequence_length=SEQUENCE_LENGTH
+    )
+    backbone = keras_hub.models.QwenBackbone(
+        vocabulary_size=tokenizer.vocabulary_size(), rope_max_wavelength=1000000.0, **SIZES
+    )
+    keras_hub.models.QwenCausalLM(backbone, preprocessor).save_to_preset(str(folder))
+    return folder
+
+
+def mistral_proto() -> bytes:
+    """A SentencePiece vocabulary with Mistral 7B's settings and ids (``<unk>`` 0, ``<s>`` 1,
+    ``</s>`` 2, no padding piece)."""
+    import io
+
+    import sentencepiece as spm
+
+    buffer = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus()), model_writer=buffer, vocab_size=SENTENCEPIECE_VOCABULARY,
+        model_type="bpe", byte_fallback=True, add_dummy_prefix=True,
+        normalization_rule_name="identity", remove_extra_whitespaces=False, split_digits=True,
+        allow_whitespace_only_pieces=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+        character_coverage=1.0, hard_vocab_limit=True, minloglevel=2,
+    )  # fmt: skip
+    return buffer.getvalue()
+
+
+def mistral(folder: Path) -> Path:
+    """A tiny ``MistralCausalLM`` at ``folder``, its head size set apart from hidden / heads (as
+    Mistral Nemo's is), which keras-hub 0.32's own exporter gets wrong."""
+    from tpurun import frameworks
+
+    keras_hub = frameworks.keras_hub()
+    frameworks.keras().utils.set_random_seed(0)
+    tokenizer = keras_hub.models.MistralTokenizer(proto=mistral_proto())
+    preprocessor = keras_hub.models.MistralCausalLMPreprocessor(
+        tokenizer, sequence_length=SEQUENCE_LENGTH
+    )
+    backbone = keras_hub.models.MistralBackbone(
+        vocabulary_size=tokenizer.vocabulary_size(), head_dim=24, sliding_window=16, **SIZES
+    )
+    keras_hub.models.MistralCausalLM(backbone, preprocessor).save_to_preset(str(folder))
+    return folder
