@@ -160,7 +160,7 @@ def config_command(
         if check:
             data = cfg.to_dict()
         else:
-            from tpurun.runtime.prepare import prepare_here
+            from tpurun.plan.prepare import prepare_here
 
             prepared = prepare_here(cfg)
             if placement:  # instead of the config: where each weight goes on the mesh
@@ -192,7 +192,7 @@ def doctor(
     """Say whether this machine can train CONFIG, and what to fix. Exit 1 if a check fails."""
     with exit_codes():
         from tpurun.display import reports
-        from tpurun.doctor import exit_code, run_checks
+        from tpurun.doctor import exit_code, report, run_checks
 
         if not as_json:
             # Measured on 2 cores: the devices probe's children import TensorFlow (5 s of CPU)
@@ -202,7 +202,7 @@ def doctor(
                 "TensorFlow and JAX, each with a timeout, so none can hang)..."
             )
         checks = run_checks(str(config) if config else None, overrides=set_ or [])
-        reports.show_checks(checks, as_json=as_json, plain=plain)
+        reports.show_checks(report(checks), as_json=as_json, plain=plain)
     raise typer.Exit(code=exit_code(checks))
 
 

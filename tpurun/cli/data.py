@@ -1,6 +1,6 @@
 """``tpurun data write|inspect|bench``: the ``data`` commands of :mod:`tpurun.cli.app`, kept apart so
 each file stays short. Same rules: parse, call one library function, hand the result to
-:mod:`tpurun.display.reports`, exit codes through :mod:`tpurun.cli.boundary`.
+:mod:`tpurun.display.data_reports`, exit codes through :mod:`tpurun.cli.boundary`.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ def data_bench(
     CPU), unless the records were tokenised once (tpurun data write --tokenize)."""
     with exit_codes():
         from tpurun.config import load_config
-        from tpurun.display import reports
+        from tpurun.display import data_reports
 
         cfg = load_config(config, set_ or [])
-        from tpurun.data.bench import bench
+        from tpurun.plan.bench import bench
 
         preprocessing = lengths = None
         if cfg.model.preset is not None:
@@ -53,7 +53,7 @@ def data_bench(
             lengths = measurer(preprocessing.preprocessor)
         result = bench(cfg, steps=steps, warmup=warmup, preprocessing=preprocessing,
                        lengths=lengths)  # fmt: skip
-        reports.show_bench(result, str(config), as_json=as_json)
+        data_reports.show_bench(result, str(config), as_json=as_json)
 
 
 @data_app.command("write")
@@ -221,7 +221,7 @@ def data_write(
     progress = TaskProgress("writing", "records", plain=plain or as_json, closing=False)
     with exit_codes(interrupted="interrupted: nothing was left half-written"):
         from tpurun.data.write import write_dataset
-        from tpurun.display import reports
+        from tpurun.display import data_reports
 
         map_source = None
         if tokenize is not None:
@@ -243,7 +243,7 @@ def data_write(
                 label=label, pack=pack, fill_missing=fill_missing, overwrite=overwrite, text=text,
                 map_source=map_source,
             )  # fmt: skip
-        reports.show_written(report, source, as_json=as_json, plain=plain)
+        data_reports.show_written(report, source, as_json=as_json, plain=plain)
 
 
 @data_app.command("inspect")
@@ -285,7 +285,7 @@ def data_inspect(
     progress = TaskProgress("counting records", "files", plain=plain or as_json)
     with exit_codes():
         from tpurun.data.inspect import inspect
-        from tpurun.display import reports
+        from tpurun.display import data_reports
 
         if sequence_length is not None and preset is None:
             raise TpurunError(
@@ -299,4 +299,6 @@ def data_inspect(
             from tpurun.hub.lengths import of_inspected
 
             lengths = of_inspected(preset, sequence_length, report)
-        reports.show_inspected(report, globs, as_json=as_json, plain=plain, token_lengths=lengths)
+        data_reports.show_inspected(
+            report, globs, as_json=as_json, plain=plain, token_lengths=lengths
+        )

@@ -1,7 +1,8 @@
 """What a person reads: plain lines, the live view, and the tables of the one-shot commands.
 
 :mod:`.reporter` is the interface a run reports to; :mod:`.lines` writes it as plain lines,
-:mod:`.live` as a Rich live view; :mod:`.reports` prints the one-shot commands' tables.
+:mod:`.live` as a Rich live view; :mod:`.reports` prints the one-shot commands' tables
+(:mod:`.data_reports` the ``data`` commands'), :mod:`.placements` the variables' placement listing.
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from tpurun.display.reports import show_json
+from tpurun.runtime.memory import size
+
 COLUMNS = ("path", "shape", "split", "rule", "per device")
 
 
@@ -17,12 +20,8 @@ def _split(axes: list[str | None]) -> str:
 def show(listing: dict[str, Any], as_json: bool = False) -> None:
     """The placement listing (:func:`tpurun.training.placement.placement`), or it as JSON."""
     if as_json:
-        from tpurun.display.reports import show_json
-
         show_json(listing)
         return
-    from tpurun.runtime.memory import size  # pydantic, through the config: not for --help
-
     mesh, variables = listing["mesh"], listing["variables"]
     rows = [(v["path"], str(v["shape"]), _split(v["axes"]), v["rule"], size(v["bytes_per_device"]))
             for v in variables]  # fmt: skip

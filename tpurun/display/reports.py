@@ -1,8 +1,10 @@
-"""What the one-shot commands print: the config, doctor's checks, and the data commands' reports.
+"""What the one-shot commands print: the config, doctor's checks, evaluate, predict, export, runs
+and plots; and the pieces every such report uses (JSON, two-column rows, notes on stderr).
 
 Each ``show_*`` takes what the library returned and prints it to stdout: JSON with ``--json``, a Rich
 table on a terminal, aligned plain lines in a notebook, a pipe or CI (:func:`tpurun.display.lines.want_plain`).
-Training's own output (a live view or plain lines) is :mod:`tpurun.display.lines`.
+The data commands' reports are :mod:`tpurun.display.data_reports`; training's own output (a live
+view or plain lines) is :mod:`tpurun.display.lines`.
 """
 
 from __future__ import annotations
@@ -12,12 +14,16 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import yaml
+
 from tpurun.display.reporter import want_plain
+from tpurun.runtime.memory_check import memory_lines
 
 _STYLES = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 
 
-def _out(text: str = "") -> None:
+def out(text: str = "") -> None:
+    """A line of the result, on stdout."""
     sys.stdout.write(text + "\n")
 
 
@@ -28,7 +34,7 @@ def note(text: str) -> None:
 
 
 def show_json(data: Any) -> None:
-    _out(json.dumps(data, indent=2))
+    out(json.dumps(data, indent=2))
 
 
 def _table(title: str | None = None, columns: Sequence[str] = ()) -> Any:
@@ -51,10 +57,10 @@ def show_rows(rows: list[tuple[str, str]], title: str | None = None, plain: bool
     """A two-column listing: a Rich table on a terminal, aligned plain text elsewhere."""
     if want_plain(plain):
         if title:
-            _out(title)
+            out(title)
         width = max((len(k) for k, _ in rows), default=0)
         for key, value in rows:
-            _out(f"  {key.ljust(width)}  {value}")
+            out(f"  {key.ljust(width)}  {value}")
         return
     table = _table(title)
     table.add_column(style="bold")
@@ -70,199 +76,42 @@ def show_config(data: dict[str, Any], as_json: bool = False) -> None:
     if as_json:
         show_json(data)
         return
-    import yaml
-
     sys.stdout.write(yaml.safe_dump(data, sort_keys=False))
-    from tpurun.runtime.memory_check import memory_lines
-
     for line in memory_lines(data.get("derived") or {}):
-        _out(f"# {line}")
+        out(f"# {line}")
 
 
 def show_valid(source: str, factory: str | None) -> None:
     """``tpurun config --check``: the config having loaded, what that covered (``factory``: what
     was found of the model factory without importing it) and what it leaves to ``doctor``."""
-    _out(f"{source}: valid")
-    _out(f"  checked: its keys and values{f'; {factory} (not imported)' if factory else ''}")
-    _out(f"  not checked: the data, the model as built, this machine (`tpurun doctor {source}`)")
+    out(f"{source}: valid")
+    out(f"  checked: its keys and values{f'; {factory} (not imported)' if factory else ''}")
+    out(f"  not checked: the data, the model as built, this machine (`tpurun doctor {source}`)")
 
 
 # ---------------------------------------------------------------------------------------- doctor
-def show_checks(checks: Sequence[Any], as_json: bool = False, plain: bool = False) -> None:
-    """Doctor's checks: one line (or row) each, with the fix under any that is not ok."""
+def show_checks(report: dict[str, Any], as_json: bool = False, plain: bool = False) -> None:
+    """Doctor's checks, given as its JSON-ready report (:func:`tpurun.doctor.report`): one line
+    (or row) each, with the fix under any that is not ok."""
     if as_json:
-        from tpurun.doctor import report
-
-        show_json(report(checks))
+        show_json(report)
         return
+    checks = report["checks"]
     if want_plain(plain):
-        width = max(len(c.name) for c in checks)
+        width = max(len(c["name"]) for c in checks)
         for c in checks:
-            _out(f"{c.status:<5} {c.name:<{width}}  {c.finding}  ({c.seconds:.1f}s)")
-            if c.fix and c.status != "ok":
-                _out(f"{'':<5} {'':<{width}}  fix: {c.fix}")
+            out(f"{c['status']:<5} {c['name']:<{width}}  {c['finding']}  ({c['seconds']:.1f}s)")
+            if c["fix"] and c["status"] != "ok":
+                out(f"{'':<5} {'':<{width}}  fix: {c['fix']}")
         return
     table = _table(columns=("status", "check", "finding", "s"))
     for c in checks:
-        finding = c.finding if not (c.fix and c.status != "ok") else f"{c.finding}\nfix: {c.fix}"
-        table.add_row(f"[{_STYLES[c.status]}]{c.status}[/]", c.name, finding, f"{c.seconds:.1f}")
+        finding = c["finding"]
+        if c["fix"] and c["status"] != "ok":
+            finding += f"\nfix: {c['fix']}"
+        style = _STYLES[c["status"]]
+        table.add_row(f"[{style}]{c['status']}[/]", c["name"], finding, f"{c['seconds']:.1f}")
     _print(table)
-
-
-# ------------------------------------------------------------------------------------------ data
-def show_bench(result: dict[str, Any], config: str, as_json: bool = False) -> None:
-    """``tpurun data bench``: the input pipeline's throughput."""
-    if as_json:
-        show_json(result)
-        return
-    batches = f"{result['batches_per_sec']:,.1f}  (global batch {result['global_batch_size']})"
-    size = (
-        f"{result['mb_per_sec']:,.1f}  ({result['bytes_per_record']:,.0f} bytes/record as stored)"
-    )
-    timed = (
-        f"{result['steps']} batches in {result['seconds']:.2f}s after {result['warmup_steps']} "
-        "warm-up"
-    )
-    rows = [("examples/s", f"{result['examples_per_sec']:,.0f}")]
-    if result.get("reader"):
-        rows.append(("reader", f"{result['reader']} ({result['reader_reason']})"))
-    if result.get("tokens_per_sec") is not None:
-        rows.append(("tokens/s", f"{result['tokens_per_sec']:,.0f}  ({result['positions']} "
-                                 "positions per example)"))  # fmt: skip
-    if result.get("preprocessing"):
-        rows.append(("preprocessing", result["preprocessing"]))
-    if result.get("token_lengths"):
-        rows.append(("sequence length", result["token_lengths"]["sentence"]))
-    rows += [
-        ("batches/s", batches),
-        ("MB/s", size),
-        ("timed", timed),
-        ("CPU cores", str(result["cpu_cores"])),
-        ("files", f"{result['train_files']} ({result['train_records']:,} records)"),
-    ]
-    show_rows(rows, title=f"input pipeline: {config}")
-
-
-def show_written(report: Any, source: str, as_json: bool = False, plain: bool = False) -> None:
-    """``tpurun data write``: the shards of each split, the features, the schema file; its
-    warnings on stderr (with ``--json`` too, which keeps stdout clean)."""
-    for warning in report.warnings:
-        note(f"warning: {warning}")
-    if as_json:
-        show_json(report.to_dict())
-        return
-    rows = []
-    for split, shards in report.splits.items():
-        records = sum(n for _, n, _ in shards)
-        size = sum(b for _, _, b in shards)
-        rows.append((split, f"{len(shards)} shards · {records:,} records · {size / 1e6:,.1f} MB"))
-    rows.append(("features", ", ".join(f"{k} ({v['type']})" for k, v in report.features.items())))
-    if report.class_names:
-        rows.append(("classes", ", ".join(report.class_names)))
-    tokenized = report.layout.get("tokenized")
-    if tokenized:
-        rows.append(("tokenized", f"for {tokenized['task']} at sequence length "
-                                  f"{tokenized['sequence_length']} ({tokenized['preset']})"))  # fmt: skip
-        if tokenized.get("chat"):
-            rows.append(("chat format", tokenized["chat"]["format"]))
-        packed = tokenized.get("packing")
-        if packed:
-            rows.append(("packing", f"{packed['examples']:,} train examples in "
-                                    f"{packed['records']:,} records; padding "
-                                    f"{packed['padding']:.0%} (unpacked: "
-                                    f"{packed['padding_unpacked']:.0%})"))  # fmt: skip
-    rows.append(("schema", report.schema_path))
-    rate = report.records / max(report.seconds, 1e-9)
-    rows.append(("time", f"{report.seconds:.1f}s ({rate:,.0f} records/s)"))
-    show_rows(rows, title=f"wrote {report.records:,} records from {source}", plain=plain)
-
-
-def show_inspected(
-    report: Any, globs: Sequence[str], as_json: bool = False, plain: bool = False,
-    token_lengths: dict[str, Any] | None = None,
-) -> None:  # fmt: skip
-    """``tpurun data inspect``: files and counts, the inferred features as a pasteable block;
-    with ``--preset``, the text's lengths in tokens (``token_lengths``)."""
-    if as_json:
-        show_json(
-            {**report.to_dict(), **({"token_lengths": token_lengths} if token_lengths else {})}
-        )
-        return
-    from tpurun.data.advice import format_bytes
-
-    source = f"from {report.schema_path}" if report.counts_from == "schema" else "counted"
-    rows = [
-        ("files", f"{len(report.files)} · {format_bytes(report.total_bytes)} · "
-                  f"{report.total_records:,} records ({source})"),
-        ("compression", report.compression),
-    ]  # fmt: skip
-    if report.class_names:
-        rows.append(("classes", ", ".join(report.class_names)))
-    if report.tokenized:
-        rows.extend(_tokenized_rows(report.tokenized))
-    for info in report.files[:10]:
-        rows.append(("", f"{info.path}  {format_bytes(info.bytes)}  {info.records:,} records"))
-    if len(report.files) > 10:
-        rows.append(("", f"... {len(report.files) - 10} more"))
-    show_rows(rows, title=f"dataset: {' '.join(globs)}", plain=plain)
-    _out(
-        f"\nfeatures (from {report.sampled_records} sampled records; largest "
-        f"{format_bytes(report.largest_sampled_record)}):"
-    )
-    for feature in report.features:
-        spec = feature.spec or {}
-        described = " ".join(str(v) for k, v in spec.items() if k != "key") or feature.stored
-        notes = "".join(f"  · {note}" for note in feature.notes)
-        _out(f"  {feature.name:<16} {described}{notes}")
-        if feature.text:
-            _out(f"  {'':<16} {_text_lines(feature.text)}")
-        if feature.tokens:
-            tokens = feature.tokens
-            ids = " ".join(str(i) for i in tokens["first"])
-            more = " ..." if tokens["positions"] > len(tokens["first"]) else ""
-            _out(f"  {'':<16} [{ids}{more}]  ({tokens['length']} of {tokens['positions']} tokens)")
-    if token_lengths:
-        t = token_lengths
-        _out(f"\nlength in tokens for {t['preset']} ({t['sampled']} records sampled, the "
-             "sequence_length each needs):")  # fmt: skip
-        _out(
-            f"  min {t['min']}  median {t['p50']}  90% {t['p90']}  95% {t['keep_95']}  max {t['max']}"
-        )
-        _out(f"  {t['sentence']}")
-    _out("\npaste into data: in the config")
-    _out(report.features_yaml.rstrip())
-    if report.advice:
-        _out("\nadvice:")
-        for line in report.advice:
-            _out(f"  - {line}")
-
-
-def _tokenized_rows(entry: dict[str, Any]) -> list[tuple[str, str]]:
-    """Records written with ``--tokenize``: for which task, preset and tokenizer, and their
-    lengths in tokens."""
-    made = entry.get("source") or {}
-    rows = [
-        ("tokenized", f"for {entry['task']} at sequence length {entry['sequence_length']}"),
-        ("", f"preset {entry['preset']}"),
-        ("", f"tokenizer {entry['tokenizer']} {entry['fingerprint'][:19]}"),
-        ("", f"from inputs {made.get('inputs')}, targets {made.get('targets')}"),
-    ]
-    lengths = entry.get("lengths")
-    if lengths:
-        over = f"{lengths['count']:,} {'' if lengths['split'] == 'all' else lengths['split'] + ' '}"
-        rows.append(("", f"length {lengths['min_tokens']:,} to {lengths['max_tokens']:,} tokens, "
-                         f"mean {lengths['mean_tokens']:,.1f} ({over}records); {lengths['full']:,} "
-                         f"fill all {lengths['positions']} positions (text longer than that was cut)"))  # fmt: skip
-    return rows
-
-
-def _text_lines(text: dict[str, Any]) -> str:
-    """A text feature in ``data inspect``: its first value, then its lengths in characters."""
-    lengths = (
-        f"{text['min_chars']:,} to {text['max_chars']:,} characters, mean "
-        f"{text['mean_chars']:,.1f} ({text['over']})"
-    )
-    return f"{text['sample']}  ({text['sample_chars']:,} chars)\n  {'':<16} length {lengths}"
 
 
 # ------------------------------------------------------------------- evaluate, predict, export
@@ -366,13 +215,13 @@ def show_runs(runs: list[dict[str, Any]], folder: str, as_json: bool = False,
         show_json(runs)
         return
     if not runs:
-        _out(f"no runs in {folder}")
+        out(f"no runs in {folder}")
         return
     rows = [_run_cells(run) for run in runs]
     if want_plain(plain):
         widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_RUN_COLUMNS)]
         for cells in [list(_RUN_COLUMNS), *rows]:
-            _out(
+            out(
                 "  ".join(
                     cell.ljust(width) for cell, width in zip(cells, widths, strict=True)
                 ).rstrip()
@@ -396,7 +245,7 @@ def show_plotted(result: dict[str, Any], as_json: bool = False) -> None:
     if as_json:
         show_json(result)
         return
-    _out(
+    out(
         f"wrote {result['output']} ({result['width']}x{result['height']} px): "
         f"{', '.join(result['metrics'])} of {len(result['runs'])} run(s), {result['lines']} lines"
     )
