@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -332,3 +333,34 @@ def test_the_help_names_the_format_and_the_checker():
     assert result.exit_code == 0
     assert "keras|saved_model|onnx|lora|huggingface" in result.output
     assert "--check-python" in result.output
+
+
+def test_safetensors_keeps_each_dtype_and_a_missing_package_says_how_to_install_it(
+    tmp_path, monkeypatch
+):
+    """The weights' file holds float32, float16 and bfloat16 (ml_dtypes', as JAX gives a
+    bfloat16 run's weights) as themselves, read back exactly by safetensors' own reader."""
+    import ml_dtypes
+    from safetensors.numpy import load_file
+
+    from tpurun.errors import TpurunError
+    from tpurun.infer import hf_export
+
+    values = np.linspace(-2.0, 2.0, 12, dtype="float32").reshape(3, 4)
+    tensors = {
+        "a.f32": values,
+        "b.f16": values.astype("float16"),
+        "c.bf16": values.astype(ml_dtypes.bfloat16).T,  # a transposed view, as the mapping's
+    }
+    hf_export.write_safetensors(tensors, str(tmp_path / "model.safetensors"))
+    raw = (tmp_path / "model.safetensors").read_bytes()
+    header = json.loads(raw[8 : 8 + int.from_bytes(raw[:8], "little")])
+    assert {k: header[k]["dtype"] for k in tensors} == {"a.f32": "F32", "b.f16": "F16",
+                                                        "c.bf16": "BF16"}  # fmt: skip
+    back = load_file(str(tmp_path / "model.safetensors"))
+    for key, value in tensors.items():
+        assert back[key].dtype == value.dtype and back[key].shape == value.shape
+        np.testing.assert_array_equal(back[key], value)
+    monkeypatch.setitem(sys.modules, "safetensors.numpy", None)
+    with pytest.raises(TpurunError, match=r"python -m pip install safetensors"):
+        hf_export.write_safetensors(tensors, str(tmp_path / "again.safetensors"))

@@ -32,7 +32,6 @@ import importlib.util
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -41,13 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from tpurun import frameworks
-from tpurun.errors import ModelError, TpurunError
+from tpurun.errors import TpurunError
 from tpurun.infer import hf_families, hf_llama, preset
 
 FORMAT = "huggingface"
 CHECK_PROMPTS = 8
 _HERE = Path(__file__).resolve().parent
-_SAFETENSORS_DTYPES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64"}
 #: What a previous export left in DIR: only such a folder (or an empty one) is replaced.
 _OURS = ("config.json", "model.safetensors")
 
@@ -277,31 +275,25 @@ def write(task: Any, folder: str) -> str:
 
 
 def write_safetensors(tensors: dict[str, Any], path: str) -> None:
-    """The safetensors format as its specification gives it (an 8-byte little-endian header
-    size, a JSON header of each tensor's dtype, shape and byte range, then the bytes), written
-    here rather than through the safetensors package, which tpurun does not otherwise need."""
+    """``model.safetensors`` through the safetensors package's numpy writer, which writes
+    float32, float16 and bfloat16 (ml_dtypes' arrays, as JAX gives them) as their own dtypes
+    (checked with safetensors 0.8).
+
+    Raises:
+        TpurunError: the safetensors package is not installed in this Python.
+    """
+    try:
+        from safetensors.numpy import save_file
+    except ImportError:
+        raise TpurunError(
+            "--format huggingface writes model.safetensors with the safetensors package, which "
+            "this Python does not have. Install it (python -m pip install safetensors) and "
+            "export again."
+        ) from None
     import numpy as np
 
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    arrays = {}
-    for key, value in tensors.items():
-        array = np.ascontiguousarray(value)
-        kind = _SAFETENSORS_DTYPES.get(str(array.dtype))
-        if kind is None:
-            raise ModelError(f"--format huggingface: {key} is {array.dtype}, which tpurun does "
-                             "not write to safetensors (float32, bfloat16, float16).")  # fmt: skip
-        arrays[key] = array.astype(array.dtype.newbyteorder("<"), copy=False)
-        header[key] = {"dtype": kind, "shape": list(array.shape),
-                       "data_offsets": [offset, offset + array.nbytes]}  # fmt: skip
-        offset += array.nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    raw += b" " * (-len(raw) % 8)  # the data starts 8-byte aligned
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
-        for array in arrays.values():
-            f.write(array.tobytes())
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, path,
+              metadata={"format": "pt"})  # fmt: skip
 
 
 def _check(python: str, folder: str, prompts: list[str], ids: list[list[int]],
