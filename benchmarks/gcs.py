@@ -2,7 +2,7 @@
 
 On the same shards, written once to a local folder and uploaded to the server:
 
-1. input pipeline: ``tpurun.data.bench.bench`` (the training pipeline alone, as ``tpurun data
+1. input pipeline: ``tpurun.plan.bench.bench`` (the training pipeline alone, as ``tpurun data
    bench`` times it) reading the local files, then the same files from gs://; examples/s, MB/s and
    the ratio gs:// / local;
 2. one checkpoint commit: ``Checkpointer.save_latest`` (weights under a new name, then
@@ -81,7 +81,7 @@ def mlp(width: int = 256, units: int = 512):
 
 def pipeline(local: Path, remote: str, args) -> dict:
     from tpurun.config import load_config
-    from tpurun.data.bench import bench
+    from tpurun.plan.bench import bench
 
     out = {}
     for where, glob in (("local", str(local / "train-*.tfrecord")), ("gs", f"{remote}/train-*")):

@@ -138,10 +138,10 @@ def load_memory(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(ROOT))
     from tpurun.config import load_config
     from tpurun.hub.model import build_task
+    from tpurun.plan.prepare import choose_for
     from tpurun.runtime import mesh
     from tpurun.runtime.activate import activate
     from tpurun.runtime.machine import probe
-    from tpurun.runtime.prepare import choose_for
     from tpurun.training.model import build_model
 
     config = load_config({

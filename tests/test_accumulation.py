@@ -29,8 +29,8 @@ from test_tensorboard import read_events
 import tpurun
 from tpurun.config import load_config
 from tpurun.errors import TpurunError
+from tpurun.plan.plan import make_plan
 from tpurun.runtime.choice import Choice
-from tpurun.runtime.plan import make_plan
 
 #: Warmup then cosine decay, with SGD: each update moves the weights by exactly lr x gradient.
 SCHEDULE = {"base": 0.05, "warmup_epochs": 1.5, "schedule": "cosine"}

@@ -39,7 +39,7 @@ def test_pipes_and_the_flag_are_plain():
 
 
 def plan(**kw):
-    """What the reporters read of a Plan (its constructor belongs to tpurun.runtime.plan)."""
+    """What the reporters read of a Plan (its constructor belongs to tpurun.plan.plan)."""
     fields = dict(replicas=8, per_core_batch_size=16, global_batch_size=128, learning_rate=2e-3,
                   steps_per_epoch=11, validation_steps=2, steps_per_execution=11)  # fmt: skip
     return SimpleNamespace(**{**fields, **kw})

@@ -392,9 +392,9 @@ def test_doctor_command_exit_codes_and_plain_text(tmp_path):
 def test_model_check_for_an_accelerator_runs_in_a_cpu_child(tmp_path):
     """Where train would use a TPU or GPU, doctor checks the model in a CPU-only child process."""
     from helpers import toy_config, write_toy_data
+    from tpurun.doctor.model import check_model_on_cpu
 
     from tpurun.config import load_config
-    from tpurun.doctor.model import check_model_on_cpu
 
     cfg = load_config(toy_config(write_toy_data(tmp_path / "data"), tmp_path / "runs"))
     check, params = check_model_on_cpu(cfg, timeout=120)
@@ -410,7 +410,7 @@ def test_model_check_for_an_accelerator_runs_in_a_cpu_child(tmp_path):
 def test_resume_check_says_where_train_continues_or_why_it_would_refuse(toy_data, tmp_path):
     import tpurun
     from tpurun.config import load_config
-    from tpurun.runtime.prepare import prepare_here as prepare
+    from tpurun.plan.prepare import prepare_here as prepare
 
     config = toy_config(toy_data, tmp_path / "out", train={"epochs": 1})
     fresh = load_config(config)

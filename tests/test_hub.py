@@ -182,7 +182,7 @@ def test_sequence_length_sets_the_preprocessors(tiny_presets, tmp_path):
 
 
 def test_compile_keeps_kerashubs_loss_under_the_configs_optimizer(tiny_presets, toy_data, tmp_path):
-    from tpurun.runtime.prepare import prepare_here
+    from tpurun.plan.prepare import prepare_here
 
     config = tpurun.load_config(
         {**toy_config(toy_data, tmp_path), "model": {"preset": str(tiny_presets.gemma),
@@ -207,7 +207,7 @@ def test_compile_keeps_kerashubs_loss_under_the_configs_optimizer(tiny_presets, 
 def test_compile_gives_a_classifier_kerashubs_adam_at_tpuruns_rate(
     tiny_presets, toy_data, tmp_path
 ):
-    from tpurun.runtime.prepare import prepare_here
+    from tpurun.plan.prepare import prepare_here
 
     config = tpurun.load_config(
         {**toy_config(toy_data, tmp_path), "model": {"preset": str(tiny_presets.bert)}}

@@ -24,7 +24,7 @@ from tpurun.data.statistics import Statistics
 from tpurun.errors import DataError
 from tpurun.hub import batches
 from tpurun.hub.model import build_preprocessor
-from tpurun.runtime.prepare import prepare_here
+from tpurun.plan.prepare import prepare_here
 
 runner = CliRunner()
 LENGTH = 32  # the chat pairs pack to 25..37 tokens: some are cut, most are padded

@@ -179,7 +179,7 @@ def test_perplexity_is_exact_over_the_weighted_tokens_of_a_padded_validation(
     """KerasHub's Perplexity, added as a weighted metric, against exp of the mean loss over the
     response tokens of the six records scored (two padding records in the last batch weigh 0)."""
     import tpurun
-    from tpurun.runtime.prepare import prepare_here
+    from tpurun.plan.prepare import prepare_here
     from tpurun.training.model import build_model, compile_model
 
     keras = frameworks.keras()

@@ -17,6 +17,7 @@ from helpers import FACTORIES, HAS_TENSORFLOW, toy_config
 import tpurun
 from tpurun import frameworks
 from tpurun.errors import EnvironmentSetupError
+from tpurun.plan.plan import make_plan
 from tpurun.runtime.choice import Choice
 from tpurun.runtime.memory import Activations
 from tpurun.runtime.memory_check import (
@@ -26,7 +27,6 @@ from tpurun.runtime.memory_check import (
     estimate_for_model,
     refusal,
 )
-from tpurun.runtime.plan import make_plan
 from tpurun.training.model import build_model, compile_model
 
 MESH = (2, 4)
@@ -311,7 +311,7 @@ def test_doctor_reports_memory_against_the_detected_device(tmp_path, toy_data, t
     """The devices probe's answer for a v5e (its kind and memory_stats' limit) against the
     config's estimate; the same config on the CPU has no limit and is not checked."""
     from tpurun.doctor.memory import check_memory
-    from tpurun.runtime.prepare import prepare_here
+    from tpurun.plan.prepare import prepare_here
 
     path = config_file(tmp_path, toy_data, {"preset": str(tiny_presets.gemma_mesh)},
                        runtime={"cpu_devices": 8, "mesh": {"data": 2, "model": 4}},

@@ -264,8 +264,8 @@ def test_a_mesh_the_choice_could_not_size_is_resolved_when_the_devices_are_count
     import dataclasses
 
     from tpurun.config import load_config
+    from tpurun.plan.prepare import choose_for
     from tpurun.runtime.activate import activate
-    from tpurun.runtime.prepare import choose_for
 
     config = load_config(toy_config(toy_data, tmp_path / "runs",
                                     runtime={"cpu_devices": 8, "mesh": {"model": 4}}))  # fmt: skip

@@ -8,8 +8,8 @@ import pytest
 
 from tpurun.config import load_config
 from tpurun.errors import ConfigError, DataError
+from tpurun.plan.plan import auto_steps_per_execution, make_plan
 from tpurun.runtime.choice import Choice
-from tpurun.runtime.plan import auto_steps_per_execution, make_plan
 
 
 def config(**train):

@@ -4,7 +4,7 @@ page generated from it (:mod:`.reference`).
 
 Nothing here imports TensorFlow, JAX or Keras, so ``tpurun --help`` and validation answer at once.
 Values that need the machine or the data (replicas, global batch, scaled learning rate, steps) are
-derived later, in :mod:`tpurun.runtime.plan`.
+derived later, in :mod:`tpurun.plan.plan`.
 """
 
 from tpurun.config.base import NamedObject, Section

@@ -37,7 +37,7 @@ def _size(path: str) -> int:
 
 
 def check_reader(reader: Any) -> Check:
-    """What ``train`` will read the records with, and why: the reader :func:`tpurun.runtime.prepare.prepare`
+    """What ``train`` will read the records with, and why: the reader :func:`tpurun.plan.prepare.prepare`
     chose (:func:`tpurun.data.reader.choose`, the very call train makes)."""
     return Check("reader", "ok", f"{reader.name} ({reader.reason})", None,
                  {"reader": reader.name, "reason": reader.reason})  # fmt: skip
@@ -261,8 +261,8 @@ def check_advice(cfg: Any, choice: Any, plan: Any) -> Check:
 
 def run(cfg: Any, m: Machine, holder: list, devices: dict, with_model: bool) -> list[Check]:
     from tpurun import frameworks
+    from tpurun.plan.prepare import prepare
     from tpurun.runtime.activate import activate
-    from tpurun.runtime.prepare import prepare
 
     choice = holder[0] if holder else None
     runtime = activation_error = None

@@ -120,7 +120,7 @@ def _score(trained: Any, checkpoint: Any, runtime: Any, data: str | None) -> dic
     from tpurun.data.resolve import path_resolver
     from tpurun.hub.batches import take_preprocessing
     from tpurun.infer import loading
-    from tpurun.runtime.plan import auto_steps_per_execution
+    from tpurun.plan.plan import auto_steps_per_execution
     from tpurun.training import token_loss
     from tpurun.training.model import compile_model
 

@@ -204,10 +204,10 @@ def activate_for(trained: TrainedRun, machine: Any = None):
         TpurunError: the environment makes this process one of several (a pod slice, SLURM):
             these commands run in one; or the model axis does not divide the devices here.
     """
+    from tpurun.plan.prepare import choose_for
     from tpurun.runtime import mesh
     from tpurun.runtime.activate import activate
     from tpurun.runtime.machine import probe
-    from tpurun.runtime.prepare import choose_for
 
     config, machine = trained.config, machine or probe()
     alone = {"num_processes": None, "coordinator": None, "process_id": None}
@@ -388,7 +388,7 @@ def training_schema(config: Config) -> dict | None:
 
 def global_batch(config: Config, replicas: int) -> int:
     """The batch ``train`` fed per step on this many replicas (known to fit the devices)."""
-    from tpurun.runtime.plan import batch_sizes
+    from tpurun.plan.plan import batch_sizes
 
     return batch_sizes(config, replicas)[1]
 

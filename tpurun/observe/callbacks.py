@@ -16,7 +16,7 @@ from tpurun import frameworks
 from tpurun.config import Config
 from tpurun.display.reporter import Reporter
 from tpurun.observe.input_wait import KEY, measurable
-from tpurun.runtime.plan import Plan
+from tpurun.plan.plan import Plan
 from tpurun.storage.rundir import RunDir
 
 keras = frameworks.keras()  # the process is set up: see tpurun.frameworks

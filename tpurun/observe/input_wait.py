@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tpurun.runtime.plan import Plan
+from tpurun.plan.plan import Plan
 
 KEY = "input_wait"  # in the epoch logs while the progress line is made, then taken out
 INPUT_BOUND = 0.4  # at least this share waiting: the input pipeline limits training

@@ -124,7 +124,7 @@ def flops_per_device(model: Any, element_spec: Any, global_batch: int) -> float 
 
 
 def measure(model: Any, element_spec: Any, prepared: Any) -> StepCost:
-    """The step's cost for a run: ``prepared`` (a :class:`~tpurun.runtime.prepare.Prepared`) gives
+    """The step's cost for a run: ``prepared`` (a :class:`~tpurun.plan.prepare.Prepared`) gives
     the global batch and ``runtime.peak_tflops``. Called once the model, its optimizer and metrics
     are built (Keras' first ``on_train_begin``)."""
     plan = prepared.plan

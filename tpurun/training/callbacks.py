@@ -23,7 +23,7 @@ from tpurun.display.lines import THROUGHPUT
 from tpurun.display.reporter import Reporter
 from tpurun.errors import TpurunError
 from tpurun.observe.callbacks import observers
-from tpurun.runtime.plan import Plan, resolve_monitor
+from tpurun.plan.plan import Plan, resolve_monitor
 from tpurun.storage import fileio
 from tpurun.storage.rundir import EARLY_STOPPING_WEIGHTS, RunDir
 from tpurun.training.checkpoints.adapter import is_lora

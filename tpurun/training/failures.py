@@ -11,7 +11,7 @@ from typing import Any
 from tpurun.config import Config, DataConfig
 from tpurun.data import reader as readers
 from tpurun.errors import DataError, ModelError, TpurunError, describe
-from tpurun.runtime.prepare import Prepared
+from tpurun.plan.prepare import Prepared
 from tpurun.storage import fileio, space
 from tpurun.training.model import TF_OPS_ON_JAX, factory_imports_tensorflow
 

@@ -18,8 +18,8 @@ from tpurun.display.reporter import Reporter
 from tpurun.errors import DataError, ModelError, describe
 from tpurun.hub import batches, lengths
 from tpurun.observe import throughput
+from tpurun.plan.plan import Plan
 from tpurun.runtime.activate import ActiveRuntime
-from tpurun.runtime.plan import Plan
 from tpurun.storage import fileio
 from tpurun.storage.rundir import ADAPTER_SUFFIX, LORA_SUFFIX, SHARDED_SUFFIX, RunDir
 from tpurun.storage.summary import Summary, steady_rate
@@ -28,7 +28,7 @@ from tpurun.training.checkpoints import resume as resume_lib
 from tpurun.training.signals import Signalled, Stop, StopNow
 
 if TYPE_CHECKING:
-    from tpurun.runtime.prepare import Prepared
+    from tpurun.plan.prepare import Prepared
     from tpurun.training.checkpoints.resume import ResumePoint
 
 

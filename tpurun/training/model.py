@@ -17,7 +17,7 @@ from tpurun import frameworks
 from tpurun.config import Config, NamedObject
 from tpurun.errors import ModelError, TpurunError, describe
 from tpurun.multihost.collectives import lost_peer
-from tpurun.runtime.plan import Plan
+from tpurun.plan.plan import Plan
 from tpurun.training import data_facts, remat
 from tpurun.training.factory_source import syntax_error
 from tpurun.training.input_check import check_inputs_fit, first_record_of

@@ -14,7 +14,7 @@ from typing import Any
 from tpurun import frameworks
 from tpurun.config import Config
 from tpurun.errors import ConfigError
-from tpurun.runtime.plan import resolve_monitor
+from tpurun.plan.plan import resolve_monitor
 
 
 def logged_metrics(model: Any) -> dict[str, Any]:

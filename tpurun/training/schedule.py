@@ -12,7 +12,7 @@ from typing import Any
 from tpurun import frameworks
 from tpurun.config import Config
 from tpurun.errors import TpurunError
-from tpurun.runtime.plan import Plan
+from tpurun.plan.plan import Plan
 
 
 def schedule_shape(config: Config, plan: Plan) -> dict[str, float]:

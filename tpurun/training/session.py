@@ -31,9 +31,9 @@ from tpurun.multihost.collectives import (
 )
 from tpurun.multihost.watchdog import Watchdog
 from tpurun.observe import input_wait
+from tpurun.plan.prepare import Prepared, choose_for, prepare
 from tpurun.runtime.activate import activate
 from tpurun.runtime.machine import Machine, probe
-from tpurun.runtime.prepare import Prepared, choose_for, prepare
 from tpurun.storage import damaged
 from tpurun.storage.rundir import CONFIG, LORA_MODEL, SUMMARY, RunDir, now_iso, run_path
 from tpurun.storage.summary import Summary, steady_rate

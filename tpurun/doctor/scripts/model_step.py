@@ -32,8 +32,8 @@ def load(asked: dict[str, Any]) -> Any:
 
 def main() -> None:
     from tpurun.doctor.model import check_model
+    from tpurun.plan.prepare import choose_for, prepare
     from tpurun.runtime.activate import activate
-    from tpurun.runtime.prepare import choose_for, prepare
 
     cfg = load(payload())
     choice = choose_for(cfg)

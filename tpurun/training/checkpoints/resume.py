@@ -211,7 +211,7 @@ def identity(config: dict, plan: Any, train_files: Sequence[str] = ()) -> dict[s
 
     Args:
         config: the effective config as plain data (features filled in from a schema).
-        plan: the run's :class:`~tpurun.runtime.plan.Plan` (global batch size, precision).
+        plan: the run's :class:`~tpurun.plan.plan.Plan` (global batch size, precision).
         train_files: the training files, expanded, in the order the pipeline takes them.
     """
     derived = {"global_batch_size": plan.global_batch_size, "precision": plan.precision}

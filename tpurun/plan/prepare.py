@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 from tpurun.config import Config
 from tpurun.data import reader as readers
 from tpurun.multihost.shares import Share, share_warning, shares
+from tpurun.plan.plan import Plan, make_plan
 from tpurun.runtime.choice import Choice, choose
 from tpurun.runtime.machine import Machine, probe
-from tpurun.runtime.plan import Plan, make_plan
 
 if TYPE_CHECKING:
     from tpurun.data.resolve import ResolvedData

@@ -41,7 +41,7 @@ def bench(
         reads), what preprocessing ran and ``token_lengths`` (the share the sequence length cuts); the reader training would use (``data.reader``), which
         is the one measured, and why.
     """
-    from tpurun.runtime.prepare import prepare_here
+    from tpurun.plan.prepare import prepare_here
 
     # The plan without activation: timing a CPU pipeline must not take the accelerator.
     prepared = prepare_here(config)
