@@ -11,7 +11,7 @@ import pytest
 from helpers import HAS_TENSORFLOW, installed_tensorflow_build, toy_config
 
 from tpurun.config import RuntimeConfig, load_config
-from tpurun.doctor import Check, config_uses_gcs, exit_code, probes, report, run_checks
+from tpurun.doctor import Check, config_uses_gcs, exit_code, libtpu_lock, probes, report, run_checks
 from tpurun.doctor import config_checks as cc
 from tpurun.doctor import machine as mc
 from tpurun.doctor.child import Child
@@ -95,10 +95,10 @@ def test_tpu_paths():
 # -------------------------------------------------------------------------------------- lock
 def test_lock_absent_and_stale(tmp_path):
     lock = tmp_path / "libtpu_lockfile"
-    absent = mc.check_lock(str(lock))
+    absent = libtpu_lock.check_lock(str(lock))
     assert absent.status == "ok" and absent.data["exists"] is False
     lock.write_text("")
-    stale = mc.check_lock(str(lock))
+    stale = libtpu_lock.check_lock(str(lock))
     assert stale.status == "ok" and "stale" in stale.finding and stale.data["held"] is False
 
 
@@ -123,7 +123,7 @@ def test_lock_held_by_a_child_names_it(tmp_path, kind):
                               stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert holder.stdout.readline().strip() == "held"
-        check = mc.check_lock(str(lock))
+        check = libtpu_lock.check_lock(str(lock))
     finally:
         holder.kill()
         holder.wait()
@@ -132,7 +132,7 @@ def test_lock_held_by_a_child_names_it(tmp_path, kind):
     assert f"pid {holder.pid}" in check.finding and "-c" in check.finding
     assert "restart" in check.fix and "kernel" in check.fix
     # doctor released whatever it tried: the file is free again once the holder is gone
-    assert mc.check_lock(str(lock)).status == "ok"
+    assert libtpu_lock.check_lock(str(lock)).status == "ok"
 
 
 # ----------------------------------------------------------------------------------- devices
@@ -392,9 +392,9 @@ def test_doctor_command_exit_codes_and_plain_text(tmp_path):
 def test_model_check_for_an_accelerator_runs_in_a_cpu_child(tmp_path):
     """Where train would use a TPU or GPU, doctor checks the model in a CPU-only child process."""
     from helpers import toy_config, write_toy_data
-    from tpurun.doctor.model import check_model_on_cpu
 
     from tpurun.config import load_config
+    from tpurun.doctor.model_check import check_model_on_cpu
 
     cfg = load_config(toy_config(write_toy_data(tmp_path / "data"), tmp_path / "runs"))
     check, params = check_model_on_cpu(cfg, timeout=120)

@@ -18,7 +18,7 @@ from helpers import toy_config
 from tpurun.doctor import child
 from tpurun.doctor.child import MARK, Child, answer_line, last_error_line, parse_answer
 from tpurun.doctor.gcs import _problem
-from tpurun.doctor.model import CPU_OVERRIDES, cpu_overrides, from_answer, model_step_payload
+from tpurun.doctor.model_check import CPU_OVERRIDES, cpu_overrides, from_answer, model_step_payload
 from tpurun.doctor.scripts import devices, gcs_probe, health, model_step
 
 SCRIPTS = ["devices", "health", "gcs_probe", "model_step"]

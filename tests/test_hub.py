@@ -457,7 +457,7 @@ def test_a_handle_whose_download_fails(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------------------------ doctor
 def test_doctor_checks_the_preset_folder(tiny_presets, tmp_path):
-    from tpurun.doctor.preset import check_preset
+    from tpurun.doctor.preset_check import check_preset
 
     check = check_preset(loaded(tmp_path, tiny_presets.gemma))
     assert check.status == "ok", check

@@ -7,11 +7,11 @@ Anything that could block or grab an accelerator (JAX/TF device discovery, the T
 child process with a timeout, so doctor never holds the libtpu lock and never hangs.
 
 The modules: :mod:`.check` (a finding, the report), :mod:`.machine` (the machine's own checks),
-:mod:`.probes` (devices, the choice, health), :mod:`.gcs` (the storage probe),
-:mod:`.config_checks` and :mod:`.model` (a config on this machine), :mod:`.child` (running a probe
-in a child process) and :mod:`.scripts` (the probes that run there). This package imports only
-:mod:`.check` when it is imported, so every child's start stays light; :func:`run_checks` imports
-the rest when it runs.
+:mod:`.libtpu_lock` (who holds the TPU), :mod:`.probes` (devices, the choice, health), :mod:`.gcs`
+(the storage probe), :mod:`.config_checks`, :mod:`.model_check`, :mod:`.preset_check` and
+:mod:`.memory` (a config on this machine), :mod:`.child` (running a probe in a child process) and
+:mod:`.scripts` (the probes that run there). This package imports only :mod:`.check` when it is
+imported, so every child's start stays light; :func:`run_checks` imports the rest when it runs.
 """
 
 from __future__ import annotations
@@ -52,14 +52,15 @@ def run_checks(
     Raises:
         ConfigError: the config does not validate (the same error ``train`` raises).
     """
-    from tpurun.doctor import gcs, probes
+    # lazy: each probe's child process imports this package (through doctor.child); the checks,
+    # the config and what they import would add their imports to every child's start.
+    from tpurun.config import Config, load_config
+    from tpurun.doctor import config_checks, gcs, libtpu_lock, probes
     from tpurun.doctor import machine as mc
     from tpurun.runtime.machine import probe
 
     cfg = None
     if config is not None:
-        from tpurun.config import Config, load_config
-
         cfg = config if isinstance(config, Config) else load_config(config, list(overrides))
 
     env = dict(os.environ if env is None else env)
@@ -76,7 +77,7 @@ def run_checks(
     checks += timed("versions", lambda: mc.check_versions(machine))
     checks += timed("matplotlib", lambda: mc.check_matplotlib_backend(env))
     checks += timed("tpu", lambda: mc.check_tpu(machine, devices))
-    checks += timed("libtpu_lock", lambda: mc.check_lock(lock_path))
+    checks += timed("libtpu_lock", lambda: libtpu_lock.check_lock(lock_path))
     checks += timed("devices", lambda: mc.check_devices(devices))
     choice_holder: list = []
     checks += timed("choice", lambda: probes.check_choice(cfg, machine, choice_holder))
@@ -95,8 +96,6 @@ def run_checks(
     else:
         checks += timed("gcs.reachable", lambda: gcs_probe.check(uses_gcs))
     if cfg is not None:
-        from tpurun.doctor import config_checks
-
         checks += config_checks.run(cfg, machine, choice_holder, devices, with_model)
     return checks
 

@@ -9,19 +9,29 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tpurun import frameworks
 from tpurun.data import files as datafiles
+from tpurun.data import records
+from tpurun.data.resolve import path_resolver
 from tpurun.doctor.check import Check, timed
-from tpurun.doctor.model import (
+from tpurun.doctor.memory import check_memory
+from tpurun.doctor.model_check import (
     BYTES_PER_PARAM,
     MODEL_TIMEOUT,
     SLOTS,
     check_model,
     check_model_on_cpu,
 )
-from tpurun.doctor.preset import check_preset
+from tpurun.doctor.preset_check import check_preset
 from tpurun.errors import TpurunError
+from tpurun.plan.prepare import prepare
+from tpurun.runtime.activate import activate
 from tpurun.runtime.choice import KERAS_19246
 from tpurun.runtime.machine import Machine
+from tpurun.storage import fileio
+from tpurun.storage.fileio import StorageError
+from tpurun.storage.rundir import RunDir, run_path
+from tpurun.training.checkpoints import resume as resume_lib
 
 
 def _globs(value: str | list[str] | None) -> list[str]:
@@ -31,8 +41,6 @@ def _globs(value: str | list[str] | None) -> list[str]:
 
 
 def _size(path: str) -> int:
-    from tpurun.storage import fileio
-
     return fileio.size(path)
 
 
@@ -63,9 +71,6 @@ def check_split(cfg: Any, split: str, m: Machine, replicas: int | None) -> Check
     Paths are resolved as ``train`` resolves them (``resolve.path_resolver``: data.kaggle_dataset's
     root when set, else the config file's folder), so both read the same files.
     """
-    from tpurun.data import records
-    from tpurun.data.resolve import path_resolver
-
     name = f"data.{split}"
     patterns = _globs(getattr(cfg.data, split))
     if not patterns:
@@ -140,10 +145,6 @@ def check_resume(cfg: Any, prepared: Any) -> Check:
 
     ``prepared`` comes from the plan check; None without one.
     """
-    from tpurun.storage.fileio import StorageError
-    from tpurun.storage.rundir import RunDir, run_path
-    from tpurun.training.checkpoints import resume as resume_lib
-
     run_dir = run_path(cfg.output.dir, cfg.name)
     run = RunDir(run_dir)
     try:
@@ -188,8 +189,6 @@ def check_output(cfg: Any, params: int | None) -> Check:
     out = cfg.output.dir
     data: dict[str, Any] = {"dir": out}
     if out.startswith("gs://"):
-        from tpurun.storage.rundir import run_path
-
         data["run_dir"] = run_path(out, cfg.name)
         return Check("output", "skip", f"{data['run_dir']} is in a bucket: gcs.reachable writes "
                      "and deletes a test object in it", None, data)  # fmt: skip
@@ -260,10 +259,6 @@ def check_advice(cfg: Any, choice: Any, plan: Any) -> Check:
 
 
 def run(cfg: Any, m: Machine, holder: list, devices: dict, with_model: bool) -> list[Check]:
-    from tpurun import frameworks
-    from tpurun.plan.prepare import prepare
-    from tpurun.runtime.activate import activate
-
     choice = holder[0] if holder else None
     runtime = activation_error = None
     if choice is not None and choice.accelerator == "cpu":
@@ -326,8 +321,6 @@ def run(cfg: Any, m: Machine, holder: list, devices: dict, with_model: bool) -> 
 
         checks += timed("model", model_check)
     if prepared is not None and with_model:
-        from tpurun.doctor.memory import check_memory
-
         checks += timed("memory", lambda: check_memory(cfg, prepared, devices))
     plan = prepared.plan if prepared else None
     checks += timed("resume", lambda: check_resume(cfg, prepared))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from tpurun.data.resolve import path_resolver
 from tpurun.doctor.check import Check
 from tpurun.doctor.child import Child, child_env
 from tpurun.errors import TpurunError
@@ -49,8 +50,6 @@ def gcs_targets(cfg: Any) -> list[tuple[str, str]]:
     (then delete) a test object where the config writes: output.dir and a gs:// data.cache."""
     if cfg is None:
         return [("url", GCS_PROBE_URL)]
-    from tpurun.data.resolve import path_resolver
-
     data = cfg.data
     globs: list[str] = []
     for value in (data.train, data.validation):

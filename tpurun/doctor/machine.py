@@ -1,4 +1,5 @@
-"""Checks of the machine itself: platform, versions, TPU, the libtpu lock, devices, GCS credentials.
+"""Checks of the machine itself: platform, versions, TPU, devices, GCS credentials, hosts (the
+libtpu lock is :mod:`tpurun.doctor.libtpu_lock`).
 
 These read files, environment variables and installed distributions; nothing here imports a
 framework or touches an accelerator (device discovery runs in children, see ``probes``).
@@ -6,17 +7,18 @@ framework or touches an accelerator (device discovery runs in children, see ``pr
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import glob
 import os
 import platform as platform_lib
-import struct
+import socket
 from collections.abc import Mapping
 from typing import Any
 
+from tpurun import frameworks
 from tpurun._version import __version__
+from tpurun.config import RuntimeConfig
 from tpurun.doctor.check import Check
+from tpurun.errors import TpurunError
+from tpurun.multihost.cluster import cluster
 from tpurun.runtime.machine import Machine, installed_version
 
 JAX_TPU_INSTALL = "pip install -U 'jax[tpu]'"
@@ -118,8 +120,6 @@ def check_matplotlib_backend(env: Mapping[str, str]) -> Check:
     """The ``MPLBACKEND`` this process inherited, and what tpurun does with it: one matplotlib
     would refuse (a notebook kernel's, from another environment) is replaced by agg in tpurun's
     own process, since importing TensorFlow imports matplotlib."""
-    from tpurun import frameworks
-
     inherited = env.get("MPLBACKEND", "")
     data = {"inherited": inherited or None, "used": "agg"}
     if not inherited:
@@ -180,111 +180,6 @@ def check_tpu(m: Machine, devices: dict[str, Any]) -> Check:
         "tpu", "ok", "TensorFlow can drive the TPU (not probed; JAX has no libtpu)",
         None, data,
     )  # fmt: skip
-
-
-# ------------------------------------------------------------------------------------------ lock
-NOTEBOOK_TRAP = (
-    "if it is a notebook kernel: restart it, and do not import JAX/TensorFlow on the TPU in the "
-    "kernel before `!tpurun train`; otherwise stop that process"
-)
-
-
-def open_holders(path: str, proc_root: str = "/proc") -> list[int]:
-    """Pids with ``path`` open, from ``/proc/*/fd`` (only processes we may inspect)."""
-    target = os.path.realpath(path)
-    pids = []
-    for fd_dir in glob.glob(f"{proc_root}/[0-9]*/fd"):
-        try:
-            links = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in links:
-            try:
-                if os.readlink(f"{fd_dir}/{fd}") == target:
-                    pids.append(int(fd_dir.split("/")[-2]))
-                    break
-            except OSError:
-                continue
-    return sorted(set(pids))
-
-
-def cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return "?"
-
-
-def _posix_lock_holder(fd: int) -> int | None:
-    """The pid of a process holding a POSIX (fcntl/lockf) lock on fd, asked with F_GETLK.
-
-    F_GETLK only asks: nothing is acquired, so nothing needs releasing.
-    """
-    # struct flock on Linux LP64: short type, short whence, off_t start, off_t len, pid_t pid.
-    request = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
-    answer = fcntl.fcntl(fd, fcntl.F_GETLK, request)
-    l_type, _, _, _, pid = struct.unpack("hhqqi4x", answer)
-    return pid if l_type != fcntl.F_UNLCK else None
-
-
-def _flock_held(fd: int) -> bool:
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-            return True
-        raise
-    fcntl.flock(fd, fcntl.LOCK_UN)  # release at once
-    return False
-
-
-def find_lock_holder(path: str) -> tuple[bool, list[int]]:
-    """Whether a process holds a lock on ``path``, and its pid(s) when they can be found."""
-    holders = open_holders(path)
-    if os.getpid() in holders:
-        # This very process has it open (a kernel that touched the TPU): opening and closing the
-        # file here would drop its POSIX lock, so leave it alone.
-        return True, [os.getpid()]
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        posix_pid = _posix_lock_holder(fd)
-        held = posix_pid is not None or _flock_held(fd)
-    finally:
-        os.close(fd)
-    if not held:
-        return False, []
-    pids = [posix_pid] if posix_pid else []
-    return True, pids + [p for p in holders if p not in pids]
-
-
-def check_lock(lock_path: str) -> Check:
-    if not os.path.exists(lock_path):
-        return Check("libtpu_lock", "ok", f"no {lock_path}: no process holds the TPU", None,
-                     {"path": lock_path, "exists": False, "held": False})  # fmt: skip
-    try:
-        held, pids = find_lock_holder(lock_path)
-    except OSError as exc:
-        return Check("libtpu_lock", "warn", f"{lock_path}: cannot inspect it: {exc.strerror}",
-                     "check who owns the file (ls -l); another user's process may hold the TPU",
-                     {"path": lock_path, "exists": True})  # fmt: skip
-    data: dict[str, Any] = {
-        "path": lock_path, "exists": True, "held": held,
-        "holders": [{"pid": p, "cmdline": cmdline(p)} for p in pids],
-    }  # fmt: skip
-    if not held:
-        return Check("libtpu_lock", "ok", f"{lock_path} exists but nobody holds it: a stale lock "
-                     "file, harmless", None, data)  # fmt: skip
-    if not pids:
-        who = "a process this user cannot inspect"
-    else:
-        who = "; ".join(f"pid {h['pid']} ({h['cmdline'][:120]})" for h in data["holders"])
-    if os.getpid() in pids:
-        return Check("libtpu_lock", "fail", f"this Python process holds the TPU ({lock_path})",
-                     "restart the kernel, and run `!tpurun train` before touching the TPU in it",
-                     data)  # fmt: skip
-    return Check("libtpu_lock", "fail", f"the TPU is in use: {lock_path} is held by {who}",
-                 NOTEBOOK_TRAP, data)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------- devices
@@ -361,12 +256,6 @@ def check_gcs_credentials(m: Machine, env: Mapping[str, str], uses_gcs: bool | N
 def check_hosts(cfg: Any, env: Mapping[str, str], timeout: float = 3.0) -> Check:
     """How many processes train together, which one this is, and whether the coordinator answers
     (a TCP connect, so it never hangs)."""
-    import socket
-
-    from tpurun.config import RuntimeConfig
-    from tpurun.errors import TpurunError
-    from tpurun.multihost.cluster import cluster
-
     try:
         hosts = cluster(cfg.runtime if cfg is not None else RuntimeConfig(), env)
     except TpurunError as exc:

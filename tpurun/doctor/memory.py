@@ -13,13 +13,13 @@ from typing import Any
 
 from tpurun.doctor.check import Check
 from tpurun.errors import TpurunError
+from tpurun.hub.report import describe
+from tpurun.runtime.memory_check import device_limit, memory_lines, run_mesh
 
 NAME = "memory"
 
 
 def check_memory(cfg: Any, prepared: Any, devices: dict[str, Any]) -> Check:
-    from tpurun.hub.report import describe
-    from tpurun.runtime.memory_check import device_limit, memory_lines, run_mesh
 
     if cfg.model.preset is None:
         return Check(NAME, "skip", "a model.factory model: train checks its memory per device "

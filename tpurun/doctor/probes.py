@@ -12,6 +12,7 @@ import subprocess
 from dataclasses import asdict
 from typing import Any
 
+from tpurun.config import RuntimeConfig
 from tpurun.doctor.check import Check
 from tpurun.doctor.child import Child, child_env
 from tpurun.errors import TpurunError
@@ -59,8 +60,6 @@ def device_counts(m: Machine, timeout: float) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------- choice
 def check_choice(cfg: Any, m: Machine, holder: list) -> Check:
     """What ``tpurun train`` would choose: :func:`tpurun.runtime.choice.choose`, the very same call."""
-    from tpurun.config import RuntimeConfig
-
     runtime_cfg = cfg.runtime if cfg is not None else RuntimeConfig()
     spe = cfg.train.steps_per_execution if cfg is not None else "auto"
     try:

@@ -1,12 +1,12 @@
 """Build a config's model and run one training step on the CPU (doctor's ``model`` check, for a
 config that trains on a TPU or GPU).
 
-Run by :func:`tpurun.doctor.model.check_model_on_cpu` as ``python -m
+Run by :func:`tpurun.doctor.model_check.check_model_on_cpu` as ``python -m
 tpurun.doctor.scripts.model_step '{"config": {...}, "base_dir": "/path"}'``, in a child whose
 environment hides the accelerators (JAX_PLATFORMS=cpu, CUDA_VISIBLE_DEVICES empty): the config is
 set to one CPU device (as many as a model axis has: ``cpu_overrides``) and the process is set up
 as ``train`` sets its own (:func:`tpurun.runtime.activate.activate`), then
-:func:`tpurun.doctor.model.check_model` runs.
+:func:`tpurun.doctor.model_check.check_model` runs.
 
 Answer: ``{"check": <the Check as a dict>, "params": int | None}``.
 """
@@ -23,7 +23,7 @@ from tpurun.doctor.child import payload, reply
 def load(asked: dict[str, Any]) -> Any:
     """The config, on one CPU device, with relative paths from the folder the parent's were."""
     from tpurun.config import load_config
-    from tpurun.doctor.model import cpu_overrides
+    from tpurun.doctor.model_check import cpu_overrides
 
     cfg = load_config(asked["config"], cpu_overrides(asked["config"]))
     cfg._base_dir = Path(asked["base_dir"])
@@ -31,7 +31,7 @@ def load(asked: dict[str, Any]) -> Any:
 
 
 def main() -> None:
-    from tpurun.doctor.model import check_model
+    from tpurun.doctor.model_check import check_model
     from tpurun.plan.prepare import choose_for, prepare
     from tpurun.runtime.activate import activate
 

@@ -14,14 +14,14 @@ from typing import Any
 from tpurun import frameworks
 from tpurun.doctor.check import Check
 from tpurun.errors import TpurunError
+from tpurun.hub import preset as presets
+from tpurun.hub.task import task_class
 
 NAME = "model.preset"
 FIX = "copy the whole preset folder, or fix model.preset / model.task as the message says"
 
 
 def check_preset(cfg: Any) -> Check:
-    from tpurun.hub import preset as presets
-
     if cfg.model.preset is None:
         return Check(NAME, "skip", "no model.preset: a factory builds the model")
     try:
@@ -29,8 +29,6 @@ def check_preset(cfg: Any) -> Check:
         task = cfg.model.task or preset.default_task()
         checked = frameworks.backend() is not None  # doctor set this process up: KerasHub may come
         if checked:
-            from tpurun.hub.task import task_class
-
             task = task_class(preset, cfg.model.task).__name__
     except TpurunError as exc:
         return Check(NAME, "fail", exc.message, FIX)
