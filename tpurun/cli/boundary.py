@@ -1,5 +1,5 @@
 """The command line's boundary: how exceptions, signals and ``--set`` slips become one message and
-an exit code (the README's table). Only :mod:`tpurun.cli.app` uses it.
+an exit code (the README's table). Only the commands of :mod:`tpurun.cli` use it.
 
 - :class:`TpurunError`: ``error: <its paragraph>``, exit 2 (an :class:`Interrupted` run: 3).
 - A framework that is missing or fails its own import: exit 2, saying what to check.
