@@ -7,15 +7,13 @@
 
 from __future__ import annotations
 
+from tpurun.display.lines import PlainReporter
+from tpurun.display.live import LiveReporter
 from tpurun.display.reporter import Reporter, want_plain
 
 
 def make_reporter(plain: bool = False) -> Reporter:
     """Plain lines where a live view cannot redraw (:func:`want_plain`), else the live view."""
-    from tpurun.display.lines import PlainReporter
-
     if want_plain(plain):
         return PlainReporter()
-    from tpurun.display.live import LiveReporter
-
     return LiveReporter()

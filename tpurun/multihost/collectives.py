@@ -10,6 +10,7 @@ from typing import Any
 from tpurun import frameworks
 from tpurun.errors import EnvironmentSetupError
 from tpurun.multihost.cluster import Cluster
+from tpurun.storage import fileio
 
 
 def lost_peer(exc: BaseException) -> bool:
@@ -59,8 +60,6 @@ def check_shared_folder(folder: str, cluster: Cluster) -> None:
     import numpy as np
 
     multihost_utils = frameworks.jax("experimental.multihost_utils")
-
-    from tpurun.storage import fileio
 
     marker = fileio.join(folder, f".tpurun-shared-{cluster.num_processes}")
     token = np.array([secrets.randbits(31) if cluster.chief else 0], dtype=np.int32)
