@@ -17,7 +17,7 @@ script, the cost of asynchronous sharded checkpoints, and the host's memory whil
    the step while the shards are copied off the devices: on a TPU that copy is a DMA to a host
    with many cores; here devices and host share 2 cores, so the figure is pessimistic.
 3. **Host memory while loading** (a report, no goal). A larger preset (~63M parameters, 250 MB
-   in float32) is built under a 1 x 8 mesh by tpurun's own path (``mesh.install``, then the
+   in float32) is built under a 1 x 8 mesh by tpurun's own path (``mesh_layout.install``, then the
    model built in the runtime's scope): the peak resident memory the load adds (``VmHWM``, reset
    just before it) against the weights' size. On simulated CPU devices the shards themselves
    live in host memory: a load that never holds the whole model on the host beside its shards
@@ -137,9 +137,9 @@ def load_memory(args: argparse.Namespace) -> None:
     cpu_devices(args.devices)
     sys.path.insert(0, str(ROOT))
     from tpurun.config import load_config
+    from tpurun.hub import mesh_layout
     from tpurun.hub.model import build_task
     from tpurun.plan.prepare import choose_for
-    from tpurun.runtime import mesh
     from tpurun.runtime.activate import activate
     from tpurun.runtime.machine import probe
     from tpurun.training.model import build_model
@@ -151,7 +151,7 @@ def load_memory(args: argparse.Namespace) -> None:
                     "mesh": {"data": 1, "model": args.devices}, "layout": "preset"},
     })  # fmt: skip
     runtime = activate(choose_for(config, probe()), config.seed)
-    mesh.install(runtime, config)
+    mesh_layout.install(runtime, config)
     before = _memory_status("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM (the peak) starts again from VmRSS
     with runtime.scope():

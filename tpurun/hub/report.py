@@ -17,6 +17,7 @@ from typing import Any
 
 from tpurun import frameworks
 from tpurun.config import Config
+from tpurun.hub.mesh_layout import plan_placer
 from tpurun.hub.model import build_task, longest_sequence, parameter_counts
 from tpurun.hub.preset import location
 
@@ -129,7 +130,5 @@ def plan_specs(model: Any, config: Config, mesh: tuple[int, int]) -> tuple[dict,
     the rules read only the mesh's shape), and the layout's name. Whole without a model axis."""
     if config.runtime.mesh is None:
         return {v.path: (None,) * len(v.shape) for v in model.weights}, "data parallel"
-    from tpurun.runtime.mesh import plan_placer
-
     placer = plan_placer(model, config, mesh)
     return {path: p.axes for path, p in placer.placements.items()}, placer.source

@@ -204,8 +204,8 @@ def activate_for(trained: TrainedRun, machine: Any = None):
         TpurunError: the environment makes this process one of several (a pod slice, SLURM):
             these commands run in one; or the model axis does not divide the devices here.
     """
+    from tpurun.hub import mesh_layout as mesh
     from tpurun.plan.prepare import choose_for
-    from tpurun.runtime import mesh
     from tpurun.runtime.activate import activate
     from tpurun.runtime.machine import probe
 

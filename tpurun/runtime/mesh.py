@@ -99,15 +99,16 @@ def resolve(mesh: Any, devices: int, processes: int = 1) -> tuple[int, int]:
     return data, model
 
 
-def rules_for(config: Config, mesh: Any) -> tuple[list[Rule], list[Rule], str, bool]:
+def rules_for(config: Config, mesh: Any, backbone: Any) -> tuple[list[Rule], list[Rule], str, bool]:
     """The config's rules, the preset's, the layout's name, and whether ``auto`` places the rest.
+    ``backbone``: a preset's backbone class (:func:`tpurun.hub.mesh_layout.backbone_class`), None
+    for a ``model.factory`` model.
 
     Raises:
         ConfigError: ``layout: preset`` on a model with no layout of its own.
     """
     layout = config.runtime.layout
     mine = [(r.pattern, tuple(r.axes)) for r in layout] if isinstance(layout, list) else []
-    backbone = _backbone_class(config)
     if layout == "auto" or not _has_layout(backbone):
         if layout == "preset":
             what = f"the backbone {backbone.__name__}" if backbone else "a model.factory model"
@@ -119,17 +120,6 @@ def rules_for(config: Config, mesh: Any) -> tuple[list[Rule], list[Rule], str, b
         return mine, [], "auto" if not mine else "runtime.layout, then auto", True
     name = f"the preset's ({backbone.__name__})"
     return mine, _preset_rules(backbone, mesh), name, False
-
-
-def _backbone_class(config: Config) -> Any:
-    if config.model.preset is None:
-        return None
-    from tpurun.hub.preset import read
-    from tpurun.hub.task import concrete, task_class
-
-    preset = read(config)
-    cls = concrete(task_class(preset, config.model.task), preset)
-    return getattr(cls, "backbone_cls", None)
 
 
 def _has_layout(backbone: Any) -> bool:
@@ -226,16 +216,17 @@ def placing(placer: Placer, keras_mesh: Any, auto_shard: bool = True) -> Any:
                                  layout_map=keras.distribution.LayoutMap(keras_mesh))  # fmt: skip
 
 
-def install(runtime: Any, config: Config) -> Placer | None:
-    """Set the mesh's distribution for the model ``config`` describes (before it is built).
-    A run without a mesh keeps the distribution activate set."""
+def install(runtime: Any, config: Config, backbone: Any) -> Placer | None:
+    """Set the mesh's distribution for the model ``config`` describes (before it is built);
+    ``backbone`` as for :func:`rules_for`. A run without a mesh keeps the distribution activate
+    set."""
     if runtime.mesh is None:
         return None
     keras = frameworks.keras()
 
     data, model = runtime.mesh
     keras_mesh = _device_mesh(keras, (data, model), runtime.devices)
-    rules, preset, source, auto = rules_for(config, keras_mesh)
+    rules, preset, source, auto = rules_for(config, keras_mesh, backbone)
     placer = Placer(rules, {"data": data, "model": model}, source, preset=preset, auto=auto)
     distribution = placing(placer, keras_mesh, auto_shard=not runtime.choice.cluster.multi)
     keras.distribution.set_distribution(distribution)
@@ -243,10 +234,10 @@ def install(runtime: Any, config: Config) -> Placer | None:
     return placer
 
 
-def plan_placer(model: Any, config: Config, mesh: tuple[int, int]) -> Placer:
+def plan_placer(model: Any, config: Config, mesh: tuple[int, int], backbone: Any) -> Placer:
     """The run's layout applied to a model built without the devices (a stateless scope): each
     variable placed as the mesh's distribution would place it as it is created. No device is
-    needed: the rules read only the mesh's shape.
+    needed: the rules read only the mesh's shape. ``backbone`` as for :func:`rules_for`.
 
     Raises:
         ConfigError: the layout cannot place a variable (an indivisible shape, two rules).
@@ -255,7 +246,7 @@ def plan_placer(model: Any, config: Config, mesh: tuple[int, int]) -> Placer:
     # Any n objects stand for the devices: get_layout_map reads the mesh's axis names only.
     devices = [f"device:{i}" for i in range(mesh[0] * mesh[1])]
     shape = keras.distribution.DeviceMesh(mesh, list(AXES), devices=devices)
-    mine, preset, source, auto = rules_for(config, shape)
+    mine, preset, source, auto = rules_for(config, shape, backbone)
     placer = Placer(mine, {"data": mesh[0], "model": mesh[1]}, source, preset, auto=auto)
     weights = weights_of(model)
     for v in model.weights:

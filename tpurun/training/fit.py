@@ -16,7 +16,7 @@ from tpurun.config import Config
 from tpurun.data import reader as readers
 from tpurun.display.reporter import Reporter
 from tpurun.errors import DataError, ModelError, describe
-from tpurun.hub import batches, lengths
+from tpurun.hub import batches, lengths, mesh_layout
 from tpurun.observe import throughput
 from tpurun.plan.plan import Plan
 from tpurun.runtime.activate import ActiveRuntime
@@ -191,7 +191,7 @@ def _compiled_model(job: TrainJob) -> Any:
 
     config, plan = job.prepared.config, job.prepared.plan
     numbers = for_session(job.prepared, job.point, job.effective, job.reporter)
-    mesh.install(job.runtime, config)  # a mesh's layout, before any variable exists
+    mesh_layout.install(job.runtime, config)  # a mesh's layout, before any variable exists
     with job.runtime.scope():
         model = build_model(config, plan.backend, numbers, job.prepared.data.train_files)
         mesh.check(job.runtime, model, config)  # before anything is compiled

@@ -4,7 +4,7 @@ which rule put it there, and what it costs each device, without training.
 The model is built on this process's CPU with its variables uninitialised (shapes only, as
 ``tpurun config`` counts a preset's parameters: :func:`tpurun.hub.report.shapes_only`), and the
 run's layout is applied to it as the mesh's distribution applies it while ``train`` builds the model
-(:func:`tpurun.runtime.mesh.plan_placer`): the same rules, the same refusal of a shape that does not
+(:func:`tpurun.hub.mesh_layout.plan_placer`): the same rules, the same refusal of a shape that does not
 divide. No accelerator is needed, so a v5e-8 run's placement can be read on a laptop.
 """
 
@@ -47,10 +47,10 @@ def placement(config: Config, prepared: Any) -> dict[str, Any]:
         ConfigError: the layout cannot place a variable, as ``train`` would refuse it.
         ModelError: the model cannot be built.
     """
+    from tpurun.hub.mesh_layout import plan_placer
     from tpurun.runtime.layout import check_rules_match
     from tpurun.runtime.memory import itemsize
     from tpurun.runtime.memory_check import run_mesh
-    from tpurun.runtime.mesh import plan_placer
 
     model = _shapes_only_model(config, prepared)
     mesh = run_mesh(config, prepared.choice, prepared.plan) or (prepared.plan.replicas, 1)
