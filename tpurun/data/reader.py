@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tpurun.data import schema_file
 from tpurun.errors import EnvironmentSetupError
 from tpurun.frameworks import HUB_EXTRA
 
@@ -164,10 +165,9 @@ def preset_preprocessing(config: Any, always: bool = False) -> str | None:
     :func:`choose`); ``always``: on tokenised records too. ``config`` is the effective one (its
     features known)."""
     from tpurun.config import DataConfig
-    from tpurun.hub import tokenize
 
     data = config.data
-    if config.model.preset is None or (tokenize.is_tokenized(data) and not always):
+    if config.model.preset is None or (schema_file.is_tokenized(data) and not always):
         return None
     types = {data.features[n].type for n in DataConfig.names(data.inputs) if n in data.features}
     return "images" if types == {"image"} else "text"

@@ -78,6 +78,14 @@ VERSION = 1
 SUFFIX = ".schema.json"
 
 
+def is_tokenized(data: Any) -> bool:
+    """Whether ``data`` (a config's data section) reads tokenised records: token ids as inputs."""
+    inputs = data.inputs
+    if not isinstance(inputs, dict) or "token_ids" not in inputs:
+        return False
+    return data.features[inputs["token_ids"]].type == "int64"
+
+
 def schema_path(out_prefix: str) -> str:
     return f"{out_prefix}{SUFFIX}"
 

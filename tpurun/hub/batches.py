@@ -32,6 +32,7 @@ from typing import Any
 
 from tpurun import frameworks
 from tpurun.config import Config, DataConfig
+from tpurun.data import schema_file
 from tpurun.errors import ConfigError
 from tpurun.hub import tokenize
 
@@ -78,7 +79,7 @@ def transform(
         DataError: tokenised records this preprocessor would not have made.
     """
     causal = tokenize.kind(preprocessor) == tokenize.CAUSAL_LM
-    if tokenize.is_tokenized(data):
+    if schema_file.is_tokenized(data):
         tokenize.check(preprocessor, data, tokenized)
         step = _causal_tokens if causal else _classifier_tokens
     elif causal:

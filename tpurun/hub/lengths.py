@@ -25,7 +25,7 @@ from typing import Any
 
 from tpurun import frameworks
 from tpurun.config import DataConfig
-from tpurun.data import decode
+from tpurun.data import decode, schema_file
 from tpurun.data.native import example, framing
 from tpurun.hub import tokenize
 from tpurun.hub.model import longest_sequence
@@ -103,7 +103,7 @@ def measure(
     """The token lengths of a sample of ``files`` for a preset's text task (``data``: the
     effective data section, inputs and targets known); None for records tokenised once, an image
     task, or no records."""
-    if tokenize.is_tokenized(data) or not hasattr(preprocessor, "tokenizer"):
+    if schema_file.is_tokenized(data) or not hasattr(preprocessor, "tokenizer"):
         return None
     names = DataConfig.names(data.inputs)
     if tokenize.kind(preprocessor) == tokenize.CAUSAL_LM and data.targets != data.inputs:

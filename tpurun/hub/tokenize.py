@@ -33,7 +33,11 @@ from typing import Any
 
 from tpurun import frameworks
 from tpurun.data.packing import PackedSource
-from tpurun.data.schema_file import TOKEN_INPUTS, TOKENIZED
+from tpurun.data.schema_file import (
+    TOKEN_INPUTS,
+    TOKENIZED,
+    is_tokenized,  # noqa: F401  (infer/ still calls tokenize.is_tokenized)
+)
 from tpurun.data.sources.base import OVERHEAD_PER_FEATURE, MappedSource, Source
 from tpurun.errors import ConfigError, DataError, EnvironmentSetupError, ModelError
 from tpurun.hub import chat
@@ -126,20 +130,13 @@ def fingerprint(tokenizer: Any) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def is_tokenized(data: Any) -> bool:
-    """Whether ``data`` (a config's data section) reads tokenised records: token ids as inputs."""
-    inputs = data.inputs
-    if not isinstance(inputs, dict) or "token_ids" not in inputs:
-        return False
-    return data.features[inputs["token_ids"]].type == "int64"
-
-
 def check(preprocessor: Any, data: Any, tokenized: dict | None) -> None:
     """Refuse tokenised records this run's preprocessor would not have made.
 
     Args:
         preprocessor: the run's (its tokenizer and sequence length).
-        data: the effective data section, reading tokenised records (:func:`is_tokenized`).
+        data: the effective data section, reading tokenised records
+            (:func:`tpurun.data.schema_file.is_tokenized`).
         tokenized: the schema file's ``tokenized`` entry (with ``schema``, its path); None for
             records without one (only their layout and length are checked then).
 
