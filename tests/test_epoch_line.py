@@ -46,7 +46,7 @@ def test_an_epochs_rates_leave_its_validation_out(monkeypatch):
 
     from tpurun.display.reporter import Reporter
     from tpurun.observe.throughput import StepCost
-    from tpurun.training import callbacks
+    from tpurun.training.callbacks import progress as callbacks
 
     clock = iter([0.0, 0.0, 8.0, 10.0, 10.0])  # init, epoch begin, validation begin/end, epoch end
     monkeypatch.setattr(callbacks.time, "monotonic", lambda: next(clock))

@@ -10,7 +10,8 @@ from helpers import toy_config
 import tpurun
 from tpurun.config import NamedObject
 from tpurun.errors import ModelError
-from tpurun.training.model import _keras_object, build_metrics
+from tpurun.training.keras_objects import keras_object
+from tpurun.training.metrics import build_metrics
 
 
 def model_config(tmp_path, **model):
@@ -23,7 +24,7 @@ def model_config(tmp_path, **model):
 )
 def test_optimizer_names_in_any_case(tmp_path, name, expected):
     config = model_config(tmp_path, optimizer=name)
-    optimizer = _keras_object(
+    optimizer = keras_object(
         config.model.optimizer, keras.optimizers, "model.optimizer", config, learning_rate=0.1
     )
     assert type(optimizer).__name__ == expected
@@ -43,7 +44,7 @@ def test_a_typo_is_answered_in_the_users_case(tmp_path, what, name, suggestion):
     module = {"optimizer": keras.optimizers, "metrics": keras.metrics, "loss": keras.losses}[what]
     config = model_config(tmp_path)
     with pytest.raises(ModelError, match=f"unknown name '{name}'; did you mean '{suggestion}'\\?"):
-        _keras_object(NamedObject(name=name), module, f"model.{what}", config)
+        keras_object(NamedObject(name=name), module, f"model.{what}", config)
 
 
 def test_a_metric_class_named_in_lower_case_is_built(tmp_path):

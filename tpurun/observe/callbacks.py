@@ -2,7 +2,7 @@
 :mod:`tpurun.observe.input_wait`), TensorBoard, a profile, and the learning rate in each epoch's logs (for
 the CSV log and the curves).
 
-:func:`observers` makes them; :func:`tpurun.training.callbacks.build_callbacks` places them around its own.
+:func:`observers` makes them; :func:`tpurun.training.callbacks.build.build_callbacks` places them around its own.
 """
 
 from __future__ import annotations
@@ -16,6 +16,9 @@ from tpurun import frameworks
 from tpurun.config import Config
 from tpurun.display.reporter import Reporter
 from tpurun.observe.input_wait import KEY, measurable
+from tpurun.observe.profile import Profile
+from tpurun.observe.tensorboard import TensorBoardLog
+from tpurun.observe.tracker_log import TrackerLog
 from tpurun.plan.plan import Plan
 from tpurun.storage.rundir import RunDir
 
@@ -45,7 +48,7 @@ class InputWait(keras.callbacks.Callback):
     """Per epoch, the seconds spent in ``next()`` over the training part of the epoch (from its
     start to its last step's end: validation is left out).
 
-    Placed before :class:`~tpurun.training.callbacks.Progress`, it puts the epoch's share into the epoch
+    Placed before :class:`~tpurun.training.callbacks.progress.Progress`, it puts the epoch's share into the epoch
     logs as ``input_wait`` so the progress line shows it; :class:`Withdraw`, right after
     ``Progress``, takes it out again, so the CSV log, the checkpoints and the user's callbacks see
     the model's metrics only (a resumed run's log must equal an unbroken run's).
@@ -185,8 +188,6 @@ def observers(config: Config, plan: Plan, run: RunDir, reporter: Reporter, *, pr
     out = Observers(before_progress=[wait], after_progress=[Withdraw()])
     profile = config.train.profile
     if profile is not None and run.writer:
-        from tpurun.observe.profile import Profile
-
         out.before_progress.insert(
             0, Profile(run, plan.backend, profile.start_step, profile.steps,
                        plan.steps_per_execution, reporter),
@@ -194,15 +195,11 @@ def observers(config: Config, plan: Plan, run: RunDir, reporter: Reporter, *, pr
     out.last.append(LearningRateLog())
     tensorboard = config.callbacks.tensorboard
     if tensorboard is not None and run.writer:
-        from tpurun.observe.tensorboard import TensorBoardLog
-
         out.last.append(
             TensorBoardLog(run, plan.steps_per_epoch, tensorboard.loss_every_steps,
                            checkpointer=checkpointer, progress=progress, input_wait=wait)
         )  # fmt: skip
     if config.observe.trackers and run.writer:  # MLflow, W&B: their SDKs only when named
-        from tpurun.observe.tracker_log import TrackerLog
-
         out.last.append(TrackerLog(config, run, reporter, steps_per_epoch=plan.steps_per_epoch,
                                    progress=progress, input_wait=wait))  # fmt: skip
     return out

@@ -23,7 +23,6 @@ from tpurun import frameworks
 from tpurun.observe.events import SPLITS, EventFile, after_the_last_file, trim_events
 from tpurun.storage import fileio
 from tpurun.storage.rundir import RunDir
-from tpurun.training.checkpoints.checkpointer import step_offset
 
 keras = frameworks.keras()  # the process is set up: see tpurun.frameworks
 
@@ -48,7 +47,7 @@ def epoch_figures(progress: Any, input_wait: Any) -> dict[str, float]:
 class TensorBoardLog(keras.callbacks.Callback):
     """Writes the run's scalars; made only for the process that writes the run directory.
 
-    Placed after :class:`~tpurun.training.callbacks.Progress` (its epoch rate) and before ``RunControl``
+    Placed after :class:`~tpurun.training.callbacks.progress.Progress` (its epoch rate) and before ``RunControl``
     (which may end ``fit`` at a batch's end).
     """
 
@@ -58,7 +57,7 @@ class TensorBoardLog(keras.callbacks.Callback):
         self.folder = run.file(*run.tensorboard_parts())
         self.steps_per_epoch = steps_per_epoch
         self.every = loss_every_steps
-        self.checkpointer = checkpointer  # its resume_at: where this fit sequence starts
+        self.checkpointer = checkpointer  # its steps_before: where this fit sequence starts
         self.progress, self.input_wait = progress, input_wait
         self.writers: dict[str, EventFile] = {}
         self.last_step = -1  # the highest step written by this session
@@ -98,12 +97,12 @@ class TensorBoardLog(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         # Where this epoch starts: past a resume point or a NaN restore, earlier events go.
         self._epoch = epoch
-        self._start = self._global_step(epoch, step_offset(self.checkpointer.resume_at, epoch))
+        self._start = self._global_step(epoch, self.checkpointer.steps_before(epoch))
 
     def on_train_batch_end(self, batch, logs=None):
         if not self.every or not logs or "loss" not in logs:
             return
-        offset = step_offset(self.checkpointer.resume_at, self._epoch)
+        offset = self.checkpointer.steps_before(self._epoch)
         step = self._global_step(self._epoch, offset + batch + 1)
         since = self.last_step if self._start is None else self._start
         if step // self.every > max(since, 0) // self.every:

@@ -137,7 +137,7 @@ def measure(model: Any, element_spec: Any, prepared: Any) -> StepCost:
 def measuring(model: Any, progress: Any, element_spec: Any, prepared: Any, reporter: Any) -> Any:
     """A callback that measures the step's cost at the first ``on_train_begin`` (everything is
     built by then, and nothing compiled yet) and gives it to ``progress``
-    (:class:`~tpurun.training.callbacks.Progress`), which reports each epoch's figures. A step
+    (:class:`~tpurun.training.callbacks.progress.Progress`), which reports each epoch's figures. A step
     that cannot be analysed costs the run its TFLOP/s, never the run."""
     keras = frameworks.keras()
 

@@ -10,6 +10,8 @@ from typing import Any
 from tpurun.config import CategoryFeature, Config, DataConfig
 from tpurun.data import categories
 from tpurun.errors import ModelError
+from tpurun.training.input_check import slots
+from tpurun.training.normalize import _model_input
 
 #: Keywords a factory may declare to receive facts of the data (``model.kwargs`` wins).
 VOCABULARY_SIZES = "vocabulary_sizes"
@@ -34,9 +36,6 @@ def check_string_features(model: Any, config: Config, backend: str) -> None:
     Raises:
         ModelError: naming the feature and the option that turns it into numbers.
     """
-    from tpurun.training.input_check import slots
-    from tpurun.training.normalize import _model_input
-
     data = config.data
     for slot, name in slots(data.inputs):
         problem = categories.string_feature_problem(data, name, "inputs")

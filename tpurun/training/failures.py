@@ -10,6 +10,7 @@ from typing import Any
 
 from tpurun.config import Config, DataConfig
 from tpurun.data import reader as readers
+from tpurun.data import records
 from tpurun.errors import DataError, ModelError, TpurunError, describe
 from tpurun.plan.prepare import Prepared
 from tpurun.storage import fileio, space
@@ -74,8 +75,6 @@ def damaged_while_training(prepared: Prepared, exc: Exception) -> DataError:
     """A damaged record met while training (TF's DataLossError does not say which file it was
     reading; the native reader's DamagedRecord does, and the same scan confirms it): find the
     damaged files, and say what to do."""
-    from tpurun.data import records
-
     files = prepared.data.train_files + prepared.data.validation_files
     found = records.find_corrupt(files, prepared.config.data.compression)
     if not found:

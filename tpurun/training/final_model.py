@@ -7,7 +7,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from tpurun.training.model import short_name
+from tpurun import frameworks
+from tpurun.training.keras_objects import short_name
 
 
 def _flat(value: Any) -> list[Any]:
@@ -68,8 +69,6 @@ def on_the_host(model: Any) -> Iterator[None]:
     only the writer then saves. The copies live in host memory (a TPU host has far more than a
     chip), never whole on a device; single-process runs (every shard addressable) change nothing.
     """
-    from tpurun import frameworks
-
     optimizer = getattr(model, "optimizer", None)
     variables = {
         id(v): v

@@ -1,4 +1,5 @@
-"""Fitting, for :func:`tpurun.training.session.run`: datasets, model, callbacks, resume, ``fit``, NaN restore.
+"""Fitting, for :func:`tpurun.training.session.run`: datasets, model, callbacks, ``fit``, going on
+after a resume or a NaN restore (:mod:`.restore` loads them).
 
 Imports Keras inside its functions only: the runner imports this module before
 :func:`tpurun.runtime.activate.activate` has chosen the backend. TensorFlow comes only with the
@@ -7,61 +8,29 @@ Imports Keras inside its functions only: the runner imports this module before
 
 from __future__ import annotations
 
+import sys
+import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from tpurun import frameworks
-from tpurun.config import Config
 from tpurun.data import reader as readers
-from tpurun.display.reporter import Reporter
-from tpurun.errors import DataError, ModelError, describe
+from tpurun.errors import DataError
 from tpurun.hub import batches, lengths, mesh_layout
 from tpurun.observe import throughput
 from tpurun.plan.plan import Plan
-from tpurun.runtime.activate import ActiveRuntime
-from tpurun.storage import fileio
-from tpurun.storage.rundir import ADAPTER_SUFFIX, LORA_SUFFIX, SHARDED_SUFFIX, RunDir
-from tpurun.storage.summary import Summary, steady_rate
+from tpurun.runtime import mesh
+from tpurun.runtime.memory_check import check_model
+from tpurun.storage.summary import steady_rate
 from tpurun.training import failures, schedule
-from tpurun.training.checkpoints import resume as resume_lib
-from tpurun.training.signals import Signalled, Stop, StopNow
-
-if TYPE_CHECKING:
-    from tpurun.plan.prepare import Prepared
-    from tpurun.training.checkpoints.resume import ResumePoint
-
-
-@dataclass
-class TrainJob:
-    """What :func:`train` needs: the prepared config on an activated runtime, where to write, where
-    to start, and the stop request it obeys."""
-
-    prepared: Prepared
-    runtime: ActiveRuntime
-    run: RunDir
-    point: ResumePoint | None  # where to continue from; None: epoch 1
-    identity: dict  # what the checkpoints are bound to (resume.identity)
-    effective: dict  # config.yaml's content
-    summary: Summary  # written with config.yaml once Keras has checked the model against the data
-    reporter: Reporter
-    stop: Stop
-
-
-@dataclass
-class TrainResult:
-    """How the fit ended: where, with which metrics, how fast. Why it ended is ``job.stop``."""
-
-    model: Any
-    position: tuple[int, int]  # (epochs done, steps into the next) of the last save
-    best: dict | None  # {monitor, value, epoch}; None when callbacks.checkpoint is off
-    last_logs: dict  # the last finished epoch's metrics
-    epoch_seconds: list[float]
-    epoch_rates: list[float]  # examples/s per epoch
-    first_step_seconds: float | None
-    nan_restores: list[dict] = field(default_factory=list)
-    input_waits: list[tuple[float, float]] = field(default_factory=list)  # (waiting, training) s
-    throughput: dict | None = None  # tokens/s, TFLOP/s a device, MFU: see observe.throughput
+from tpurun.training.job import TrainJob, TrainResult
+from tpurun.training.loss_check import check_loss_fits
+from tpurun.training.model import build_model, compile_model
+from tpurun.training.monitored import apply_monitor_modes, resolve_monitors
+from tpurun.training.normalize import for_session
+from tpurun.training.restore import restore_after_nan, resume
+from tpurun.training.signals import Signalled, StopNow
 
 
 def train(job: TrainJob) -> TrainResult:
@@ -70,8 +39,9 @@ def train(job: TrainJob) -> TrainResult:
     With ``callbacks.on_nan: restore``, a NaN loss reloads the latest checkpoint with the learning
     rate cut, and training goes on from there (as Model Garden's loss recovery does).
     """
+    # lazy: both build on Keras, which this module is imported before (see its docstring)
     from tpurun.observe.callbacks import epoch_waits
-    from tpurun.training import callbacks as cbs
+    from tpurun.training.callbacks.build import build_callbacks
 
     prepared, run, reporter = job.prepared, job.run, job.reporter
     config, plan = prepared.config, prepared.plan
@@ -79,7 +49,7 @@ def train(job: TrainJob) -> TrainResult:
     preprocessor, transform = batches.take_preprocessing(model, config, prepared.data.tokenized)
     lengths.say_truncation(model, preprocessor, prepared, reporter.message)
     train_data, val_ds = _datasets(job, transform)
-    callbacks, progress, control = cbs.build_callbacks(
+    callbacks, progress, control = build_callbacks(
         config, plan, run, reporter, job.stop, job.identity, sharded=job.runtime.sharded
     )
     checkpoint = control.checkpointer
@@ -87,16 +57,16 @@ def train(job: TrainJob) -> TrainResult:
     control.committed = _keep_summary_current(job, progress, checkpoint)
     inputs, batch_spec = _first_inputs(job, model, transform)
     if job.point is not None:
-        _resume(job, model, inputs, checkpoint)
+        resume(job, model, inputs, checkpoint)
     first_writes = _once(_first_writes(job, model, control))
     measure = throughput.measuring(model, progress, batch_spec, prepared, reporter)
-    begin = cbs.keras.callbacks.LambdaCallback(on_train_begin=first_writes)
+    begin = frameworks.keras().callbacks.LambdaCallback(on_train_begin=first_writes)
     callbacks = [begin, measure, *callbacks]
     if job.stop.agree is None and job.stop.reason in ("SIGTERM", "SIGINT"):  # came while starting
         raise Signalled(job.stop.reason, after_training=False)  # no step ran: nothing to save
     reporter.start(plan, run.path, config.train.epochs, checkpoint.position[0])
     fitting = _Fitting(
-        model, train_data, val_ds, callbacks, progress, checkpoint, inputs,
+        model, train_data, val_ds, callbacks, progress, checkpoint,
         # Under a tf.distribute strategy the validation set repeats and needs its step count;
         # elsewhere it is finite and Keras reads it to the end (see pipeline.make_dataset).
         val_steps=plan.validation_steps if job.runtime.strategy is not None else None,
@@ -104,7 +74,7 @@ def train(job: TrainJob) -> TrainResult:
     restores: list[dict] = []
     with checkpoint.closing():  # sharded saves still in flight at the end: committed
         _fit_once(job, fitting)
-        while _restore_after_nan(job, fitting, restores):
+        while restore_after_nan(job, model, inputs, checkpoint, restores):
             _fit_once(job, fitting)
     if preprocessor is not None:
         batches.attach(model, preprocessor)  # the saved model tokenises as the preset did
@@ -149,9 +119,8 @@ class _Fitting:
     train_data: Callable[[int, int], Any]  # (epoch, step) -> the training stream from there
     val_ds: Any  # None without a validation set
     callbacks: list
-    progress: Any  # callbacks.Progress
+    progress: Any  # callbacks.progress.Progress
     checkpoint: Any  # checkpoints.Checkpointer
-    inputs: Any  # the first batch's inputs: they build the model before weights are loaded
     val_steps: int | None = None
 
 
@@ -185,10 +154,6 @@ def _datasets(job: TrainJob, transform: Any = None) -> tuple[Callable[[int, int]
 
 def _compiled_model(job: TrainJob) -> Any:
     """The config's model, built and compiled in the runtime's scope."""
-    from tpurun.runtime import mesh
-    from tpurun.training.model import build_model, compile_model
-    from tpurun.training.normalize import for_session
-
     config, plan = job.prepared.config, job.prepared.plan
     numbers = for_session(job.prepared, job.point, job.effective, job.reporter)
     mesh_layout.install(job.runtime, config)  # a mesh's layout, before any variable exists
@@ -198,8 +163,6 @@ def _compiled_model(job: TrainJob) -> Any:
         note = compile_model(model, config, plan)
     if note:
         job.reporter.message(note, "note")
-    from tpurun.runtime.memory_check import check_model
-
     check_model(model, config, plan, job.runtime, job.reporter)  # before the first step compiles
     return model
 
@@ -213,8 +176,6 @@ def _first_inputs(job: TrainJob, model, transform: Any = None) -> Any:
     fit fills the whole buffer once more right after (10,000 NAIC-like records: 0.3-0.4 s), and
     one batch to check needs no more mixing than that.
     """
-    from tpurun.training.loss_check import check_loss_fits
-
     prepared = job.prepared
     config, share = prepared.config, prepared.train_share
     batch = prepared.plan.per_process_batch_size
@@ -234,39 +195,15 @@ def _first_inputs(job: TrainJob, model, transform: Any = None) -> Any:
     return first_batch[0], readers.element_spec(ds, first_batch)
 
 
-def _resume(job: TrainJob, model, inputs, checkpoint) -> None:
-    """Load the resume point: weights, optimizer, callbacks' state, learning-rate scale."""
-    point, config, plan = job.point, job.prepared.config, job.prepared.plan
-    _restore(model, inputs, point.weights, job, str(point.source))
-    checkpoint.restore(point.state, point.folder)
-    checkpoint.restore_seed_states(model, point.state)
-    configured = checkpoint.lr_shape
-    epoch, step = point.position
-    checkpoint.lr_shape, stretched = schedule.continued_shape(
-        point.state.get("lr_shape"), configured, epoch * plan.steps_per_epoch + step,
-        decays=config.train.learning_rate.schedule == "cosine",
-    )  # fmt: skip
-    _apply_lr_scale(model, config, plan, checkpoint.lr_scale, saved=checkpoint.lr_scale,
-                    shape=checkpoint.lr_shape, rebuild=checkpoint.lr_shape != configured)  # fmt: skip
-    if point.state.get("warm_start"):
-        job.reporter.message(f"starting from the weights in {point.source} (no resume state "
-                             "beside it: epoch 1, fresh optimizer position)", "note")  # fmt: skip
-    else:
-        job.reporter.message("; ".join(filter(None, [point.describe(), stretched])), "note")
-
-
 def _first_writes(job: TrainJob, model, control) -> Callable[..., None]:
     """The run's first writes, for Keras' first ``on_train_begin``."""
-    from tpurun.training import callbacks as cbs
-    from tpurun.training.monitored import resolve_monitors
-
     config, run, point, checkpoint = job.prepared.config, job.run, job.point, control.checkpointer
     log = config.callbacks.csv_log.filename if config.callbacks.csv_log else None
 
     def on_train_begin(logs=None) -> None:
         # Keras has built the model and its metrics against the data by now (symbolic build): the
         # monitors can be checked, and the run's first writes made.
-        cbs.apply_monitor_modes(resolve_monitors(model, config), control)
+        apply_monitor_modes(resolve_monitors(model, config), checkpoint)
         if log is not None and point is not None:
             run.carry_log(point.run, log)
         if log is not None:  # rows past the resume point are redone; none at all on a fresh run
@@ -294,38 +231,6 @@ def _fit_once(job: TrainJob, f: _Fitting) -> None:
         if said is None:
             raise
         raise said from None
-
-
-def _restore_after_nan(job: TrainJob, f: _Fitting, restores: list[dict]) -> bool:
-    """After a NaN loss with ``callbacks.on_nan: restore`` and restores left: reload the latest
-    checkpoint with the learning rate cut, and record it in ``restores``. Whether training goes
-    on."""
-    config, plan, stop, checkpoint = job.prepared.config, job.prepared.plan, job.stop, f.checkpoint
-    if stop.nan_at is None or config.callbacks.on_nan != "restore":
-        return False
-    if len(restores) + len(job.summary.nan_restores) >= config.callbacks.max_nan_restores:
-        return False
-    checkpoint.finish()  # a sharded save from before the NaN, committed
-    back = resume_lib.latest(job.run)
-    if back is None:
-        return False
-    epoch, step = stop.nan_at
-    scale = checkpoint.lr_scale * config.callbacks.nan_lr_factor  # cuts add up
-    _restore(f.model, f.inputs, back.weights, job, back.source)
-    checkpoint.restore(back.state, back.folder)  # its lr_scale: the one it was saved with
-    _apply_lr_scale(f.model, config, plan, scale, saved=checkpoint.lr_scale,
-                    shape=checkpoint.lr_shape)  # fmt: skip
-    checkpoint.lr_scale = scale
-    restores.append({"epoch": epoch, "step": step, "restored_to": list(back.position),
-                     "lr_scale": checkpoint.lr_scale})  # fmt: skip
-    job.reporter.message(
-        f"NaN loss at epoch {epoch}, step {step}: {back.describe()} with the learning rate "
-        f"x{checkpoint.lr_scale:g} (restore {len(restores) + len(job.summary.nan_restores)} "
-        f"of {config.callbacks.max_nan_restores})",
-        "warn",
-    )
-    stop.nan_at = None
-    return True
 
 
 def _once(fn):
@@ -368,9 +273,6 @@ def _fit_from(model, train_data, val_ds, val_steps, plan: Plan, epochs: int, che
 def _fit(model, train_ds, val_ds, val_steps, steps: int, epochs: int, initial_epoch: int,
          callbacks: list) -> Any:  # fmt: skip
     """``model.fit``, with data problems turned into clear errors, and a saved stop ended."""
-    import sys
-    import warnings
-
     tf_errors = getattr(sys.modules.get("tensorflow"), "errors", None)  # loaded by tf_data only
     try:
         with warnings.catch_warnings():
@@ -400,50 +302,3 @@ def _fit(model, train_ds, val_ds, val_steps, steps: int, epochs: int, initial_ep
         raise DataError(f"reading the training data failed: {first}") from None
     finally:
         readers.close(train_ds)  # the native reader's threads; the next fit reads afresh
-
-
-def _restore(model, inputs, weights: str, job: TrainJob, source: str) -> None:
-    """Build the model and optimizer variables, then load the weights and optimizer state.
-
-    A LoRA run's adapter checkpoint (or a ``.lora.h5`` to start from) goes into the model built
-    from the preset with LoRA on: the base weights are the preset's.
-    """
-    from tpurun.training.checkpoints import adapter, sharded
-
-    with job.runtime.scope():
-        if not model.built:
-            model(inputs)
-        if not model.optimizer.built:
-            model.optimizer.build(model.trainable_variables)
-        if weights.endswith(ADAPTER_SUFFIX):
-            adapter.load(model, weights, source, preset=job.identity.get("model.preset"))
-            return
-        if weights.endswith(LORA_SUFFIX):
-            adapter.load_lora(model, weights, source)
-            return
-        if weights.endswith(SHARDED_SUFFIX):  # restored under this run's mesh, whatever it was
-            sharded.load(model, weights, source)
-            return
-        with fileio.local_copy(weights) as local:  # Keras reads gs:// only through TensorFlow
-            try:
-                model.load_weights(local)
-            except Exception as exc:  # Keras raises ValueError, KeyError, OSError... for a misfit
-                raise ModelError(f"{source}: cannot load {fileio.basename(weights)} into this "
-                                 f"model: {describe(exc)}") from None  # fmt: skip
-
-
-def _apply_lr_scale(
-    model, config: Config, plan: Plan, scale: float, saved: float,
-    shape: dict | None = None, rebuild: bool = False,
-) -> None:  # fmt: skip
-    """Run at ``scale`` x the configured learning rate (``on_nan: restore`` cuts it), on the
-    schedule's ``shape`` (``rebuild``: a resume of another length stretched it). ``saved``: the
-    checkpoint's scale. A plain rate is an optimizer variable, saved with it: multiplied by
-    ``scale / saved``. A schedule is rebuilt and the step retraced (it is compiled into it)."""
-    learning_rate = schedule.learning_rate_schedule(config, plan, scale, shape)
-    if isinstance(learning_rate, float):
-        if scale != saved:
-            model.optimizer.learning_rate = float(model.optimizer.learning_rate) * scale / saved
-    elif scale != 1.0 or rebuild:
-        model.optimizer.learning_rate = learning_rate
-        model.train_function = None

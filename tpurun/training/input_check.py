@@ -19,6 +19,7 @@ from typing import Any
 
 from tpurun.config import DataConfig, ImageFeature, RawFeature, TextFeature
 from tpurun.data.decode import decoded_dtype, record_key
+from tpurun.data.native import framing
 from tpurun.errors import ModelError
 
 #: The first record of the training data, for what a mismatch says the records hold (lazy: read
@@ -30,8 +31,6 @@ def first_record_of(files: Sequence[str], compression: str) -> FirstRecord:
     """A :data:`FirstRecord` reading ``files[0]`` (compression "none" or "gzip")."""
 
     def read() -> bytes | None:
-        from tpurun.data.native import framing
-
         if not files:
             return None
         records = framing.iter_records(files[0], compression)
@@ -206,7 +205,7 @@ def _held(feature: Any, name: str, first_record: FirstRecord | None) -> str:
 
 
 def _describe_record(feature: Any, name: str, record: bytes | None) -> str:
-    from tpurun.data.native import example as examples  # defers protobuf to a mismatch
+    from tpurun.data.native import example as examples  # lazy: defers protobuf to a mismatch
 
     if record is None:
         return ""
@@ -216,7 +215,7 @@ def _describe_record(feature: Any, name: str, record: bytes | None) -> str:
     kind = stored.WhichOneof("kind")
     values = getattr(stored, kind).value if kind else []
     if isinstance(feature, ImageFeature):
-        from tpurun.data.native import images  # defers Pillow to a mismatch
+        from tpurun.data.native import images  # lazy: defers Pillow to a mismatch
 
         height, width, channels = images.shape_of(values[0])
         return (

@@ -1,6 +1,9 @@
-"""Monitors: checked against the metrics a compiled model will log, before the first step.
+"""Monitors, in one home: which metric each callback watches, checked against the metrics a
+compiled model will log before the first step, which way it improves, and whether a value did.
 
-The names a compiled (and built) model logs are known once Keras has built its metrics, which
+``monitor: auto`` becomes ``val_loss`` or ``loss`` in the plan (:func:`tpurun.plan.plan.resolve_monitor`,
+below training, as the plan records the checkpoint's monitor); everything else about monitors is
+here. The names a compiled (and built) model logs are known once Keras has built its metrics, which
 ``fit`` does before ``on_train_begin``; the direction of a ``mode: auto`` comes from the metric
 object itself, as Keras' ``MonitorCallback`` reads it, not from its name.
 """
@@ -8,6 +11,7 @@ object itself, as Keras' ``MonitorCallback`` reads it, not from its name.
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,7 +50,7 @@ def monitor_mode(metrics: Mapping[str, Any], monitor: str, mode: str) -> str | N
     return {"up": "max", "down": "min"}.get(direction)
 
 
-def _monitors(config: Config) -> dict[str, tuple[str, str]]:
+def monitors(config: Config) -> dict[str, tuple[str, str]]:
     """``{callbacks section: (monitor, mode)}`` for the sections that watch a metric."""
     cb = config.callbacks
     out = {}
@@ -72,7 +76,7 @@ def resolve_monitors(model: Any, config: Config) -> dict[str, str]:
     has_validation = bool(config.data.validation)
     logged = [*metrics, *(f"val_{m}" for m in metrics if has_validation)]
     problems, modes = [], {}
-    for key, (monitor, mode) in _monitors(config).items():
+    for key, (monitor, mode) in monitors(config).items():
         where = f"callbacks.{key}.monitor: '{monitor}'"
         if monitor not in logged:
             if monitor.startswith("val_") and not has_validation and monitor[4:] in metrics:
@@ -94,3 +98,22 @@ def resolve_monitors(model: Any, config: Config) -> dict[str, str]:
     if problems:
         raise ConfigError(problems)
     return modes
+
+
+def apply_monitor_modes(modes: Mapping[str, str], checkpointer: Any) -> None:
+    """Give the checkpointer and its stateful callbacks the directions :func:`resolve_monitors`
+    settled (Keras' own read it at their first epoch end)."""
+    if checkpointer.save_best:
+        checkpointer.mode = modes["checkpoint"]
+    for callback in checkpointer.stateful.values():
+        callback.mode = modes[callback.SECTION]
+
+
+def improved(value: float, best: float | None, mode: str | None) -> bool:
+    """Whether ``value`` beats ``best`` in the monitor's direction (a NaN or Inf never does; the
+    first finite value always does)."""
+    if not math.isfinite(value):
+        return False
+    if best is None:
+        return True
+    return value < best if mode == "min" else value > best

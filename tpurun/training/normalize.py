@@ -20,7 +20,10 @@ from typing import Any
 
 from tpurun import frameworks
 from tpurun.config import Config, DataConfig
+from tpurun.data import files as datafiles
 from tpurun.data.decode import decoded_dtype
+from tpurun.data.resolve import path_resolver
+from tpurun.data.statistics import normalization
 from tpurun.errors import ModelError
 from tpurun.training.input_check import slots
 
@@ -158,10 +161,6 @@ def _named_outputs(keras: Any, model: Any, outputs: Any) -> Any:
 def schema_numbers(config: Config) -> dict[str, dict]:
     """The numbers from the schema file beside ``data.train``'s first file, as ``prepare`` finds
     them for a fresh run."""
-    from tpurun.data import files as datafiles
-    from tpurun.data.resolve import path_resolver
-    from tpurun.data.statistics import normalization
-
     files = datafiles.expand(config.data.train, path_resolver(config), "data.train")
     return normalization(config.data, files)[0]
 

@@ -24,7 +24,7 @@ direct :func:`tpurun.training.session.run` installs it for the call when it is n
 only from the main thread (the only one that can take signals; elsewhere the deadline alone stops).
 
 A signal's :class:`Stop` is the request the training loop reads:
-:class:`tpurun.training.callbacks.RunControl` asks :meth:`Stop.agreed` once per execution (the
+:class:`tpurun.training.callbacks.run_control.RunControl` asks :meth:`Stop.agreed` once per execution (the
 signal, the deadline, and with several processes what every process was asked:
 :func:`tpurun.multihost.collectives.agree_on_stop`), saves the resume point at that step and ends
 ``fit``; the session then raises :class:`~tpurun.errors.Interrupted` (exit 3).

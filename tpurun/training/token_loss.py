@@ -55,7 +55,7 @@ def per_token(logs: MutableMapping[str, Any], metric: str, prefix: str = "") -> 
 
 
 class TokenLoss(keras.callbacks.Callback):
-    """Right after :class:`~tpurun.training.callbacks.ExactValidation`: a causal LM's ``loss`` and
+    """Right after :class:`~tpurun.training.callbacks.exact_validation.ExactValidation`: a causal LM's ``loss`` and
     ``val_loss`` become the per-token means (:func:`per_token`) before any other callback reads
     a step's or an epoch's logs (Keras hands every callback the same dict, in list order)."""
 

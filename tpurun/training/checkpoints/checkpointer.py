@@ -27,7 +27,6 @@ nothing, and they keep the preset fingerprint that refuses other base weights.
 from __future__ import annotations
 
 import contextlib
-import math
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -53,6 +52,7 @@ from tpurun.storage.rundir import (
 )
 from tpurun.training.checkpoints import adapter, integrity
 from tpurun.training.checkpoints.sharded import Saver
+from tpurun.training.monitored import improved
 
 #: Saves that may finish in the background; any other reason (a stop, the start) waits for its save.
 BACKGROUND = ("every_steps", "every_minutes", "epoch")
@@ -82,7 +82,7 @@ def step_offset(resume_at: tuple[int, int], epoch: int) -> int:
 
 
 class Checkpointer:
-    """Saves and restores the run's position; driven by :class:`tpurun.training.callbacks.RunControl`.
+    """Saves and restores the run's position; driven by :class:`tpurun.training.callbacks.run_control.RunControl`.
 
     ``mode`` (``min``/``max``) may be left None until the compiled model says which way the
     monitored metric improves (see :func:`tpurun.training.monitored.resolve_monitors`).
@@ -169,6 +169,11 @@ class Checkpointer:
 
     def _global_step(self, epochs_done: int, step: int) -> int:
         return epochs_done * self.steps_per_epoch + step
+
+    def steps_before(self, epoch: int) -> int:
+        """Steps already done in (0-based) ``epoch`` before this ``fit`` began (a mid-epoch
+        resume): what the observing callbacks, below training, count an epoch's steps from."""
+        return step_offset(self.resume_at, epoch)
 
     def due(self, epochs_done: int, step: int) -> str | None:
         """Whether a mid-epoch save is due (``every_steps`` / ``every_minutes``), and why."""
@@ -360,13 +365,6 @@ class Checkpointer:
             self.run.remove_checkpoint(old)
             self.run.remove_checkpoint(state_file(old))
 
-    def improved(self, value: float) -> bool:
-        if not math.isfinite(value):
-            return False
-        if self.best is None:
-            return True
-        return value < self.best if self.mode == "min" else value > self.best
-
     def epoch_end(
         self, model: Any, epoch: int, logs: Mapping[str, Any],
         then: Callable[[], None] | None = None,
@@ -374,7 +372,7 @@ class Checkpointer:
         """A finished epoch: the best model if it improved, a pattern-named one, the resume point;
         ``then``: what to do once the resume point is committed."""
         self.last_logs = {k: float(v) for k, v in logs.items()}
-        better = self.save_best and self.improved(float(logs[self.monitor]))
+        better = self.save_best and improved(float(logs[self.monitor]), self.best, self.mode)
         if better:
             self.best, self.best_epoch = float(logs[self.monitor]), epoch + 1
         state = self.state(model, epoch + 1, 0, "epoch")  # one state for every file it writes

@@ -1,6 +1,6 @@
 """Where a run continues from: finding a resume point, and refusing one that no longer fits.
 
-A resume point is a JSON state file written by :class:`tpurun.training.callbacks.RunCheckpoint` (the run's
+A resume point is a JSON state file written by :class:`tpurun.training.checkpoints.checkpointer.Checkpointer` (the run's
 ``checkpoints/latest.json``, or the ``.json`` beside a best or pattern-named model) and the weights
 file it names. This module reads them and compares what the checkpoint was trained with against
 the config now; it imports no framework.
