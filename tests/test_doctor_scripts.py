@@ -96,7 +96,16 @@ def test_importing_the_scripts_starts_no_framework():
 def test_importing_the_doctor_starts_no_framework():
     """Every doctor module imports JAX, TensorFlow and Keras inside the functions that use them:
     ``tpurun doctor`` must not start one before it has chosen, nor hold the TPU itself."""
-    modules = ["check", "child", "machine", "probes", "gcs", "config_checks", "model"]
+    modules = [
+        "check",
+        "child",
+        "machine",
+        "libtpu_lock",
+        "probes",
+        "gcs",
+        "config_checks",
+        "model_check",
+    ]
     code = (
         "import json, sys\n"
         + "".join(f"import tpurun.doctor.{name}\n" for name in modules)
