@@ -18,8 +18,8 @@ import tpurun
 from tpurun import frameworks
 from tpurun.errors import EnvironmentSetupError
 from tpurun.plan.plan import make_plan
+from tpurun.runtime.activations import Activations
 from tpurun.runtime.choice import Choice
-from tpurun.runtime.memory import Activations
 from tpurun.runtime.memory_check import (
     Limit,
     check_fits,

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from tpurun.display.reports import show_json
-from tpurun.runtime.memory import size
+from tpurun.runtime.sizes import size
 
 COLUMNS = ("path", "shape", "split", "rule", "per device")
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from tpurun.errors import ConfigError
 from tpurun.runtime.auto_layout import Axes, Weight, auto_rule
-from tpurun.runtime.memory import size
+from tpurun.runtime.sizes import size
 
 Rule = tuple[str, Axes]  # (pattern matched in full against the variable path, axes per dimension)
 

@@ -17,19 +17,18 @@ from typing import Any
 from tpurun.config import Config
 from tpurun.errors import EnvironmentSetupError
 from tpurun.runtime import devices as device_table
+from tpurun.runtime.activations import Activations, activations_of
 from tpurun.runtime.layout import auto_axes
 from tpurun.runtime.memory import (
-    Activations,
     Entry,
     Estimate,
-    activations_of,
     counter_bytes,
     entries_of,
     estimate,
-    size,
     slots_for,
     slots_of,
 )
+from tpurun.runtime.sizes import size
 
 #: The LoRA rank the fix suggests (KerasHub's examples use 4 to 16).
 LORA_RANK = 8

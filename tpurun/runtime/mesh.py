@@ -22,7 +22,7 @@ from tpurun.config.mesh_config import AXES
 from tpurun.errors import ConfigError
 from tpurun.runtime.auto_layout import Weight
 from tpurun.runtime.layout import Placer, Rule, check_placements
-from tpurun.runtime.memory import itemsize
+from tpurun.runtime.sizes import itemsize
 
 #: Keras before 3.15 silently dropped weights across shards when it loaded sharded H5 files.
 KERAS_FOR_MESH = (3, 15)
