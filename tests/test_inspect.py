@@ -15,7 +15,8 @@ from tpurun.config import DataConfig
 from tpurun.data import pipeline
 from tpurun.data import schema_file as schema
 from tpurun.data.advice import advise
-from tpurun.data.inspect import FeatureInfo, FileInfo, inspect
+from tpurun.data.feature_inference import FeatureInfo
+from tpurun.data.inspect import FileInfo, inspect
 from tpurun.data.write import example_bytes, write_shards
 from tpurun.errors import DataError
 
