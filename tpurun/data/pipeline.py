@@ -98,11 +98,7 @@ def make_dataset(
         ds = _endless_passes(read, file_list, len(files), data.shuffle_buffer, seed, cache,
                              start_record, records_per_pass)  # fmt: skip
     else:
-        ds = read(file_list)
-        if cache is not None:
-            ds = ds.cache(cache)
-        if score_records is not None:
-            ds = _scored(ds, read(file_list), score_records, batch_size, take_batches)
+        ds = _one_pass(read, file_list, cache, score_records, batch_size, take_batches)
     ds = ds.batch(batch_size, drop_remainder=True)
     if take_batches is not None:
         ds = ds.take(take_batches)
@@ -160,6 +156,17 @@ def _endless_passes(
         first_pass, skip = divmod(start_record, records_per_pass)
     ds = tf.data.Dataset.range(first_pass, 2**62).flat_map(one_pass)
     return ds.skip(skip) if skip else ds
+
+
+def _one_pass(read, file_list, cache, score_records, batch_size, take_batches):
+    """The records of one pass, in read order (for evaluation): cached when ``cache`` is set,
+    and weighted for exact scoring when ``score_records`` is (see :func:`_scored`)."""
+    ds = read(file_list)
+    if cache is not None:
+        ds = ds.cache(cache)
+    if score_records is not None:
+        ds = _scored(ds, read(file_list), score_records, batch_size, take_batches)
+    return ds
 
 
 def _scored(ds, again, score_records: int, batch_size: int, take_batches: int | None):
