@@ -103,39 +103,8 @@ def resolve(config: Config) -> ResolvedData:
     schemas = schema_lib.find_for(train_files + val_files)
     schema_path, first_schema = schemas.get(train_files[0], (None, None))
 
-    # Declared features override the schema's (see categories.completed); the rest come from it.
-    declared = categories.completed(data.model_dump(mode="json")["features"], first_schema,
-                                    schema_path, train_files[0])  # fmt: skip
-    features = {**(first_schema or {}).get("features", {}), **declared}
-    if not features:
-        _first_is_tfrecords(train_files[0], data.compression)
-        raise ConfigError(
-            [
-                f"data.features is left out, and no schema file beside {train_files[0]} "
-                "describes the records. Declare the features (`tpurun data inspect GLOB` "
-                "prints them), or write the data with `tpurun data write SOURCE OUT_PREFIX`."
-            ]
-        )
-    compression = data.compression
-    if compression == "auto":
-        compression = (first_schema or {}).get("compression") or datafiles.detect_compression(
-            train_files[0]
-        )
-    if config.model.preset is not None:
-        # KerasHub's image converters take pixels as 0..255 and scale them as the model was
-        # pretrained: a preset's images are fed unscaled (the config refuses `scale: true`).
-        features = {name: {**f, "scale": False} if f.get("type") == "image" else f
-                    for name, f in features.items()}  # fmt: skip
-    inputs, targets = data.inputs, data.targets
-    if inputs is None or targets is None:  # a preset's: the config checked a factory names both
-        inputs, targets = preset_refs(features, inputs, targets)
-    effective = DataConfig.model_validate(
-        {**data.model_dump(mode="json"), "features": features, "compression": compression,
-         "inputs": inputs, "targets": targets}
-    )  # fmt: skip
-    problems = reference_problems(effective)
-    if problems:
-        raise ConfigError(problems)
+    effective = _effective(config, train_files[0], first_schema, schema_path)
+    compression = effective.compression
 
     checked = {}
     for split, files in (("train", train_files), ("validation", val_files)):
@@ -159,6 +128,54 @@ def resolve(config: Config) -> ResolvedData:
         tokenized=tokenized_entry(schemas),
         warnings=categories.warnings(effective, first_schema),
     )
+
+
+def _effective(
+    config: Config, first_file: str, first_schema: dict | None, schema_path: str | None
+) -> DataConfig:
+    """The ``data`` section a run reads: the features declared, the rest from the schema file of
+    ``first_file`` (the first training file), the compression known, and a preset's images
+    unscaled and its inputs and targets filled in.
+
+    Raises:
+        DataError: no features anywhere, and the first file is not TFRecords.
+        ConfigError: no features anywhere, or inputs/targets that name no feature.
+    """
+    data = config.data
+    # Declared features override the schema's (see categories.completed); the rest come from it.
+    declared = categories.completed(data.model_dump(mode="json")["features"], first_schema,
+                                    schema_path, first_file)  # fmt: skip
+    features = {**(first_schema or {}).get("features", {}), **declared}
+    if not features:
+        _first_is_tfrecords(first_file, data.compression)
+        raise ConfigError(
+            [
+                f"data.features is left out, and no schema file beside {first_file} "
+                "describes the records. Declare the features (`tpurun data inspect GLOB` "
+                "prints them), or write the data with `tpurun data write SOURCE OUT_PREFIX`."
+            ]
+        )
+    compression = data.compression
+    if compression == "auto":
+        compression = (first_schema or {}).get("compression") or datafiles.detect_compression(
+            first_file
+        )
+    if config.model.preset is not None:
+        # KerasHub's image converters take pixels as 0..255 and scale them as the model was
+        # pretrained: a preset's images are fed unscaled (the config refuses `scale: true`).
+        features = {name: {**f, "scale": False} if f.get("type") == "image" else f
+                    for name, f in features.items()}  # fmt: skip
+    inputs, targets = data.inputs, data.targets
+    if inputs is None or targets is None:  # a preset's: the config checked a factory names both
+        inputs, targets = preset_refs(features, inputs, targets)
+    effective = DataConfig.model_validate(
+        {**data.model_dump(mode="json"), "features": features, "compression": compression,
+         "inputs": inputs, "targets": targets}
+    )  # fmt: skip
+    problems = reference_problems(effective)
+    if problems:
+        raise ConfigError(problems)
+    return effective
 
 
 def _first_is_tfrecords(path: str, compression: str) -> None:
