@@ -153,35 +153,40 @@ def write_dataset(
     started = time.monotonic()
     _check_options(out_prefix, shard_mb, shard_multiple, compression, validation_fraction,
                    chunk_records, image_size)  # fmt: skip
-    folder, base = shards.split_prefix(out_prefix)
     if not overwrite:
-        with _writing_to(out_prefix):
-            shards.refuse_existing(out_prefix, folder, base)
+        _refuse_existing(out_prefix)
     table = table_options(label, pack, fill_missing, text)
     source = _opened(source, image_size, seed, table, map_source)
     is_validation = split_mask(source.records, validation_fraction, seed)
     is_validation = _split_of(source, is_validation)
     shard_sets = _shard_sets(source, out_prefix, is_validation, shard_mb, shard_multiple,
                              compression)  # fmt: skip
-    chunk_size = max(1, min(chunk_records, CHUNK_BYTES * source.records // max(1, source.nbytes)))
-    committed = False
-    try:
-        with _writing_to(out_prefix):
-            shards.prepare_folder(folder, base)
-            stats = _write_records(source, shard_sets, is_validation, chunk_size, progress)
-            splits = {split: shard_set.finish() for split, shard_set in shard_sets.items()}
-            shards.commit(out_prefix, folder, base, list(shard_sets.values()))
-        committed = True
-    finally:
-        if not committed:
-            for shard_set in shard_sets.values():
-                shard_set.abandon()
-    statistics = stats.to_schema("all" if is_validation is None else "train")
+    splits, statistics = _committed(
+        source, out_prefix, shard_sets, is_validation, chunk_records, progress
+    )
+    schema_path = _write_schema(source, out_prefix, splits, compression, statistics)
+    return _report(source, schema_path, splits, compression, time.monotonic() - started)
+
+
+def _refuse_existing(out_prefix: str) -> None:
+    """Refuse to write over a dataset already written under ``out_prefix``.
+
+    Raises:
+        DataError: ``out_prefix`` holds a dataset, or its local folder cannot be read.
+    """
+    folder, base = shards.split_prefix(out_prefix)
+    with _writing_to(out_prefix):
+        shards.refuse_existing(out_prefix, folder, base)
+
+
+def _report(
+    source: Source, schema_path: str, splits: dict, compression: str, seconds: float
+) -> WriteReport:
+    """What was written from ``source``, for the caller and ``--json``."""
     return WriteReport(
-        schema_path=_write_schema(source, out_prefix, splits, compression, statistics),
-        source=source.path, features=source.features, class_names=source.class_names,
-        splits=splits, compression=compression, records=source.records,
-        seconds=time.monotonic() - started, layout=dict(source.layout),
+        schema_path=schema_path, source=source.path, features=source.features,
+        class_names=source.class_names, splits=splits, compression=compression,
+        records=source.records, seconds=seconds, layout=dict(source.layout),
         warnings=list(source.warnings),
     )  # fmt: skip
 
@@ -273,6 +278,39 @@ def _writing_to(out_prefix: str):
         reason = exc.strerror or str(exc)
         where = f" ({exc.filename})" if exc.filename else ""
         raise DataError(f"{out_prefix}: cannot write the shards there: {reason}{where}.") from None
+
+
+def _committed(
+    source: Source,
+    out_prefix: str,
+    shard_sets: dict[str, shards.ShardSet],
+    is_validation: Any,
+    chunk_records: int,
+    progress: Callable[[int, int], None] | None,
+) -> tuple[dict[str, list[tuple[str, int, int]]], dict[str, Any] | None]:
+    """Write every record of ``source`` into its split's shards, in chunks of at most
+    ``chunk_records`` (fewer past ``CHUNK_BYTES``), then commit them under ``out_prefix``; an
+    interrupted write (an error, Ctrl-C) abandons the partial files.
+
+    Returns:
+        Each split's shards written (path, records, bytes), and the statistics of
+        :func:`_write_records` as the schema file holds them.
+    """
+    chunk_size = max(1, min(chunk_records, CHUNK_BYTES * source.records // max(1, source.nbytes)))
+    folder, base = shards.split_prefix(out_prefix)
+    committed = False
+    try:
+        with _writing_to(out_prefix):
+            shards.prepare_folder(folder, base)
+            stats = _write_records(source, shard_sets, is_validation, chunk_size, progress)
+            splits = {split: shard_set.finish() for split, shard_set in shard_sets.items()}
+            shards.commit(out_prefix, folder, base, list(shard_sets.values()))
+        committed = True
+    finally:
+        if not committed:
+            for shard_set in shard_sets.values():
+                shard_set.abandon()
+    return splits, stats.to_schema("all" if is_validation is None else "train")
 
 
 def _write_records(source, shard_sets, is_validation, chunk_size, progress) -> Statistics:
