@@ -14,22 +14,23 @@ import math
 from typing import Any
 
 from tpurun.config import Config
+from tpurun.hub.mesh_layout import plan_placer
+from tpurun.hub.model import build_task
+from tpurun.hub.report import set_up_cpu, shapes_only
+from tpurun.runtime.layout import check_rules_match
+from tpurun.runtime.memory_check import run_mesh
+from tpurun.runtime.sizes import itemsize
+from tpurun.training.model import build_model
 
 #: The rule a variable has without a model axis.
 DATA_PARALLEL = "whole (data parallel: no runtime.mesh)"
 
 
 def _shapes_only_model(config: Config, prepared: Any) -> Any:
-    from tpurun.hub.report import set_up_cpu, shapes_only
-
     set_up_cpu(prepared.choice.backend, "tpurun config --placement builds the model on the CPU")
     with shapes_only():
         if config.model.preset is not None:
-            from tpurun.hub.model import build_task
-
             return build_task(config, load_weights=False, compile=False)
-        from tpurun.training.model import build_model
-
         return build_model(config, prepared.choice.backend, prepared.normalization,
                            data_files=prepared.data.train_files)  # fmt: skip
 
@@ -47,11 +48,6 @@ def placement(config: Config, prepared: Any) -> dict[str, Any]:
         ConfigError: the layout cannot place a variable, as ``train`` would refuse it.
         ModelError: the model cannot be built.
     """
-    from tpurun.hub.mesh_layout import plan_placer
-    from tpurun.runtime.layout import check_rules_match
-    from tpurun.runtime.memory_check import run_mesh
-    from tpurun.runtime.sizes import itemsize
-
     model = _shapes_only_model(config, prepared)
     mesh = run_mesh(config, prepared.choice, prepared.plan) or (prepared.plan.replicas, 1)
     sizes = {"data": mesh[0], "model": mesh[1]}
