@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from pydantic import TypeAdapter, ValidationError
 
+from tpurun import frameworks
 from tpurun.config import BytesFeature, CategoryFeature, DataConfig, Feature, TextFeature
 from tpurun.errors import ConfigError, DataError
 
@@ -135,8 +136,6 @@ def encode_numpy(values: Any, feature: CategoryFeature) -> np.ndarray:
 def tf_tables(features: Mapping[str, Any]) -> dict[str, Any]:
     """A ``tf.lookup`` table per category feature, made outside any ``tf.data`` function (a
     dataset function cannot create resources, only capture them)."""
-    from tpurun import frameworks
-
     tables = {}
     for name, feature in features.items():
         if isinstance(feature, CategoryFeature):
@@ -151,8 +150,6 @@ def tf_tables(features: Mapping[str, Any]) -> dict[str, Any]:
 
 def encode_tf(values: Any, feature: CategoryFeature, table: Any) -> Any:
     """A batch of ``tf.string`` -> ids or one-hot vectors, as :func:`encode_numpy`."""
-    from tpurun import frameworks
-
     tf = frameworks.tensorflow()
     ids = tf.cast(table.lookup(values), tf.int32)
     return ids if feature.encode == "index" else tf.one_hot(ids, feature.size, dtype=tf.float32)

@@ -137,7 +137,7 @@ def check_record(serialized: bytes, features: Mapping[str, Any], filename: str) 
     Raises:
         DataError: naming the feature, the file, what was declared and what the record holds.
     """
-    from tpurun.data.native import example as examples  # defers protobuf to the first check
+    from tpurun.data.native import example as examples  # lazy: protobuf, to the first check
 
     try:
         example = examples.parse(serialized)

@@ -18,9 +18,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tpurun.data import schema_file
+from tpurun.config import DataConfig
+from tpurun.data import pipeline, schema_file
+from tpurun.data.decode import used_features
+from tpurun.data.native.framing import DamagedRecord
 from tpurun.errors import EnvironmentSetupError
 from tpurun.frameworks import HUB_EXTRA
+from tpurun.storage import fileio
 
 NATIVE = "native"
 TF_DATA = "tf_data"
@@ -127,8 +131,6 @@ def for_config(config: Any, choice: Any, preset_maps: bool = False) -> Reader:
     :class:`~tpurun.runtime.choice.Choice`: what ``train``, ``evaluate``, ``predict`` and ``doctor``
     ask. ``preset_maps``: the preset's preprocessor runs in the pipeline even on tokenised
     records (``predict`` maps it over the inputs)."""
-    from tpurun.data.decode import used_features
-
     tensorflow = getattr(choice, "tensorflow", None) is not None
     preprocessing = preset_preprocessing(config, always=preset_maps)
     measured = measured_native(used_features(config.data))
@@ -164,8 +166,6 @@ def preset_preprocessing(config: Any, always: bool = False) -> str | None:
     """What of ``config``'s preset runs in the pipeline: ``"text"``, ``"images"`` or None (see
     :func:`choose`); ``always``: on tokenised records too. ``config`` is the effective one (its
     features known)."""
-    from tpurun.config import DataConfig
-
     data = config.data
     if config.model.preset is None or (schema_file.is_tokenized(data) and not always):
         return None
@@ -177,11 +177,10 @@ def preset_preprocessing(config: Any, always: bool = False) -> str | None:
 def make_dataset(reader: Reader, files: Sequence[str], data: Any, batch_size: int, **kwargs: Any):
     """The chosen pipeline's :func:`~tpurun.data.pipeline.make_dataset` (same arguments)."""
     if reader.native:
+        # lazy: the native pipeline (~40 ms) stays off `tpurun config`'s path
         from tpurun.data.native import pipeline as native
 
         return native.make_dataset(files, data, batch_size, **kwargs)
-    from tpurun.data import pipeline
-
     return pipeline.make_dataset(files, data, batch_size, **kwargs)
 
 
@@ -189,11 +188,10 @@ def make_ordered_dataset(reader: Reader, files: Sequence[str], compression: str,
                          **kwargs: Any):  # fmt: skip
     """The chosen pipeline's :func:`~tpurun.data.pipeline.make_ordered_dataset` (same arguments)."""
     if reader.native:
+        # lazy: the native pipeline (~40 ms) stays off `tpurun config`'s path
         from tpurun.data.native import pipeline as native
 
         return native.make_ordered_dataset(files, compression, batch_size, **kwargs)
-    from tpurun.data import pipeline
-
     return pipeline.make_ordered_dataset(files, compression, batch_size, **kwargs)
 
 
@@ -201,8 +199,6 @@ def cache(setting: str | None, split: str, reader: Reader) -> str | None:
     """``data.cache`` as :func:`make_dataset` takes it for one split: "" keeps the records in
     memory, a path prefix on disk (its folder made; what a killed run left of a tf.data cache
     cleared)."""
-    from tpurun.storage import fileio
-
     if setting is None:
         return None
     if setting == "memory":
@@ -242,6 +238,7 @@ def element_spec(dataset: Any, batch: Any) -> Any:
     """The batches' structure, shapes and dtypes: ``tf.data``'s element spec, or the native
     reader's :class:`~tpurun.data.native.pipeline.ArraySpec` tree made from ``batch``."""
     if _is_native(dataset):
+        # lazy: the native pipeline (~40 ms) stays off `tpurun config`'s path
         from tpurun.data.native.pipeline import spec_of
 
         return spec_of(batch)
@@ -253,7 +250,7 @@ def for_keras(dataset: Any) -> Any:
     batches as a ``keras.utils.PyDataset`` (import only once the process is set up)."""
     if dataset is None or not _is_native(dataset):
         return dataset
-    from tpurun.data.native.keras_input import for_keras as native_for_keras
+    from tpurun.data.native.keras_input import for_keras as native_for_keras  # lazy: Keras
 
     return native_for_keras(dataset)
 
@@ -269,8 +266,6 @@ def damaged_record(exc: BaseException) -> bool:
     """Whether ``exc`` is a damaged TFRecord met while reading: the native reader's
     ``DamagedRecord``, or TensorFlow's ``DataLossError`` (checked only where TensorFlow is loaded:
     it raised nothing otherwise)."""
-    from tpurun.data.native.framing import DamagedRecord
-
     if isinstance(exc, DamagedRecord):
         return True
     tf = sys.modules.get("tensorflow")
@@ -279,6 +274,7 @@ def damaged_record(exc: BaseException) -> bool:
 
 
 def _is_native(dataset: Any) -> bool:
+    # lazy: the native pipeline (~40 ms) stays off `tpurun config`'s path
     from tpurun.data.native.pipeline import Batches
 
     return isinstance(dataset, Batches)

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from tpurun.config import DataConfig
+from tpurun.data import schema_file
 from tpurun.errors import ConfigError, DataError
 
 #: The most values per record a feature may have and still get statistics: each is five numbers
@@ -290,9 +292,6 @@ def normalization(data: Any, train_files: Sequence[str]) -> tuple[dict[str, dict
         DataError: no schema file, or one without statistics for the feature (written before
             they existed, or a feature that gets none), or statistics that are not finite.
     """
-    from tpurun.config import DataConfig
-    from tpurun.data import schema_file
-
     wanted = {n: f for n, f in data.features.items() if getattr(f, "normalize", False)}
     if not wanted:
         return {}, []

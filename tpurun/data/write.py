@@ -13,17 +13,15 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tpurun.data import schema_file as schema
 from tpurun.data import shards
 from tpurun.data.native import example, framing
+from tpurun.data.sources import Source, open_source
 from tpurun.data.sources.columns import TableOptions, table_options
 from tpurun.data.statistics import Statistics
 from tpurun.errors import DataError, TpurunError
-
-if TYPE_CHECKING:
-    from tpurun.data.sources import Source
 
 
 def example_bytes(record: Mapping[str, Any]) -> bytes:
@@ -196,8 +194,6 @@ def _opened(
 ) -> Source:
     """The source, opened from its path with the table options, or as it was given; then
     through ``map_source`` when there is one."""
-    from tpurun.data.sources import open_source
-
     if isinstance(source, (str, os.PathLike)):
         opened = open_source(os.fspath(source), image_size=image_size, seed=seed, table=table)
         if map_source is None and opened.layout.get("chat"):

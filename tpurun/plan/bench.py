@@ -14,6 +14,7 @@ from tpurun.config import Config, DataConfig
 from tpurun.data import files as datafiles
 from tpurun.data import reader as readers
 from tpurun.data.pipeline import cpu_cores
+from tpurun.plan.prepare import prepare_here
 
 
 def bench(
@@ -41,8 +42,6 @@ def bench(
         reads), what preprocessing ran and ``token_lengths`` (the share the sequence length cuts); the reader training would use (``data.reader``), which
         is the one measured, and why.
     """
-    from tpurun.plan.prepare import prepare_here
-
     # The plan without activation: timing a CPU pipeline must not take the accelerator.
     prepared = prepare_here(config)
     plan, data = prepared.plan, prepared.data

@@ -9,17 +9,16 @@ whose TPU another process holds. Setting the process up (devices, distribution, 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tpurun.config import Config
 from tpurun.data import reader as readers
+from tpurun.data.resolve import ResolvedData, resolve
+from tpurun.data.statistics import normalization
 from tpurun.multihost.shares import Share, share_warning, shares
 from tpurun.plan.plan import Plan, make_plan
 from tpurun.runtime.choice import Choice, choose
 from tpurun.runtime.machine import Machine, probe
-
-if TYPE_CHECKING:
-    from tpurun.data.resolve import ResolvedData
 
 # Per host, the JAX devices of one TPU chip: two TensorCores on v2 and v3; one (megacore, or a
 # single-core chip) from v4 on. Used only to estimate a plan without taking the TPU.
@@ -120,9 +119,6 @@ def prepare(config: Config, choice: Choice, replicas: int) -> Prepared:
         TpurunError: missing, damaged or mismatched data; a batch that does not fit; a
             ``data.reader`` that cannot run here.
     """
-    from tpurun.data.resolve import resolve
-    from tpurun.data.statistics import normalization
-
     resolved = resolve(config)
     effective = config.model_copy(update={"data": resolved.data})
     reader = readers.for_config(effective, choice)

@@ -18,6 +18,7 @@ from unittest import mock
 
 from tpurun import frameworks
 from tpurun.errors import EnvironmentSetupError
+from tpurun.runtime import mesh as meshes
 from tpurun.runtime.choice import Choice
 
 
@@ -209,8 +210,6 @@ def activate(choice: Choice, seed: int) -> ActiveRuntime:
         _check_keras_backend(keras, choice)
         distribution, mesh = None, None
         if choice.mesh_config is not None:
-            from tpurun.runtime import mesh as meshes
-
             # The mesh's distribution needs the model's layout: set by mesh.install before the
             # model is built. Resolved here, where a TPU's device count is first known (the
             # choice's own mesh is None there).

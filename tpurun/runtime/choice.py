@@ -18,6 +18,7 @@ from typing import Any
 from tpurun.config import RuntimeConfig
 from tpurun.errors import EnvironmentSetupError
 from tpurun.multihost.cluster import Cluster, cluster
+from tpurun.runtime import mesh as meshes
 from tpurun.runtime.machine import Machine
 
 # keras-team/keras#19246: TF backend + MirroredStrategy with 2+ replicas + steps_per_execution > 1
@@ -174,8 +175,6 @@ def choose(cfg: RuntimeConfig, steps_per_execution: int | str, machine: Machine)
     precision, warnings = _precision(cfg, accelerator, backend, machine)
     mesh = None
     if cfg.mesh is not None:
-        from tpurun.runtime import mesh as meshes
-
         meshes.check_support(cfg.mesh, backend)
         if replicas is not None:  # a TPU's devices are counted when it starts (activate)
             mesh = meshes.resolve(cfg.mesh, replicas, hosts.num_processes)

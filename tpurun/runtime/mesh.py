@@ -22,6 +22,7 @@ from tpurun.config.mesh_config import AXES
 from tpurun.errors import ConfigError
 from tpurun.runtime.auto_layout import Weight
 from tpurun.runtime.layout import Placer, Rule, check_placements
+from tpurun.runtime.machine import installed_version
 from tpurun.runtime.sizes import itemsize
 
 #: Keras before 3.15 silently dropped weights across shards when it loaded sharded H5 files.
@@ -33,8 +34,6 @@ def check_support(mesh: Any, backend: str, keras_version: str | None = None) -> 
     ``keras_version``: the installed one's unless given)."""
     if mesh is None or mesh.model <= 1:
         return
-    from tpurun.runtime.machine import installed_version
-
     found = keras_version or installed_version("keras") or ""
     numbers = tuple(int(n) for n in re.findall(r"\d+", found)[:2])
     if numbers and numbers < KERAS_FOR_MESH:
