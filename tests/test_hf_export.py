@@ -108,11 +108,11 @@ def _keras_side(run: Path) -> tuple[list[list[int]], list[np.ndarray], list[np.n
     for them (what the export was made from); the untouched preset's."""
     import tpurun
     from tpurun import frameworks
-    from tpurun.infer import loading, preset
+    from tpurun.infer import preset_task, trained_run
 
     keras_hub = frameworks.keras_hub()
     task, _ = tpurun.load(str(run))
-    merged = preset.merged(task, loading.open_run(str(run)).config)
+    merged = preset_task.merged(task, trained_run.open_run(str(run)).config)
     base = keras_hub.models.GemmaCausalLM.from_preset(
         yaml.safe_load((run / "config.yaml").read_text())["model"]["preset"]
     )

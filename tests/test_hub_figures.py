@@ -87,7 +87,7 @@ def test_evaluate_gives_the_logged_val_loss_the_mean_over_the_response_tokens(pa
     import tpurun
     from tpurun.data import pipeline
     from tpurun.hub import batches
-    from tpurun.infer import loading
+    from tpurun.infer import trained_run
 
     shared, data, _ = padded_run
     run = tmp_path / "figures"  # evaluate writes its eval-*.json into the run
@@ -101,10 +101,10 @@ def test_evaluate_gives_the_logged_val_loss_the_mean_over_the_response_tokens(pa
     assert metrics["loss"] == pytest.approx(summary["best"]["value"], rel=1e-5)
     assert math.exp(metrics["loss"]) == pytest.approx(metrics["perplexity"], rel=1e-6)
 
-    trained = loading.open_run(str(run))
+    trained = trained_run.open_run(str(run))
     task, _ = tpurun.load(str(run), checkpoint="best")
     transform = batches.transform(batches.detach(task), trained.config.data)
-    files = loading.find_records(str(data / "chat-validation-*"), {}, "--data").files
+    files = trained_run.find_records(str(data / "chat-validation-*"), {}, "--data").files
     ds = pipeline.make_dataset(files, trained.config.data, 6, training=False, score_records=4,
                                transform=transform)  # fmt: skip
     total, tokens, positions = token_loss_by_hand(task, ds.as_numpy_iterator())

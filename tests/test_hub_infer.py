@@ -92,10 +92,10 @@ def classifier_run(tiny_presets, tmp_path_factory) -> Trained:
 
 def _texts(glob: str, feature: str) -> list[str]:
     """A feature's text in file order, as predict reads the records."""
-    from tpurun.infer import loading
+    from tpurun.infer import trained_run
 
     tf = frameworks.tensorflow()
-    files = loading.find_records(glob, {}, "--data").files
+    files = trained_run.find_records(glob, {}, "--data").files
     return [tf.train.Example.FromString(r.numpy()).features.feature[feature].bytes_list.value[0]
             .decode() for r in tf.data.TFRecordDataset(files)]  # fmt: skip
 
@@ -191,7 +191,7 @@ def test_load_a_full_fine_tune_gives_its_model_keras(classifier_run):
 def test_evaluate_reports_the_loss_per_token_and_its_perplexity(lm_run, tmp_path):
     from tpurun.data import pipeline
     from tpurun.hub import batches
-    from tpurun.infer import loading
+    from tpurun.infer import trained_run
 
     run = tmp_path / "lm"  # evaluate writes its eval-*.json into the run: a copy of the shared one
     shutil.copytree(lm_run.run, run)
@@ -202,10 +202,10 @@ def test_evaluate_reports_the_loss_per_token_and_its_perplexity(lm_run, tmp_path
 
     # By hand: every response token of the 24 validation records (prompts and padding out), in
     # batches of 5 (the last one padded with weight 0), summed in float64.
-    trained = loading.open_run(str(run))
+    trained = trained_run.open_run(str(run))
     task, _ = tpurun.load(str(run))
     transform = batches.transform(batches.detach(task), trained.config.data)
-    files = loading.find_records(lm_run.glob("validation"), {}, "--data").files
+    files = trained_run.find_records(lm_run.glob("validation"), {}, "--data").files
     ds = pipeline.make_dataset(files, trained.config.data, 5, training=False, score_records=24,
                                transform=transform)  # fmt: skip
     total, tokens, _ = token_loss_by_hand(task, ds.as_numpy_iterator())

@@ -16,7 +16,11 @@ MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 80
 # Run in a fresh `python -I` without tpurun, as a user without tpurun would: they import the
 # frameworks themselves.
-STANDALONE = {"tpurun/infer/check.py", "tpurun/infer/loader.py"}
+STANDALONE = {
+    "tpurun/infer/scripts/run_artifact.py",
+    "tpurun/infer/scripts/keras_loader.py",
+    "tpurun/infer/scripts/run_huggingface.py",
+}
 FRAMEWORKS = ("keras", "jax", "jaxlib", "tensorflow")
 
 

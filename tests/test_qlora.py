@@ -23,7 +23,7 @@ from tpurun.cli.app import app
 from tpurun.errors import ConfigError, ModelError
 from tpurun.hub import quantize
 from tpurun.hub.model import build_task, lora_layers, parameter_counts
-from tpurun.infer import preset as infer_preset
+from tpurun.infer import preset_task as infer_preset
 from tpurun.runtime.memory import entries_of
 from tpurun.training.checkpoints import adapter
 

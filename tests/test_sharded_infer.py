@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 import tpurun
 from tpurun import frameworks
 from tpurun.cli.app import app
-from tpurun.infer import hub_export, loading
+from tpurun.infer import hub_export, trained_run
 
 runner = CliRunner()
 PROMPTS = ["question: what eats the cat?", "question: what reads the child?"]
@@ -72,7 +72,7 @@ def built(monkeypatch) -> list:
     """The partition spec of the token embedding of each model a command (or tpurun.load)
     builds."""
     specs = []
-    real = loading.build
+    real = trained_run.build
 
     def spy(*args, **kwargs):
         model = real(*args, **kwargs)
@@ -80,7 +80,7 @@ def built(monkeypatch) -> list:
         specs.append(tuple(getattr(sharding, "spec", ())))  # () on one device
         return model
 
-    monkeypatch.setattr(loading, "build", spy)
+    monkeypatch.setattr(trained_run, "build", spy)
     return specs
 
 

@@ -144,7 +144,7 @@ def load(run_dir: str, checkpoint: str = "best"):
     with LoRA, the preset (under the run's precision) with the run's rank and alpha and the
     adapter of ``model.lora.h5``; without, the task ``model.keras`` holds.
     """
-    from tpurun.infer.loading import load as _load
+    from tpurun.infer.trained_run import load as _load
 
     return _load(run_dir, checkpoint)
 

@@ -28,7 +28,7 @@ What the door adds to a plain import:
   installed, Keras 3 imports it the first time it serializes anything (a ``.keras`` save), even on
   the JAX backend.
 
-tpurun's own child scripts that must run without tpurun (``infer/check.py``, ``infer/loader.py``)
+tpurun's own child scripts that must run without tpurun (``infer/scripts/``)
 import the frameworks directly; ``tests/test_layout.py`` checks that no other module does.
 """
 

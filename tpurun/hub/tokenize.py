@@ -33,11 +33,7 @@ from typing import Any
 
 from tpurun import frameworks
 from tpurun.data.packing import PackedSource
-from tpurun.data.schema_file import (
-    TOKEN_INPUTS,
-    TOKENIZED,
-    is_tokenized,  # noqa: F401  (infer/ still calls tokenize.is_tokenized)
-)
+from tpurun.data.schema_file import TOKEN_INPUTS, TOKENIZED
 from tpurun.data.sources.base import OVERHEAD_PER_FEATURE, MappedSource, Source
 from tpurun.errors import ConfigError, DataError, EnvironmentSetupError, ModelError
 from tpurun.hub import chat

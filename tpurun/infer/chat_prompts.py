@@ -25,8 +25,8 @@ from typing import Any
 
 from tpurun.data.sources import chat as chat_source
 from tpurun.errors import DataError
-from tpurun.hub import chat
-from tpurun.infer import generate, prompts
+from tpurun.hub import batches, chat
+from tpurun.infer import generate, preset_task, prompts, trained_run
 
 _EXAMPLE = '{"messages": [{"role": "user", "content": "What eats a fox?"}]}'
 
@@ -177,8 +177,6 @@ def complete(model: Any, form: chat.ChatFormat, asked: list[Prompt], output: str
     Raises:
         DataError: a prompt that leaves no room to answer in the sequence's length.
     """
-    from tpurun.hub import batches
-
     if sampling.sampler == "top_k" and sampling.seed is None:
         sampling = replace(sampling, seed=seed)
     model.compile(sampler=generate.sampler_for(sampling))
@@ -231,11 +229,9 @@ def _answer(model: Any, answering: Answering, part: list[Prompt], batch: int,
 def for_run(trained: Any, found: prompts.PromptFiles | None) -> chat.ChatFormat | None:
     """The chat format ``trained`` answers in (None: it did not train on chat records), with
     ``--data`` checked against it (:func:`check`)."""
-    from tpurun.infer import loading, preset
-
     form = None
-    if preset.is_causal_tokens(trained.config):
-        form = trained_format(loading.training_schema(trained.config))
+    if preset_task.is_causal_tokens(trained.config):
+        form = trained_format(trained_run.training_schema(trained.config))
     check(trained.run.path, form, found)
     return form
 
@@ -244,14 +240,12 @@ def answer_run(trained: Any, checkpoint: Any, runtime: Any, form: chat.ChatForma
                found: prompts.PromptFiles, output: str, kind: str, id_feature: str | None,
                sampling: generate.Sampling) -> dict[str, Any]:  # fmt: skip
     """:func:`complete` on the run's model, in batches of the global batch it trained with."""
-    from tpurun.infer import loading
-
     asked = read(found, id_feature)  # every line checked before the model is built
     if not asked:
         raise DataError(f"--data: {', '.join(found.files)} holds no prompt (every line is "
                         "blank).")  # fmt: skip
-    batch = loading.global_batch(trained.config, runtime.replicas)
-    model = loading.build(trained, checkpoint, runtime)
+    batch = trained_run.global_batch(trained.config, runtime.replicas)
+    model = trained_run.build(trained, checkpoint, runtime)
     written = complete(model, form, asked, output, kind, sampling, id_feature, batch,
                        trained.config.seed)  # fmt: skip
     return {**written, "global_batch_size": batch}

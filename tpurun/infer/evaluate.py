@@ -13,7 +13,18 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from tpurun.config import DataConfig
+from tpurun.data import decode as feat
+from tpurun.data import reader as readers
+from tpurun.data.native import example
+from tpurun.data.resolve import path_resolver
 from tpurun.errors import DataError
+from tpurun.hub.batches import take_preprocessing
+from tpurun.infer import trained_run
+from tpurun.infer.trained_run import first_record
+from tpurun.plan.plan import auto_steps_per_execution
+from tpurun.storage.rundir import now_iso
+from tpurun.training.model import compile_model
 from tpurun.training.validation import correctable, exact_logs
 
 
@@ -41,11 +52,6 @@ def split_name(data: str | None) -> str:
 def _check_targets(data: Any, found: Any) -> None:
     """A test set without labels cannot be evaluated: say so, and what to use instead; then check
     the targets' types and shapes."""
-    from tpurun.config import DataConfig
-    from tpurun.data import decode as feat
-    from tpurun.data.native import example
-    from tpurun.infer.loading import first_record
-
     targets = {n: data.features[n] for n in DataConfig.names(data.targets)}
     serialized = first_record(found)
     stored = example.parse(serialized).features.feature
@@ -80,18 +86,15 @@ def evaluate(
         TpurunError: no such run or checkpoint, no records, records without targets or not
             matching the features.
     """
-    from tpurun.infer import loading
-    from tpurun.storage.rundir import now_iso
-
     started = time.monotonic()
-    trained = loading.open_run(run_dir)
-    found_checkpoint = loading.find_checkpoint(trained, checkpoint)
+    trained = trained_run.open_run(run_dir)
+    found_checkpoint = trained_run.find_checkpoint(trained, checkpoint)
     if data is None and not trained.config.data.validation:
         raise DataError(
             f"{trained.run.path}: its config has no data.validation to evaluate on; pass "
             "--data GLOB (records with the same features and their targets)."
         )
-    runtime = loading.activate_for(trained, machine)
+    runtime = trained_run.activate_for(trained, machine)
     try:
         scored = _score(trained, found_checkpoint, runtime, data)
     finally:
@@ -115,28 +118,21 @@ def evaluate(
 def _score(trained: Any, checkpoint: Any, runtime: Any, data: str | None) -> dict[str, Any]:
     """Every record of the split once through the checkpoint's model: the metrics, and how the
     records were batched."""
-    from tpurun.config import DataConfig
-    from tpurun.data import reader as readers
-    from tpurun.data.resolve import path_resolver
-    from tpurun.hub.batches import take_preprocessing
-    from tpurun.infer import loading
-    from tpurun.plan.plan import auto_steps_per_execution
-    from tpurun.training import token_loss
-    from tpurun.training.model import compile_model
+    from tpurun.training import token_loss  # lazy: it imports Keras at module level
 
     config = trained.config
     inputs = {n: config.data.features[n] for n in DataConfig.names(config.data.inputs)}
     if data is None:
-        found = loading.find_records(config.data.validation, inputs, "data.validation",
+        found = trained_run.find_records(config.data.validation, inputs, "data.validation",
                                      path_resolver(config))  # fmt: skip
     else:
-        found = loading.find_records(data, inputs, "--data", run_config=config)
+        found = trained_run.find_records(data, inputs, "--data", run_config=config)
     _check_targets(config.data, found)
-    batch = loading.global_batch(config, runtime.replicas)
+    batch = trained_run.global_batch(config, runtime.replicas)
     batches = -(-found.records // batch)
     distributed = runtime.strategy is not None  # see make_dataset(repeat_eval=...)
     reader = readers.for_config(config, runtime.choice)
-    model = loading.build(trained, checkpoint, runtime)
+    model = trained_run.build(trained, checkpoint, runtime)
     preprocessor, transform = take_preprocessing(model, config, found.tokenized)
     dataset = readers.make_dataset(
         reader, found.files, config.data.model_copy(update={"compression": found.compression}),

@@ -4,7 +4,7 @@
   (``experimental_io_device``); a JAX model for ``native_serialization_platforms``.
 - ``onnx``: Keras' own ONNX export (jax2onnx on JAX, tf2onnx on TensorFlow).
 - ``keras``: the ``.keras`` file, and when the model uses code of its own, a copy of that code and
-  a loader module (:mod:`tpurun.infer.loader`) beside it.
+  a loader module (:mod:`tpurun.infer.scripts.keras_loader`) beside it.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from typing import Any
 
 from tpurun import frameworks
 from tpurun.errors import TpurunError
+from tpurun.training.final_model import inference_saver
 
-_HERE = Path(__file__).resolve().parent
+_SCRIPTS = Path(__file__).resolve().parent / "scripts"  # run without tpurun
 
 
 def _input_signature(model: Any) -> Any:
@@ -132,8 +133,6 @@ def _imports(value: Any) -> list[str]:
 def write_keras(model: Any, path: str, config: Any) -> str | None:
     """The ``.keras`` file, for inference (no training setup). When the model uses code of its
     own, that code is copied beside it with a loader module; returns the loader's path."""
-    from tpurun.training.final_model import inference_saver
-
     save = inference_saver(model) if getattr(model, "compiled", False) else model.save
     save(path)
     if not _user_code(model):
@@ -150,5 +149,5 @@ def write_keras(model: Any, path: str, config: Any) -> str | None:
             modules.append(module)
     Path(code, "modules.txt").write_text("".join(f"{m}\n" for m in modules))
     loader = os.path.join(folder, f"{stem}_loader.py")
-    shutil.copy2(_HERE / "loader.py", loader)
+    shutil.copy2(_SCRIPTS / "keras_loader.py", loader)
     return loader

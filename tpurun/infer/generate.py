@@ -20,7 +20,9 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from tpurun import frameworks
-from tpurun.errors import DataError, TpurunError
+from tpurun.data import decode as feat
+from tpurun.data.native import example
+from tpurun.errors import DataError, ModelError, TpurunError
 
 OUTPUTS = (".csv", ".jsonl")
 SAMPLERS = ("greedy", "top_k")
@@ -92,9 +94,6 @@ def check_prompts(first: bytes, filename: str, features: Any) -> None:
     Raises:
         DataError: naming the file, the feature and what to write instead.
     """
-    from tpurun.data import decode as feat
-    from tpurun.data.native import example
-
     [(name, feature)] = features.items()
     key = feat.record_key(name, feature)
     stored = example.parse(first).features.feature
@@ -159,8 +158,6 @@ def complete(model: Any, dataset: Any, records: int, output: str, kind: str, sam
     file order, the last padded) and write the rows to ``output``. ``seed``: top-k's where
     ``--seed`` is not given (the run's)."""
     import numpy as np
-
-    from tpurun.errors import ModelError
 
     if not isinstance(model, frameworks.keras_hub().models.CausalLM):
         raise ModelError(f"{type(model).__name__} is not a causal LM (a KerasHub CausalLM): it "

@@ -3,7 +3,7 @@ model folder, for transformers and vLLM: ``model.safetensors``, ``config.json``,
 ``generation_config.json`` and the tokenizer's files (``tokenizer.model``, ``tokenizer_config.json``),
 with the sidecar ``DIR.json`` beside it as for every format.
 
-- LoRA is merged first: the weights are those of :func:`tpurun.infer.preset.merged`, the task
+- LoRA is merged first: the weights are those of :func:`tpurun.infer.preset_task.merged`, the task
   ``--format keras`` writes (for a quantized base, the preset's float weights with the adapter).
 - The weights' names and shapes are tpurun's own mapping (:mod:`tpurun.infer.hf_families`), which
   says what keras-hub's exporter gets wrong; the tokenizer files are KerasHub's
@@ -12,7 +12,7 @@ with the sidecar ``DIR.json`` beside it as for every format.
   ``config.json``: a run that is not a preset's causal LM, or a family tpurun does not claim.
 
 **The check.** The folder is loaded in a fresh Python process by transformers itself
-(``AutoTokenizer``, ``AutoModelForCausalLM``: :mod:`tpurun.infer.hf_check`), on the first
+(``AutoTokenizer``, ``AutoModelForCausalLM``: :mod:`tpurun.infer.scripts.run_huggingface`), on the first
 records' prompts: its tokenizer must give the preset tokenizer's ids, and its logits for them must
 match the merged model's, both computing in float32 on the exported weights (a bfloat16 run's
 upcast exactly: in bfloat16, two implementations differ by rounding that would hide a wrong mapping
@@ -40,12 +40,17 @@ from pathlib import Path
 from typing import Any
 
 from tpurun import frameworks
+from tpurun._version import __version__
+from tpurun.data import schema_file
 from tpurun.errors import TpurunError
-from tpurun.infer import hf_families, hf_llama, preset
+from tpurun.hub import batches
+from tpurun.hub import preset as hub_preset
+from tpurun.infer import hf_families, hf_llama, preset_task, trained_run
+from tpurun.storage.rundir import now_iso
 
 FORMAT = "huggingface"
 CHECK_PROMPTS = 8
-_HERE = Path(__file__).resolve().parent
+_SCRIPTS = Path(__file__).resolve().parent / "scripts"  # run without tpurun
 #: What a previous export left in DIR: only such a folder (or an empty one) is replaced.
 _OURS = ("config.json", "model.safetensors")
 
@@ -57,10 +62,8 @@ def refuse(trained: Any) -> str:
         TpurunError: a run that did not fine-tune a preset, or whose task is not a causal LM.
         ModelError: a family tpurun does not export.
     """
-    from tpurun.hub import preset as hub_preset
-
     config = trained.config
-    if not preset.is_preset(config):
+    if not preset_task.is_preset(config):
         raise TpurunError(
             f"--format huggingface: {trained.run.path} trained model.factory "
             f"{config.model.factory}, not a KerasHub preset: only a preset's causal LM has a "
@@ -128,7 +131,7 @@ def export(trained: Any, found: Any, runtime: Any, output: str, records: tuple[A
     try:
         task = _build(trained, found)
         prompts, ids = _prompts(task, trained.config, records[0])
-        merged = preset.merged(task, trained.config)
+        merged = preset_task.merged(task, trained.config)
         expected = _logits(_in_float32(merged), ids)
     finally:
         runtime.release()
@@ -171,9 +174,8 @@ def export(trained: Any, found: Any, runtime: Any, output: str, records: tuple[A
 
 
 def _build(trained: Any, found: Any) -> Any:
-    from tpurun.infer import loading
 
-    return loading.build(trained, found)
+    return trained_run.build(trained, found)
 
 
 def _prompts(task: Any, config: Any, inputs: Any) -> tuple[list[str], list[list[int]]]:
@@ -181,12 +183,10 @@ def _prompts(task: Any, config: Any, inputs: Any) -> tuple[list[str], list[list[
     tokenizer's ids of each, start token first, at most the run's sequence length."""
     import numpy as np
 
-    from tpurun.hub import batches, tokenize
-
     keras = frameworks.keras()
     preprocessor = task.preprocessor
     tokenizer = preprocessor.tokenizer
-    if tokenize.is_tokenized(config.data):
+    if schema_file.is_tokenized(config.data):
         tokens = batches.token_inputs(preprocessor, inputs)
         rows = [np.asarray(t)[np.asarray(m).astype(bool)] for t, m in
                 zip(tokens["token_ids"], tokens["padding_mask"], strict=True)]  # fmt: skip
@@ -235,8 +235,6 @@ def _logits(task: Any, ids: list[list[int]]) -> list[Any]:
     import contextlib
 
     import numpy as np
-
-    from tpurun.hub import batches
 
     keras = frameworks.keras()
     longest = max(len(row) for row in ids)
@@ -298,7 +296,7 @@ def write_safetensors(tensors: dict[str, Any], path: str) -> None:
 
 def _check(python: str, folder: str, prompts: list[str], ids: list[list[int]],
            expected: list[Any], tol: float, work: str) -> dict[str, Any]:  # fmt: skip
-    """Load ``folder`` with transformers in a fresh ``python`` and compare (:mod:`hf_check`).
+    """Load ``folder`` with transformers in a fresh ``python`` and compare (:mod:`tpurun.infer.scripts.run_huggingface`).
 
     Raises:
         TpurunError: it does not load, a prompt splits otherwise, or the logits differ.
@@ -310,7 +308,7 @@ def _check(python: str, folder: str, prompts: list[str], ids: list[list[int]],
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", TOKENIZERS_PARALLELISM="false",
                CUDA_VISIBLE_DEVICES="-1")  # fmt: skip
-    command = [python, "-I", "-B", str(_HERE / "hf_check.py"), folder, check, out]
+    command = [python, "-I", "-B", str(_SCRIPTS / "run_huggingface.py"), folder, check, out]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
     if done.returncode != 0:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
@@ -353,8 +351,6 @@ def _usage(output: str) -> str:
 
 def _sidecar(trained: Any, found: Any, family: str, dtype: str, checked: dict | None,
              output: str, python: str | None) -> dict[str, Any]:  # fmt: skip
-    from tpurun._version import __version__
-    from tpurun.storage.rundir import now_iso
 
     notes = []
     if checked is None:
@@ -371,7 +367,7 @@ def _sidecar(trained: Any, found: Any, family: str, dtype: str, checked: dict | 
         "family": family,
         "dtype": dtype,
         "usage": _usage(output),
-        "merged": preset.has_lora(trained.config),
+        "merged": preset_task.has_lora(trained.config),
         "checked": checked,
         "notes": notes,
         "run_dir": trained.run.path,

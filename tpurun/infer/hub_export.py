@@ -9,7 +9,7 @@ and checks what this writes, in a fresh process without tpurun, as for any run).
   tokenizer's, padded to the run's sequence length: a fixed length, since jax2tf cannot export
   KerasHub's attention over a length left open), logits out.
 - A QLoRA run's (``model.quantize``) ``keras`` and ``saved_model`` hold the adapter merged into
-  the preset's original float weights (:func:`tpurun.infer.preset.merged_into_float`), checked
+  the preset's original float weights (:func:`tpurun.infer.preset_task.merged_into_float`), checked
   against that merged model's own outputs.
 - ``lora``: the adapter alone, KerasHub's ``.lora.h5`` (``save_lora_weights``), for the preset it
   was trained on; checked by loading that preset and the adapter in the fresh process.
@@ -28,8 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpurun import frameworks
+from tpurun.config import DataConfig
+from tpurun.data import schema_file
 from tpurun.errors import TpurunError
-from tpurun.infer import preset
+from tpurun.hub import batches
+from tpurun.infer import formats, preset_task
 
 LORA_FORMAT = "lora"
 
@@ -43,7 +46,7 @@ class HubReference:
     source: str
     expected: list
     notes: list[str] = field(default_factory=list)
-    check: dict = field(default_factory=dict)  # what check.py needs beside the artifact
+    check: dict = field(default_factory=dict)  # what run_artifact.py needs beside the artifact
 
 
 def refuse(trained: Any, fmt: str) -> None:
@@ -59,7 +62,7 @@ def refuse(trained: Any, fmt: str) -> None:
             "Gemma's attention, and writes a BERT graph onnxruntime cannot run). Use --format "
             "saved_model (token ids in, logits out) or keras (the task with its preprocessor)."
         )
-    if fmt == LORA_FORMAT and not preset.has_lora(config):
+    if fmt == LORA_FORMAT and not preset_task.has_lora(config):
         raise TpurunError(
             f"--format lora: {trained.run.path} has no model.lora: it fine-tuned every weight, so "
             "there is no adapter to export alone. Export the whole model: --format keras (or "
@@ -73,7 +76,7 @@ def refuse_for_task(trained: Any, task: Any) -> None:
     Raises:
         TpurunError: naming the weights the file would leave behind.
     """
-    left = preset.untracked_weights(task)
+    left = preset_task.untracked_weights(task)
     if left:
         shown = ", ".join(left[:3]) + (f" and {len(left) - 3} more" if len(left) > 3 else "")
         raise TpurunError(
@@ -101,11 +104,9 @@ def reference(trained: Any, task: Any, fmt: str, records: tuple[Any, str]) -> Hu
         task: the run's task, with its preprocessor.
         records: :func:`tpurun.infer.export.reference_inputs`' (inputs, where they came from).
     """
-    from tpurun.hub import batches, tokenize
-
     keras = frameworks.keras()
     config, source = trained.config, records[1]
-    on_tokens = tokenize.is_tokenized(config.data)
+    on_tokens = schema_file.is_tokenized(config.data)
     if on_tokens:  # the records' token ids, as the run's pipeline fed them
         inputs = batches.token_inputs(task.preprocessor, records[0])
     else:
@@ -114,7 +115,7 @@ def reference(trained: Any, task: Any, fmt: str, records: tuple[Any, str]) -> Hu
     if config.model.quantize is not None:
         # QLoRA: every artifact is served on the preset's float weights (the adapter loaded onto
         # the float preset, or merged into it), not on the quantized base it trained against.
-        served, notes = preset.merged(task, config), [_float_note(config)]
+        served, notes = preset_task.merged(task, config), [_float_note(config)]
         task = task if fmt == LORA_FORMAT else served
     if fmt == "saved_model":
         return _saved_model(task, config, inputs, source, on_tokens)
@@ -129,7 +130,7 @@ def reference(trained: Any, task: Any, fmt: str, records: tuple[Any, str]) -> Hu
     if fmt == LORA_FORMAT:
         check = {**_lora_check(trained, task), "token_ids": on_tokens}
         return HubReference(task, inputs, source, expected, notes, check)
-    plain = preset.merged(task, config)
+    plain = preset_task.merged(task, config)
     return HubReference(plain, inputs, source, expected, notes, {"token_ids": on_tokens})
 
 
@@ -143,7 +144,7 @@ def _saved_model(task: Any, config: Any, inputs: Any, source: str, on_tokens: bo
     """The merged task without its preprocessor, checked on token ids: the records' own, or
     the text's, tokenised here."""
     keras = frameworks.keras()
-    plain = preset.merged(task, config)
+    plain = preset_task.merged(task, config)
     preprocessor, tokens = task.preprocessor, inputs
     if not on_tokens:
         tokens, _, _ = keras.utils.unpack_x_y_sample_weight(preprocessor(inputs))
@@ -160,8 +161,6 @@ def _saved_model(task: Any, config: Any, inputs: Any, source: str, on_tokens: bo
 def _on_tokens(task: Any, tokens: dict) -> list:
     """The task's outputs for token ids: its preprocessor off, as the run trained it
     (:func:`tpurun.hub.batches.detach`), and back on after."""
-    from tpurun.hub import batches
-
     preprocessor = batches.detach(task)
     try:
         return _flat(task.predict(tokens, batch_size=len(next(iter(tokens.values()))), verbose=0))
@@ -171,13 +170,11 @@ def _on_tokens(task: Any, tokens: dict) -> list:
 
 def _token_note(config: Any, tokens: dict, fmt: str) -> str:
     """What an artifact that takes token ids takes, and where they come from."""
-    from tpurun.hub import tokenize
-
     length = len(next(iter(tokens.values()))[0])
     said = f"takes token ids ({', '.join(sorted(tokens))}: [batch, {length}])"
     if fmt != "saved_model":
         said += " with the task's preprocessor off (task.preprocessor = None)"
-    if not tokenize.is_tokenized(config.data):
+    if not schema_file.is_tokenized(config.data):
         return (f"{said}: the preset tokenizer's, padded to model.sequence_length {length}; "
                 "tokenize with keras_hub.models.*Preprocessor.from_preset (not in the "
                 "SavedModel)")  # fmt: skip
@@ -188,10 +185,8 @@ def _token_note(config: Any, tokens: dict, fmt: str) -> str:
 
 def _causal_tokens(config: Any) -> bool:
     """Whether a run on tokenised records fine-tuned a causal LM (its records weigh each next
-    token, :mod:`tpurun.hub.tokenize`), where :func:`preset.is_causal_lm` looks for text."""
-    from tpurun.hub import tokenize
-
-    return tokenize.is_tokenized(config.data) and "weights" in config.data.features
+    token, :mod:`tpurun.hub.tokenize`), where :func:`preset_task.is_causal_lm` looks for text."""
+    return schema_file.is_tokenized(config.data) and "weights" in config.data.features
 
 
 def _flat(outputs: Any) -> list:
@@ -200,14 +195,14 @@ def _flat(outputs: Any) -> list:
 
 
 def _lora_check(trained: Any, task: Any) -> dict:
-    """How check.py rebuilds the task: the preset, the task class, its kwargs, LoRA, length."""
+    """How run_artifact.py rebuilds the task: the preset, the task class, its kwargs, LoRA, length."""
     keras = frameworks.keras()
     config = trained.config
     return {
         "preset": str(config.model.preset),
         "task": type(task).__name__,
         "kwargs": dict(config.model.kwargs),
-        **preset.lora_settings(config),
+        **preset_task.lora_settings(config),
         "sequence_length": task.preprocessor.sequence_length,
         "dtype_policy": keras.config.dtype_policy().name,
     }
@@ -215,8 +210,6 @@ def _lora_check(trained: Any, task: Any) -> dict:
 
 def write(fmt: str, ref: HubReference, artifact: str, platforms: Any) -> None:
     """Write the artifact ``fmt`` names."""
-    from tpurun.infer import formats
-
     model = ref.model
     if fmt == LORA_FORMAT:
         model.backbone.save_lora_weights(artifact)
@@ -233,10 +226,8 @@ def write(fmt: str, ref: HubReference, artifact: str, platforms: Any) -> None:
 def usage(fmt: str, name: str, trained: Any, task_name: str) -> str:
     """How to load the artifact without tpurun: a task fed text, or token ids with its
     preprocessor off where the run trained on tokenised records."""
-    from tpurun.hub import tokenize
-
     config = trained.config
-    on_tokens = tokenize.is_tokenized(config.data)
+    on_tokens = schema_file.is_tokenized(config.data)
     if fmt == "keras":
         said = "; token ids as `tpurun data write --tokenize` writes them" if on_tokens else ""
         return (f"import keras; model = keras.saving.load_model('{name}'); "
@@ -244,7 +235,7 @@ def usage(fmt: str, name: str, trained: Any, task_name: str) -> str:
     if fmt == "saved_model":
         return (f"import tensorflow as tf; model = tf.saved_model.load('{name}'); "
                 "logits = model.serve({'token_ids': ids, 'padding_mask': mask, ...})")  # fmt: skip
-    lora = preset.lora_settings(config)
+    lora = preset_task.lora_settings(config)
     alpha = ""
     if lora["alpha"] != lora["rank"]:
         alpha = ("; [setattr(l, 'lora_alpha', " + f"{lora['alpha']}" + ") for l in "
@@ -259,12 +250,10 @@ def usage(fmt: str, name: str, trained: Any, task_name: str) -> str:
 def _call(config: Any, model: str) -> str:
     """What a user runs the task ``model`` on: prompts, texts, or (a run on tokenised records)
     token ids with its preprocessor off."""
-    from tpurun.hub import tokenize
-
-    if tokenize.is_tokenized(config.data):
+    if schema_file.is_tokenized(config.data):
         fed = ", ".join(f"'{k}': {k}" for k in config.data.inputs)
         return f"{model}.preprocessor = None; logits = {model}.predict_on_batch({{{fed}}})"
-    if preset.is_causal_lm(config):
+    if preset_task.is_causal_lm(config):
         return f"{model}.generate(['PROMPT'])"
     return f"{model}.predict(['TEXT'])"
 
@@ -273,10 +262,7 @@ def described_inputs(fmt: str, report: dict, data: Any) -> list[dict]:
     """The artifact's inputs for the sidecar: token ids for a SavedModel or a run on tokenised
     records (each with the feature that holds them, for the latter), else the text features
     the task's preprocessor takes."""
-    from tpurun.config import DataConfig
-    from tpurun.hub import tokenize
-
-    if tokenize.is_tokenized(data):
+    if schema_file.is_tokenized(data):
         return [{**spec, "feature": data.inputs.get(spec["name"])} for spec in report["inputs"]]
     if fmt == "saved_model":
         return [{**spec, "feature": None} for spec in report["inputs"]]

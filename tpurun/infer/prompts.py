@@ -20,9 +20,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tpurun.config import DataConfig
 from tpurun.data import files as datafiles
 from tpurun.data import sniff
+from tpurun.data.decode import record_key
 from tpurun.data.native import framing
+from tpurun.data.native.example import serialize
 from tpurun.errors import DataError
 from tpurun.storage import fileio
 
@@ -111,8 +114,6 @@ def as_records(found: PromptFiles, key: str, id_feature: str | None) -> Iterator
     Raises:
         DataError: as :func:`records`, or files that hold no prompt.
     """
-    from tpurun.data.native.example import serialize  # defers protobuf to a prompt file
-
     folder = tempfile.mkdtemp(prefix="tpurun-prompts-")
     try:
         path = f"{folder}/prompts.tfrecord"
@@ -128,9 +129,6 @@ def as_records(found: PromptFiles, key: str, id_feature: str | None) -> Iterator
 
 def text_key(features: Mapping[str, Any], inputs: Any) -> str | None:
     """The record key of the run's one text input, or None where its inputs are not one text."""
-    from tpurun.config import DataConfig
-    from tpurun.data.decode import record_key
-
     names = DataConfig.names(inputs)
     if len(names) != 1 or features[names[0]].type != "text":
         return None

@@ -5,7 +5,7 @@ The model is built by the run's own factory (``config.yaml`` names it, and every
 import, by an absolute path) and the checkpoint's weights are loaded into it, as a resume does. So
 custom layers are the user's code, found where training found them, and a ``.weights.h5`` resume
 point loads as a ``.keras`` file does. A run that fine-tuned a ``model.preset`` is the KerasHub
-task with its preprocessor instead (:mod:`tpurun.infer.preset`: the preset and a LoRA adapter, or
+task with its preprocessor instead (:mod:`tpurun.infer.preset_task`: the preset and a LoRA adapter, or
 the task's ``model.keras``).
 
 A run with a model axis (``runtime.mesh``) keeps sharded checkpoints, ``.orbax`` folders
@@ -23,10 +23,22 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from tpurun import frameworks
-from tpurun.config import Config, DataConfig
+from tpurun.config import Config, DataConfig, load_config
+from tpurun.data import decode as feat
 from tpurun.data import files as datafiles
+from tpurun.data import records
+from tpurun.data import schema_file as schema_lib
+from tpurun.data.files import detect_compression
+from tpurun.data.native.framing import iter_records
+from tpurun.data.resolve import path_resolver, tokenized_entry
+from tpurun.data.sniff import NotTFRecords
 from tpurun.errors import DataError, ModelError, TpurunError
-from tpurun.infer import preset
+from tpurun.hub import mesh_layout
+from tpurun.infer import preset_task
+from tpurun.plan.plan import batch_sizes
+from tpurun.plan.prepare import choose_for
+from tpurun.runtime.activate import activate
+from tpurun.runtime.machine import probe
 from tpurun.storage import fileio
 from tpurun.storage.rundir import (
     ADAPTER_SUFFIX,
@@ -39,6 +51,8 @@ from tpurun.storage.rundir import (
     RunDir,
     state_file,
 )
+from tpurun.training.checkpoints import integrity, resume, sharded
+from tpurun.training.model import build_model
 
 CHECKPOINT_HELP = (
     "best (checkpoints/best.keras, a LoRA run's best.adapter.h5 or a model-parallel run's "
@@ -86,8 +100,6 @@ def open_run(path: str) -> TrainedRun:
     Raises:
         TpurunError: not a run directory, or its config no longer validates.
     """
-    from tpurun.config import load_config
-
     run = RunDir(_local(path))
     raw = run.read_config()
     if raw is None:
@@ -110,8 +122,6 @@ def find_checkpoint(trained: TrainedRun, which: str = "best") -> Checkpoint:
     Raises:
         TpurunError: no such checkpoint; the message lists the ones there are.
     """
-    from tpurun.training.checkpoints import resume
-
     run = trained.run
     if which == "best":
         for name in _BESTS:
@@ -147,8 +157,6 @@ def find_checkpoint(trained: TrainedRun, which: str = "best") -> Checkpoint:
 
 def available(run: RunDir) -> list[str]:
     """The checkpoints a run has, as ``--checkpoint`` takes them."""
-    from tpurun.training.checkpoints import resume
-
     try:
         found = ["latest"] if resume.latest(run) is not None else []
     except resume.DamagedCheckpoint:
@@ -170,8 +178,6 @@ def _check_whole(run: RunDir, name: str) -> None:
     Raises:
         TpurunError: naming the file, what is wrong and the other checkpoints.
     """
-    from tpurun.training.checkpoints import integrity
-
     state = fileio.read_json(run.checkpoint(state_file(name))) or {}
     wrong = integrity.problem(run.checkpoint(name), state.get("check"))
     if wrong is not None:
@@ -204,11 +210,6 @@ def activate_for(trained: TrainedRun, machine: Any = None):
         TpurunError: the environment makes this process one of several (a pod slice, SLURM):
             these commands run in one; or the model axis does not divide the devices here.
     """
-    from tpurun.hub import mesh_layout as mesh
-    from tpurun.plan.prepare import choose_for
-    from tpurun.runtime.activate import activate
-    from tpurun.runtime.machine import probe
-
     config, machine = trained.config, machine or probe()
     alone = {"num_processes": None, "coordinator": None, "process_id": None}
     if config.runtime.mesh is not None:
@@ -228,23 +229,21 @@ def activate_for(trained: TrainedRun, machine: Any = None):
             "variables unset, or on a single-host machine."
         )
     runtime = activate(choice, config.seed)
-    mesh.install(runtime, config)  # a mesh's layout, before the model is built
+    mesh_layout.install(runtime, config)  # a mesh's layout, before the model is built
     return runtime
 
 
 def build(trained: TrainedRun, checkpoint: Checkpoint, runtime: Any = None) -> Any:
     """The run's model, built by its factory in the runtime's scope, with the checkpoint's weights;
-    for a preset run, the KerasHub task with its preprocessor (:func:`tpurun.infer.preset.build`).
+    for a preset run, the KerasHub task with its preprocessor (:func:`tpurun.infer.preset_task.build`).
 
     Raises:
         ModelError: the factory fails (a preset is gone), or the weights do not fit the model it
             builds now.
     """
-    if preset.is_preset(trained.config):
-        return preset.build(trained, checkpoint.path, runtime)
+    if preset_task.is_preset(trained.config):
+        return preset_task.build(trained, checkpoint.path, runtime)
     keras = frameworks.keras()
-
-    from tpurun.training.model import build_model
 
     config = trained.config
     scope = runtime.scope() if runtime is not None else contextlib.nullcontext()
@@ -255,8 +254,6 @@ def build(trained: TrainedRun, checkpoint: Checkpoint, runtime: Any = None) -> A
         if not model.built:  # a subclassed model: one call creates its variables
             model(sample_inputs(config.data, 1))
         if checkpoint.path.endswith(SHARDED_SUFFIX):
-            from tpurun.training.checkpoints import sharded
-
             sharded.load(model, checkpoint.path, trained.run.path, weights_only=True)
             return model
         with fileio.local_copy(checkpoint.path) as local:  # Keras reads gs:// only through TF
@@ -276,8 +273,6 @@ def sample_inputs(data: DataConfig, n: int, seed: int | None = None) -> Any:
     """``n`` records' worth of model inputs shaped as the features decode: zeros, or with a seed,
     normal draws for float features (what ``export`` checks an artifact on without records)."""
     import numpy as np
-
-    from tpurun.data import decode as feat
 
     rng = np.random.default_rng(seed) if seed is not None else None
     arrays = {}
@@ -299,8 +294,6 @@ def sample_inputs(data: DataConfig, n: int, seed: int | None = None) -> Any:
 def feature_spec(data: DataConfig, class_names: Sequence[str] | None) -> dict:
     """How a record decodes into the model's inputs (and targets): the features it reads, their
     compression, and the label's class names. The export sidecar and :func:`tpurun.load` give it."""
-    from tpurun.data import decode as feat
-
     used = feat.used_features(data)
     return {
         "features": {n: f.model_dump(mode="json", exclude_none=True) for n, f in used.items()},
@@ -355,11 +348,6 @@ def find_records(
         DataError: no file matches, files that are not TFRecords, damaged files, or records that
             do not match the features.
     """
-    from tpurun.data import records
-    from tpurun.data import schema_file as schema_lib
-    from tpurun.data.resolve import tokenized_entry
-    from tpurun.data.sniff import NotTFRecords
-
     files = sorted(datafiles.expand(patterns, resolve, key))
     schemas = schema_lib.find_for(files)
     first = schemas.get(files[0], (None, None))[1] or {}
@@ -376,9 +364,6 @@ def find_records(
 
 def training_schema(config: Config) -> dict | None:
     """The schema file of the run's training data (``data.train``), if it is still there."""
-    from tpurun.data import schema_file as schema_lib
-    from tpurun.data.resolve import path_resolver
-
     try:
         files = datafiles.expand(config.data.train, path_resolver(config), "data.train")
         return next(iter(schema_lib.find_for(files[:1]).values()), (None, None))[1]
@@ -388,25 +373,20 @@ def training_schema(config: Config) -> dict | None:
 
 def global_batch(config: Config, replicas: int) -> int:
     """The batch ``train`` fed per step on this many replicas (known to fit the devices)."""
-    from tpurun.plan.plan import batch_sizes
-
     return batch_sizes(config, replicas)[1]
 
 
 def first_record(found: Records) -> bytes:
     """The first serialized record of ``found`` (what a command checks before it reads the rest),
     read by the native reader: no TensorFlow."""
-    from tpurun.data.files import detect_compression
-    from tpurun.data.native.framing import iter_records
-
     compression = found.compression
     if compression == "auto":
         compression = detect_compression(found.files[0])
-    records = iter_records(found.files[0], compression)
+    framed = iter_records(found.files[0], compression)
     try:
-        return next(records)
+        return next(framed)
     finally:
-        records.close()
+        framed.close()
 
 
 def writable_output(path: str, key: str = "--output") -> str:

@@ -1,4 +1,4 @@
-"""The export check's parent side: the artifact loaded by :mod:`tpurun.infer.check` in a fresh
+"""The export check's parent side: the artifact loaded by :mod:`tpurun.infer.scripts.run_artifact` in a fresh
 Python process that never imports tpurun, and its outputs compared with the trained model's."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from tpurun import frameworks
 from tpurun.errors import TpurunError
 
-_HERE = Path(__file__).resolve().parent
+_SCRIPTS = Path(__file__).resolve().parent / "scripts"  # run without tpurun
 
 
 def _structure(model_inputs: Any) -> dict:
@@ -27,7 +27,7 @@ def _structure(model_inputs: Any) -> dict:
 def check(fmt: str, artifact: str, inputs: Any, expected: list, loader: str | None,
           backend: str, work: str, tol: float, hub: dict | None = None) -> dict:  # fmt: skip
     """Load the artifact in a fresh process, run ``inputs``, compare with ``expected``.
-    ``hub``: how check.py rebuilds a preset's task for an adapter (``--format lora``).
+    ``hub``: how run_artifact.py rebuilds a preset's task for an adapter (``--format lora``).
 
     Raises:
         TpurunError: it does not load, or its outputs differ by more than ``tol`` (absolute and
@@ -47,7 +47,7 @@ def check(fmt: str, artifact: str, inputs: Any, expected: list, loader: str | No
     # backend a user without tpurun would pick.
     env.update(KERAS_BACKEND="tensorflow" if fmt == "saved_model" else backend,
                JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="-1", TF_CPP_MIN_LOG_LEVEL="3")  # fmt: skip
-    command = [sys.executable, "-I", "-B", str(_HERE / "check.py"), fmt, artifact,
+    command = [sys.executable, "-I", "-B", str(_SCRIPTS / "run_artifact.py"), fmt, artifact,
                paths["in.npz"], paths["out.npz"], paths["structure.json"]]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
     if done.returncode != 0:

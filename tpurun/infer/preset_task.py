@@ -29,9 +29,14 @@ import warnings
 from typing import Any
 
 from tpurun import frameworks
+from tpurun.config import DataConfig
+from tpurun.data import schema_file
 from tpurun.errors import ModelError, describe
+from tpurun.hub import batches
+from tpurun.hub.model import build_preprocessor, build_task, lora_layers, set_sequence_length
 from tpurun.storage import fileio
 from tpurun.storage.rundir import ADAPTER_SUFFIX, LORA_SUFFIX, SHARDED_SUFFIX
+from tpurun.training.checkpoints import adapter, sharded
 
 
 def is_preset(config: Any) -> bool:
@@ -51,8 +56,6 @@ def lora_settings(config: Any) -> dict[str, float]:
 def is_causal_lm(config: Any) -> bool:
     """Whether a preset run fine-tuned a causal LM, told from its data without loading anything:
     a causal LM learns text (a response, or the text itself), a classifier a label."""
-    from tpurun.config import DataConfig
-
     data = config.data
     targets = [data.features[n] for n in DataConfig.names(data.targets)]
     return is_preset(config) and bool(targets) and all(f.type == "text" for f in targets)
@@ -61,17 +64,13 @@ def is_causal_lm(config: Any) -> bool:
 def is_causal_tokens(config: Any) -> bool:
     """Whether a preset run fine-tuned a causal LM on token ids (``data write --tokenize``), whose
     records weigh each next token, where :func:`is_causal_lm` looks for text."""
-    from tpurun.hub import tokenize
-
     data = config.data
-    return is_preset(config) and tokenize.is_tokenized(data) and "weights" in data.features
+    return is_preset(config) and schema_file.is_tokenized(data) and "weights" in data.features
 
 
 def preprocessed(model: Any, dataset: Any) -> Any:
     """``(inputs, extra)`` batches of decoded features -> ``(model inputs, extra)``: the task's
     preprocessor taken off it and mapped over the batches instead, as training does."""
-    from tpurun.hub import batches
-
     tf = frameworks.tensorflow()
     preprocessor = batches.detach(model)
     return dataset.map(lambda inputs, extra: (preprocessor(inputs), extra),
@@ -105,7 +104,7 @@ def build(trained: Any, path: str, runtime: Any = None) -> Any:
     run's sequence length.
 
     Args:
-        trained: the run (:class:`tpurun.infer.loading.TrainedRun`).
+        trained: the run (:class:`tpurun.infer.trained_run.TrainedRun`).
         path: a ``.lora.h5`` adapter, an ``.adapter.h5`` checkpoint, a ``.keras`` task, a
             ``.weights.h5`` file or an ``.orbax`` folder.
         runtime: build in its distribution scope (None: this process's default device).
@@ -124,8 +123,6 @@ def build(trained: Any, path: str, runtime: Any = None) -> Any:
             elif path.endswith(ADAPTER_SUFFIX):
                 _load_checkpoint(task, path, trained.config)
             elif path.endswith(SHARDED_SUFFIX):
-                from tpurun.training.checkpoints import sharded
-
                 sharded.load(task, path, trained.run.path, weights_only=True)
             else:
                 _load_weights(task, path, trained.config)
@@ -135,8 +132,6 @@ def build(trained: Any, path: str, runtime: Any = None) -> Any:
 def _load_checkpoint(task: Any, path: str, config: Any) -> None:
     """A LoRA run's checkpoint (``*.adapter.h5``): its trainable variables, by path (the
     optimizer's state in it is for a resume)."""
-    from tpurun.training.checkpoints import adapter
-
     _no_lora(task, path)
     saved = adapter.read(path)["model"]
     variables = {v.path: v for v in task.trainable_variables}
@@ -153,7 +148,6 @@ def _load_checkpoint(task: Any, path: str, config: Any) -> None:
 
 
 def _from_preset(trained: Any) -> Any:
-    from tpurun.hub.model import build_task
 
     try:
         return build_task(trained.config)
@@ -165,7 +159,6 @@ def _from_preset(trained: Any) -> Any:
 
 
 def _load_keras(trained: Any, path: str) -> Any:
-    from tpurun.hub.model import set_sequence_length
 
     keras = frameworks.keras()
     frameworks.keras_hub()  # registers KerasHub's classes before Keras looks them up
@@ -186,7 +179,6 @@ def _load_keras(trained: Any, path: str) -> Any:
     if task.preprocessor is None:
         # Saved during the fit, when the preprocessor works in the input pipeline instead
         # (tpurun.hub.batches.detach): the preset's own is the one it trained with.
-        from tpurun.hub.model import build_preprocessor
 
         task.preprocessor = build_preprocessor(trained.config)
     set_sequence_length(task, trained.config.model.sequence_length)
@@ -213,8 +205,6 @@ def load_adapter(task: Any, path: str, config: Any) -> None:
     Raises:
         ModelError: the run has no LoRA, or the file's rank or layers do not fit the task.
     """
-    from tpurun.training.checkpoints import adapter
-
     _no_lora(task, path)
     try:
         # KerasHub's adapter kernels (LoRA is on already, so the run's alpha stays), then what
@@ -243,8 +233,6 @@ def merged(task: Any, config: Any) -> Any:
     Keras saves a LoRA layer's kernel merged (``EinsumDense.save_own_variables``), under the
     names a layer without LoRA has, so the weights load into the task built without LoRA.
     """
-    from tpurun.hub.model import build_task, lora_layers
-
     if not has_lora(config) or not lora_layers(task.backbone):
         return task
     if config.model.quantize is not None:
@@ -268,8 +256,6 @@ def merged_into_float(task: Any, config: Any) -> Any:
     added to its float kernel, the other trainable weights copied. Not the dequantized integers
     plus the adapter (what Keras' own save of a quantized LoRA layer writes, quantized again):
     the adapter learnt to correct the quantized base, and what users serve is the float one."""
-    from tpurun.hub.model import build_task, lora_layers
-
     ops = frameworks.keras().ops
     model = config.model.model_copy(update={"lora": None, "quantize": None})
     plain = build_task(config.model_copy(update={"model": model}))

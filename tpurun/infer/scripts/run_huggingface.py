@@ -5,7 +5,7 @@ computes.
 (``python -I``), possibly another environment's Python: it imports only torch and transformers,
 never tpurun or Keras. Standalone on purpose: keep tpurun imports out of it.
 
-Usage: python -I hf_check.py FOLDER CHECK.json OUTPUTS.npz
+Usage: python -I run_huggingface.py FOLDER CHECK.json OUTPUTS.npz
 
 CHECK.json holds ``prompts`` (texts) and ``token_ids`` (the preset tokenizer's ids of each, start
 token first). For each prompt, transformers' tokenizer's ids are reported, and the model's logits

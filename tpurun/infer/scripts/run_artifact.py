@@ -5,7 +5,7 @@ tpurun is imported: it imports only what the format needs (TensorFlow for a Save
 for ONNX, Keras for a ``.keras`` file, KerasHub for a ``.lora.h5`` adapter and the preset it
 adapts). Standalone on purpose: keep tpurun imports out of it.
 
-Usage: python -I check.py FORMAT ARTIFACT INPUTS.npz OUTPUTS.npz STRUCTURE.json
+Usage: python -I run_artifact.py FORMAT ARTIFACT INPUTS.npz OUTPUTS.npz STRUCTURE.json
 
 INPUTS.npz holds ``in_0 .. in_N`` (the model's inputs, flattened as ``keras.tree.flatten`` orders
 them); STRUCTURE.json says how they nest (``{"kind": "single" | "list" | "dict", "keys": [...]}``)
