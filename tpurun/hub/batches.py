@@ -35,6 +35,8 @@ from tpurun.config import Config, DataConfig
 from tpurun.data import schema_file
 from tpurun.errors import ConfigError
 from tpurun.hub import tokenize
+from tpurun.hub.model import build_preprocessor
+from tpurun.hub.report import set_up_cpu
 
 #: The task's methods that take batches: plain Keras' while the preprocessor is detached.
 _BATCH_METHODS = ("fit", "evaluate", "predict")
@@ -200,9 +202,6 @@ def pipeline_preprocessing(config: Config) -> Callable[[DataConfig, dict | None]
         ModelError: as :func:`tpurun.hub.model.build_preprocessor`.
     """
     import functools
-
-    from tpurun.hub.model import build_preprocessor
-    from tpurun.hub.report import set_up_cpu
 
     set_up_cpu("jax", why="tpurun data bench runs the preset's preprocessor on the CPU")
     preprocessor = build_preprocessor(config)

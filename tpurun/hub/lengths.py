@@ -27,8 +27,11 @@ from tpurun import frameworks
 from tpurun.config import DataConfig
 from tpurun.data import decode, schema_file
 from tpurun.data.native import example, framing
+from tpurun.data.resolve import preset_refs
+from tpurun.errors import ConfigError, DataError, ModelError
 from tpurun.hub import tokenize
 from tpurun.hub.model import longest_sequence
+from tpurun.hub.report import set_up_cpu
 
 #: Records sampled at most, and files they are read from (the first records of each).
 SAMPLE, FILES = 512, 8
@@ -221,10 +224,6 @@ def of_inspected(preset: str, sequence_length: int | None, report: Any) -> dict[
             says it), a sequence length over its maximum.
         DataError: the features do not say which text is the prompt (as a run's config).
     """
-    from tpurun.data.resolve import preset_refs
-    from tpurun.errors import ConfigError, DataError, ModelError
-    from tpurun.hub.report import set_up_cpu
-
     set_up_cpu("jax", why="tpurun data inspect --preset counts tokens on the CPU")
     try:
         preprocessor, _ = tokenize.load(preset, sequence_length)

@@ -20,6 +20,9 @@ from tpurun.config import Config
 from tpurun.hub.mesh_layout import plan_placer
 from tpurun.hub.model import build_task, longest_sequence, parameter_counts
 from tpurun.hub.preset import location
+from tpurun.runtime.activate import activate
+from tpurun.runtime.choice import Choice
+from tpurun.runtime.memory_check import device_limit, estimate_for_model, fixes
 
 
 def set_up_cpu(
@@ -33,9 +36,6 @@ def set_up_cpu(
     if imported is not None:
         # TensorFlow imported Keras while the data was read, which fixed its backend.
         backend = imported.backend.backend()
-    from tpurun.runtime.activate import activate
-    from tpurun.runtime.choice import Choice
-
     choice = Choice(backend=backend, accelerator="cpu", distribution="default", replicas=1,
                     precision="float32", reason=why)  # fmt: skip
     activate(choice, seed=0)
@@ -108,8 +108,6 @@ def memory_report(model: Any, config: Config, plan: Any, mesh: tuple[int, int] |
     Raises:
         ConfigError: the layout cannot place a variable (an indivisible shape, two rules).
     """
-    from tpurun.runtime.memory_check import device_limit, estimate_for_model, fixes
-
     mesh = mesh or (plan.replicas, 1)
     specs, source = plan_specs(model, config, mesh)
     est = estimate_for_model(model, config, plan, mesh, specs)

@@ -33,10 +33,15 @@ from typing import Any
 
 from tpurun import frameworks
 from tpurun.data.packing import PackedSource
+from tpurun.data.resolve import preset_refs
 from tpurun.data.schema_file import TOKEN_INPUTS, TOKENIZED
 from tpurun.data.sources.base import OVERHEAD_PER_FEATURE, MappedSource, Source
 from tpurun.errors import ConfigError, DataError, EnvironmentSetupError, ModelError
 from tpurun.hub import chat
+from tpurun.hub.model import preprocessor_from_preset
+from tpurun.hub.preset import check_sequence_length, is_handle, read_folder, read_handle
+from tpurun.hub.report import set_up_cpu
+from tpurun.hub.task import concrete, task_class
 
 #: The features a tokenised causal LM record holds, in order.
 CAUSAL_FEATURES = ("token_ids", "padding_mask", "weights")
@@ -181,10 +186,6 @@ def load(preset: str, sequence_length: int | None) -> tuple[Any, dict[str, Any]]
         ModelError: no such preset or an incomplete one (naming the file), a sequence length over
             the backbone's maximum, a task that takes no text.
     """
-    from tpurun.hub.model import preprocessor_from_preset
-    from tpurun.hub.preset import check_sequence_length, is_handle, read_folder, read_handle
-    from tpurun.hub.task import concrete, task_class
-
     where = preset if is_handle(preset) else str(Path(preset).resolve())
     try:
         found = read_handle(where) if is_handle(where) else read_folder(Path(where), preset)
@@ -231,8 +232,6 @@ def mapper(
     Raises:
         ModelError: as :func:`load`; packing for a classifier.
     """
-    from tpurun.hub.report import set_up_cpu
-
     if importlib.util.find_spec("tensorflow") is None:
         raise EnvironmentSetupError(
             f"--tokenize {preset}: KerasHub's tokenizers run on tensorflow-text (keras-hub 0.32), "
@@ -357,8 +356,6 @@ def _refs(source: Source, entry: dict[str, Any]) -> tuple[Any, Any]:
     Raises:
         DataError: features that are not what the task learns from, naming them.
     """
-    from tpurun.data.resolve import preset_refs
-
     kinds = {name: spec.get("type") for name, spec in source.features.items()}
     described = ", ".join(f"{name} ({kind})" for name, kind in kinds.items())
     wanted = (
