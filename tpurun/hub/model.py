@@ -20,7 +20,7 @@ from tpurun.config import Config
 from tpurun.errors import ModelError, TpurunError, describe
 from tpurun.hub import handles
 from tpurun.hub.preset import Preset, check_sequence_length, max_sequence_length, read
-from tpurun.hub.quantize import quantize, stored_over_parameters
+from tpurun.hub.quantize import plan, quantize, stored_over_parameters
 from tpurun.hub.task import concrete, task_class
 from tpurun.multihost.collectives import lost_peer
 
@@ -57,7 +57,10 @@ def build_task(config: Config, load_weights: bool = True, compile: bool = True) 
     task = load(cls, preset, config.model.kwargs, load_weights=load_weights, compile=compile)
     set_sequence_length(task, config.model.sequence_length)
     if config.model.quantize is not None:  # after loading the float weights, before LoRA
-        quantize(task, config.model.quantize, fingerprint=load_weights)
+        if load_weights:
+            quantize(task, config.model.quantize)
+        else:  # no values to quantize: counted as quantized (tpurun.runtime.memory_check)
+            plan(task, config.model.quantize)
     if config.model.lora is not None:
         enable_lora(task, config.model.lora.rank, config.model.lora.alpha)
     return task

@@ -43,19 +43,55 @@ MODES = ("int8", "int4")
 RECORD_ATTRIBUTE = "_tpurun_quantized"
 #: The task attribute that says how many more elements the quantized base stores than the float.
 STORED_ATTRIBUTE = "_tpurun_quantized_elements"
+#: The attribute :func:`plan` marks a task built without its weights with (read by the memory
+#: estimate, which imports no framework and so names it itself).
+PLANNED_ATTRIBUTE = "_tpurun_quantize_planned"
+#: The layer classes whose ``quantize`` Keras 3.15 implements for int8 and int4.
+QUANTIZED_CLASSES = ("Dense", "EinsumDense", "Embedding", "ReversibleEmbedding")
 
 
-def quantize(task: Any, mode: str, fingerprint: bool = True) -> None:
+def plan(task: Any, mode: str) -> None:
+    """Mark ``task``, built without its weights (``tpurun config``, doctor), as quantized to
+    ``mode`` when it trains: Keras' ``quantize`` reads every float value, which such a model would
+    draw on the host. The memory estimate counts its kernels as quantized
+    (:func:`tpurun.runtime.memory_check.planned_entries`).
+
+    Raises:
+        ModelError: as :func:`quantize`, for a backbone with no layer Keras quantizes.
+    """
+    _check_mode(mode)
+    if not any(
+        callable(getattr(type(layer), "quantize", None))
+        and type(layer).__name__ in QUANTIZED_CLASSES
+        for layer in task.backbone._flatten_layers(include_self=False)
+    ):
+        _nothing_quantized(task.backbone, mode)
+    setattr(task, PLANNED_ATTRIBUTE, mode)  # fmt: skip
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ModelError(f"model.quantize: '{mode}' is not a mode tpurun trains under LoRA; "
+                         f"use one of {', '.join(MODES)}.")  # fmt: skip
+
+
+def _nothing_quantized(backbone: Any, mode: str) -> None:
+    raise ModelError(
+        f"model.quantize: {mode} quantized no layer of {type(backbone).__name__} (Keras "
+        "quantizes Dense, EinsumDense and Embedding layers; this backbone has none), so "
+        "nothing would be smaller. Remove model.quantize."
+    )
+
+
+def quantize(task: Any, mode: str) -> None:
     """Quantize ``task``'s backbone in place to ``mode`` (before LoRA) and keep its :func:`record`
-    on the task (``fingerprint=False``: not, for a model whose variables hold no values yet).
+    on the task.
 
     Raises:
         ModelError: ``mode`` is not one Keras' layers take, or the backbone has no layer it
             quantizes.
     """
-    if mode not in MODES:
-        raise ModelError(f"model.quantize: '{mode}' is not a mode tpurun trains under LoRA; "
-                         f"use one of {', '.join(MODES)}.")  # fmt: skip
+    _check_mode(mode)
     keras = frameworks.keras()
     backbone = task.backbone
     embedding = keras.layers.ReversibleEmbedding
@@ -88,15 +124,10 @@ def quantize(task: Any, mode: str, fingerprint: bool = True) -> None:
             f"{describe(exc)}. Remove model.quantize, or try the other mode."
         ) from None
     if not quantized_layers(backbone):
-        raise ModelError(
-            f"model.quantize: {mode} quantized no layer of {type(backbone).__name__} (Keras "
-            "quantizes Dense, EinsumDense and Embedding layers; this backbone has none), so "
-            "nothing would be smaller. Remove model.quantize."
-        )
+        _nothing_quantized(backbone, mode)
     # The model's parameters are the float ones: int4 stores two a byte, and scales are extra.
     setattr(task, STORED_ATTRIBUTE, _elements(backbone) - before)
-    if fingerprint:
-        setattr(task, RECORD_ATTRIBUTE, record(backbone, mode))
+    setattr(task, RECORD_ATTRIBUTE, record(backbone, mode))
 
 
 def _elements(model: Any) -> int:

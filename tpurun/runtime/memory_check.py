@@ -107,7 +107,7 @@ def estimate_for_model(model: Any, config: Config, plan: Any, mesh: tuple[int, i
     lr_variable = lr.schedule == "constant" and plan.warmup_steps == 0  # a float, not a schedule
     sequence = config.model.sequence_length
     return estimate(
-        entries_of(model, specs),
+        planned_entries(model, specs),
         mesh,
         config_slots(config, model),
         accumulation=config.train.gradient_accumulation_steps,
@@ -116,6 +116,20 @@ def estimate_for_model(model: Any, config: Config, plan: Any, mesh: tuple[int, i
             model, per_device_batch(plan, mesh), sequence, remat=config.train.remat
         ),
     )
+
+
+#: The attribute a preset task built without its weights carries when ``model.quantize`` is to
+#: come (:func:`tpurun.hub.quantize.plan`): quantizing reads every float value, which such a
+#: model would draw on the host (34 GB for a 7B model in float32).
+PLANNED_QUANTIZE = "_tpurun_quantize_planned"
+
+
+def planned_entries(model: Any, specs: dict[str, tuple] | None = None) -> list[Entry]:
+    """The model's entries; a model built without its weights for a ``model.quantize`` run has
+    its kernels and embeddings counted as :func:`quantized` stores them."""
+    entries = entries_of(model, specs)
+    mode = getattr(model, PLANNED_QUANTIZE, None)
+    return entries if mode is None else [q for e in entries for q in quantized(e, mode)]
 
 
 # --------------------------------------------------------------------------------------- check
