@@ -43,6 +43,8 @@ import tempfile
 from collections.abc import Callable
 from types import ModuleType
 
+from tpurun.errors import EnvironmentSetupError
+
 #: TF's GCS client reads these once, at a process's first gs:// use. Its own defaults retry a
 #: refused connection 10 times with delays growing to 32 s (about 196 s before an error), and wait
 #: 120 s for each connection. tpurun's: 4 retries from 0.25 s, at most 2 s apart (a dead endpoint
@@ -239,8 +241,6 @@ def keras_hub() -> ModuleType:
         ImportOrderError: before :func:`activated` (KerasHub imports Keras).
         EnvironmentSetupError: keras-hub, or a package it imports, is not installed.
     """
-    from tpurun.errors import EnvironmentSetupError
-
     _check_order("KerasHub", "keras_hub")
     loaded = sys.modules.get("keras_hub")
     if loaded is not None:
