@@ -104,8 +104,17 @@ def predict(
     """
     from tpurun.infer.predict import predict as _predict
 
-    return _predict(run_dir, data, output, id_feature=id_feature, checkpoint=checkpoint,
-                    max_length=max_length, sampler=sampler, top_k=top_k, seed=seed)  # fmt: skip
+    return _predict(
+        run_dir,
+        data,
+        output,
+        id_feature=id_feature,
+        checkpoint=checkpoint,
+        max_length=max_length,
+        sampler=sampler,
+        top_k=top_k,
+        seed=seed,
+    )
 
 
 def export(
@@ -127,8 +136,14 @@ def export(
     """
     from tpurun.infer.export import export as _export
 
-    return _export(run_dir, format, output, checkpoint=checkpoint, platforms=platforms,
-                   check_python=check_python)  # fmt: skip
+    return _export(
+        run_dir,
+        format,
+        output,
+        checkpoint=checkpoint,
+        platforms=platforms,
+        check_python=check_python,
+    )
 
 
 def load(run_dir: str, checkpoint: str = "best"):

@@ -132,9 +132,11 @@ def _profile_override(value: str) -> str:
     first, sep, count = value.partition(":")
     if not (sep and first.isdigit() and count.isdigit() and int(first) >= 1 and int(count) >= 1):
         raise ConfigError(
-            [f"--profile {value}: expected START:STEPS, two integers >= 1 (10:5 traces steps 10 "
-             "to 14 of this session)"]
-        )  # fmt: skip
+            [
+                f"--profile {value}: expected START:STEPS, two integers >= 1 (10:5 traces steps 10 "
+                "to 14 of this session)"
+            ]
+        )
     return f"train.profile={{start_step: {int(first)}, steps: {int(count)}}}"
 
 

@@ -51,8 +51,9 @@ def data_bench(
 
             preprocessing = pipeline_preprocessing(cfg)
             lengths = measurer(preprocessing.preprocessor)
-        result = bench(cfg, steps=steps, warmup=warmup, preprocessing=preprocessing,
-                       lengths=lengths)  # fmt: skip
+        result = bench(
+            cfg, steps=steps, warmup=warmup, preprocessing=preprocessing, lengths=lengths
+        )
         data_reports.show_bench(result, str(config), as_json=as_json)
 
 
@@ -237,12 +238,23 @@ def data_write(
             map_source = mapper(tokenize, sequence_length, template, packing)
         with progress:
             report = write_dataset(
-                source, out_prefix, shard_mb=shard_mb, shard_multiple=shard_multiple,
-                compression=compression, validation_fraction=validation_fraction, seed=seed,
-                image_size=image_size, chunk_records=chunk_records, progress=progress,
-                label=label, pack=pack, fill_missing=fill_missing, overwrite=overwrite, text=text,
+                source,
+                out_prefix,
+                shard_mb=shard_mb,
+                shard_multiple=shard_multiple,
+                compression=compression,
+                validation_fraction=validation_fraction,
+                seed=seed,
+                image_size=image_size,
+                chunk_records=chunk_records,
+                progress=progress,
+                label=label,
+                pack=pack,
+                fill_missing=fill_missing,
+                overwrite=overwrite,
+                text=text,
                 map_source=map_source,
-            )  # fmt: skip
+            )
         data_reports.show_written(report, source, as_json=as_json, plain=plain)
 
 

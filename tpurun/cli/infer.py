@@ -107,9 +107,17 @@ def predict(
         from tpurun.display import reports
         from tpurun.infer.predict import predict as run_predict
 
-        result = run_predict(run_dir, data, output, id_feature=id_feature, checkpoint=checkpoint,
-                             max_length=max_length, sampler=sampler, top_k=top_k,
-                             seed=seed)  # fmt: skip
+        result = run_predict(
+            run_dir,
+            data,
+            output,
+            id_feature=id_feature,
+            checkpoint=checkpoint,
+            max_length=max_length,
+            sampler=sampler,
+            top_k=top_k,
+            seed=seed,
+        )
         reports.show_predicted(result, as_json=as_json)
 
 
@@ -161,6 +169,12 @@ def export(
         from tpurun.display import reports
         from tpurun.infer.export import export as run_export
 
-        result = run_export(run_dir, format, output, checkpoint=checkpoint, platforms=platforms,
-                            check_python=check_python)  # fmt: skip
+        result = run_export(
+            run_dir,
+            format,
+            output,
+            checkpoint=checkpoint,
+            platforms=platforms,
+            check_python=check_python,
+        )
         reports.show_exported(result, as_json=as_json)

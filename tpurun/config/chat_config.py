@@ -65,13 +65,17 @@ def load_template(path: str) -> ChatTemplate:
         raise ConfigError([f"{where}: not valid YAML ({exc})."]) from None
     if not isinstance(found, dict):
         raise ConfigError(
-            [f"{where}: expected a mapping of `user`, `assistant` and optionally `system` "
-             f"templates, each with one {CONTENT}; found {type(found).__name__}."]
-        )  # fmt: skip
+            [
+                f"{where}: expected a mapping of `user`, `assistant` and optionally `system` "
+                f"templates, each with one {CONTENT}; found {type(found).__name__}."
+            ]
+        )
     try:
         return ChatTemplate.model_validate(found)
     except ValidationError as exc:
         raise ConfigError(
-            [f"{where}: {'.'.join(str(p) for p in e['loc']) or 'template'}: {e['msg']}"
-             for e in exc.errors()]
-        ) from None  # fmt: skip
+            [
+                f"{where}: {'.'.join(str(p) for p in e['loc']) or 'template'}: {e['msg']}"
+                for e in exc.errors()
+            ]
+        ) from None

@@ -100,9 +100,11 @@ def parse_override(item: str) -> tuple[list[str], Any]:
         if raw.lstrip().startswith(("[", "{", '"', "'")):
             problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
             raise ConfigError(
-                [f"--set {item}: the value starts like a YAML {_flow_kind(raw)} but does not parse "
-                 f"({problem}); close it, or quote the whole value to pass it as text"]
-            ) from None  # fmt: skip
+                [
+                    f"--set {item}: the value starts like a YAML {_flow_kind(raw)} but does not parse "
+                    f"({problem}); close it, or quote the whole value to pass it as text"
+                ]
+            ) from None
         value = raw
     return key.strip().split("."), value
 
@@ -238,8 +240,11 @@ def _cross_checks(config: Config, located: _Located) -> list[str]:
     # factory's model needs both named; a preset's may take them from the features.
     if config.model.preset is not None:
         for name, feature in config.data.features.items():
-            if getattr(feature, "type", None) == "image" and feature.scale \
-                    and "scale" in feature.model_fields_set:  # fmt: skip
+            if (
+                getattr(feature, "type", None) == "image"
+                and feature.scale
+                and "scale" in feature.model_fields_set
+            ):
                 problems.append(
                     f"{located.at(('data', 'features', name, 'scale'))}data.features.{name}.scale: "
                     "a preset's image converter scales the pixels itself, from 0..255, as the "

@@ -315,10 +315,11 @@ class DataConfig(Section):
 
 class OutputConfig(Section):
     dir: str = Field(
-        "runs", description="The parent of the run directory `<dir>/<name>`: a local folder "
+        "runs",
+        description="The parent of the run directory `<dir>/<name>`: a local folder "
         "(relative to the working directory, as `--output` is) or `gs://bucket/path`. Several hosts "
-        "need one they all see."
-    )  # fmt: skip
+        "need one they all see.",
+    )
 
     @field_validator("dir")
     @classmethod

@@ -58,10 +58,11 @@ def advise(
     # The count `tpurun data write` would write with its defaults, split by split (a glob may
     # match a train and a validation split; each gets its own multiple of 8).
     shards = sum(
-        shard_count(sum(f.records for f in split), sum(f.bytes for f in split), SHARD_MB,
-                    SHARD_MULTIPLE)
+        shard_count(
+            sum(f.records for f in split), sum(f.bytes for f in split), SHARD_MB, SHARD_MULTIPLE
+        )
         for split in _splits(files)
-    )  # fmt: skip
+    )
     rewrite = (
         f"rewrite them into {shards} shard{'s' if shards > 1 else ''} of "
         f"~{format_bytes(total / shards)}"

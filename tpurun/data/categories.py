@@ -37,8 +37,12 @@ def vocabulary_of(schema: Mapping[str, Any] | None, key: str) -> dict[str, Any] 
     return (((schema or {}).get("statistics") or {}).get("vocabulary") or {}).get(key)
 
 
-def completed(declared: Mapping[str, dict], schema: Mapping[str, Any] | None,
-              schema_path: str | None, first_file: str) -> dict[str, dict]:  # fmt: skip
+def completed(
+    declared: Mapping[str, dict],
+    schema: Mapping[str, Any] | None,
+    schema_path: str | None,
+    first_file: str,
+) -> dict[str, dict]:
     """The declared features, each entry without ``type`` merged over the schema file's entry of
     that name, each ``category`` given the schema file's vocabulary where it lists none.
 
@@ -54,10 +58,12 @@ def completed(declared: Mapping[str, dict], schema: Mapping[str, Any] | None,
         spec = {key: value for key, value in spec.items() if value is not None}
         if "type" not in spec:
             if name not in known:
-                raise ConfigError([
-                    f"data.features.{name}: no type, and {where} describes no feature '{name}' to "
-                    f"take it from. Give its type ({', '.join(_TYPES)}) and the rest of it."
-                ])  # fmt: skip
+                raise ConfigError(
+                    [
+                        f"data.features.{name}: no type, and {where} describes no feature '{name}' to "
+                        f"take it from. Give its type ({', '.join(_TYPES)}) and the rest of it."
+                    ]
+                )
             spec = {**known[name], **spec}
             _check(name, spec, where)
         if spec["type"] == "category" and not spec.get("vocabulary"):
@@ -74,10 +80,12 @@ def _check(name: str, spec: dict, where: str) -> None:
             f"{'.'.join(map(str, e['loc'][1:])) or 'it'}: {e['msg'].removeprefix('Value error, ')}"
             for e in exc.errors()
         )
-        raise ConfigError([
-            f"data.features.{name}: its options, over the {spec['type']} feature that {where} "
-            f"describes, do not fit: {said}. Declare the whole feature (its type too) instead."
-        ]) from None  # fmt: skip
+        raise ConfigError(
+            [
+                f"data.features.{name}: its options, over the {spec['type']} feature that {where} "
+                f"describes, do not fit: {said}. Declare the whole feature (its type too) instead."
+            ]
+        ) from None
 
 
 def _schema_vocabulary(name: str, spec: dict, schema: Any, where: str) -> list[str]:

@@ -181,10 +181,12 @@ def _mismatch(f: Any, kind: str | None, values: Any) -> str | None:
     found = _KIND_TO_TYPE.get(kind or "", "empty")
     if isinstance(f, (TextFeature, CategoryFeature)):
         if found != "bytes" or len(values) != 1:
-            text = (" (a numeric column becomes one with `tpurun data write ... --text COLUMN`)"
-                    if isinstance(f, CategoryFeature) and found != "bytes" else "")  # fmt: skip
-            return (f"but the record holds {len(values)} {found} value(s); expected one "
-                    f"string{text}")  # fmt: skip
+            text = (
+                " (a numeric column becomes one with `tpurun data write ... --text COLUMN`)"
+                if isinstance(f, CategoryFeature) and found != "bytes"
+                else ""
+            )
+            return f"but the record holds {len(values)} {found} value(s); expected one string{text}"
         try:
             values[0].decode("utf-8")
         except UnicodeDecodeError as exc:
@@ -218,5 +220,11 @@ def decoded_dtype(feature: Any) -> str:
         return cast
     if isinstance(feature, CategoryFeature):
         return "int32" if feature.encode == "index" else "float32"
-    return {"raw": getattr(feature, "dtype", "float32"), "int64": "int64", "float": "float32",
-            "bytes": "string", "text": "string", "image": "float32"}[feature.type]  # fmt: skip
+    return {
+        "raw": getattr(feature, "dtype", "float32"),
+        "int64": "int64",
+        "float": "float32",
+        "bytes": "string",
+        "text": "string",
+        "image": "float32",
+    }[feature.type]

@@ -95,8 +95,16 @@ def make_dataset(
     read = _reader(files, compression_type(data.compression, files), shard)
     file_list = tf.data.Dataset.from_tensor_slices(list(files))
     if training:
-        ds = _endless_passes(read, file_list, len(files), data.shuffle_buffer, seed, cache,
-                             start_record, records_per_pass)  # fmt: skip
+        ds = _endless_passes(
+            read,
+            file_list,
+            len(files),
+            data.shuffle_buffer,
+            seed,
+            cache,
+            start_record,
+            records_per_pass,
+        )
     else:
         ds = _one_pass(read, file_list, cache, score_records, batch_size, take_batches)
     ds = ds.batch(batch_size, drop_remainder=True)
@@ -131,9 +139,15 @@ def _reader(files: Sequence[str], compression: str, shard: tuple[int, int] | Non
 
 
 def _endless_passes(
-    read, file_list, n_files: int, shuffle_buffer: int, seed: int, cache: str | None,
-    start_record: int, records_per_pass: int | None,
-):  # fmt: skip
+    read,
+    file_list,
+    n_files: int,
+    shuffle_buffer: int,
+    seed: int,
+    cache: str | None,
+    start_record: int,
+    records_per_pass: int | None,
+):
     """The training stream: pass ``p`` shuffles files and records with its own seed, so the
     stream is a function of ``seed`` alone, and starts at ``start_record`` exactly."""
     tf = frameworks.tensorflow()

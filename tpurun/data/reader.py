@@ -81,9 +81,12 @@ class Reader:
 
 
 def choose(
-    setting: str, backend: str, tensorflow: bool, preprocessing: str | None = None,
+    setting: str,
+    backend: str,
+    tensorflow: bool,
+    preprocessing: str | None = None,
     measured: bool = False,
-) -> Reader:  # fmt: skip
+) -> Reader:
     """The reader for ``data.reader: setting`` on ``backend``.
 
     Args:
@@ -184,8 +187,9 @@ def make_dataset(reader: Reader, files: Sequence[str], data: Any, batch_size: in
     return pipeline.make_dataset(files, data, batch_size, **kwargs)
 
 
-def make_ordered_dataset(reader: Reader, files: Sequence[str], compression: str, batch_size: int,
-                         **kwargs: Any):  # fmt: skip
+def make_ordered_dataset(
+    reader: Reader, files: Sequence[str], compression: str, batch_size: int, **kwargs: Any
+):
     """The chosen pipeline's :func:`~tpurun.data.pipeline.make_ordered_dataset` (same arguments)."""
     if reader.native:
         # lazy: the native pipeline (~40 ms) stays off `tpurun config`'s path

@@ -64,8 +64,14 @@ class CorruptShard:
     def from_damage(cls, damage: framing.DamagedRecord) -> CorruptShard:
         """The shard of a damaged record that the reader met (one more record than the good
         ones is lost, as far as it can tell)."""
-        return cls(damage.path, damage.offset, damage.index, damage.index + 1, damage.reason,
-                   compression=damage.compression)  # fmt: skip
+        return cls(
+            damage.path,
+            damage.offset,
+            damage.index,
+            damage.index + 1,
+            damage.reason,
+            compression=damage.compression,
+        )
 
     def problem(self) -> str:
         """``truncated record at byte 1662, after 19 good records``."""

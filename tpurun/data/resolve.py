@@ -110,8 +110,14 @@ def resolve(config: Config) -> ResolvedData:
     for split, files in (("train", train_files), ("validation", val_files)):
         with _named(first_schema, f"data.{split}"):
             if files:
-                checked[split] = records.check_split(files, split, schemas, effective.features,
-                                                     compression, skip_corrupt=data.skip_corrupt)  # fmt: skip
+                checked[split] = records.check_split(
+                    files,
+                    split,
+                    schemas,
+                    effective.features,
+                    compression,
+                    skip_corrupt=data.skip_corrupt,
+                )
     train, validation = checked["train"], checked.get("validation")
     return ResolvedData(
         data=effective,
@@ -143,8 +149,9 @@ def _effective(
     """
     data = config.data
     # Declared features override the schema's (see categories.completed); the rest come from it.
-    declared = categories.completed(data.model_dump(mode="json")["features"], first_schema,
-                                    schema_path, first_file)  # fmt: skip
+    declared = categories.completed(
+        data.model_dump(mode="json")["features"], first_schema, schema_path, first_file
+    )
     features = {**(first_schema or {}).get("features", {}), **declared}
     if not features:
         _first_is_tfrecords(first_file, data.compression)
@@ -169,9 +176,14 @@ def _effective(
     if inputs is None or targets is None:  # a preset's: the config checked a factory names both
         inputs, targets = preset_refs(features, inputs, targets)
     effective = DataConfig.model_validate(
-        {**data.model_dump(mode="json"), "features": features, "compression": compression,
-         "inputs": inputs, "targets": targets}
-    )  # fmt: skip
+        {
+            **data.model_dump(mode="json"),
+            "features": features,
+            "compression": compression,
+            "inputs": inputs,
+            "targets": targets,
+        }
+    )
     problems = reference_problems(effective)
     if problems:
         raise ConfigError(problems)

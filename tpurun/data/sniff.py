@@ -163,29 +163,39 @@ def _advice(path: str, kind: Kind, flags: list[str]) -> str:
             stem = path.rsplit("/", 1)[-1].removesuffix(".gz").rsplit(".", 1)[0] or "data"
             plain = shlex.quote(f"{stem}{suffix}")
             made = f"gunzip -c {quoted} > {plain}" if kind.gzip else f"cp {quoted} {plain}"
-            return (f"Write it as TFRecords{how} (data write knows a {suffix} file by its name): "
-                    f"`{made} && tpurun data write {plain} OUT_PREFIX{options}`{_THEN}")  # fmt: skip
+            return (
+                f"Write it as TFRecords{how} (data write knows a {suffix} file by its name): "
+                f"`{made} && tpurun data write {plain} OUT_PREFIX{options}`{_THEN}"
+            )
         return (
             f"Write it as TFRecords{how}: `tpurun data write {quoted} OUT_PREFIX{options}`{_THEN}"
         )
     if kind.family == "numpy":
         return f"Write it as TFRecords: `tpurun data write {quoted} OUT_PREFIX`{_THEN}"
     if kind.family == "image":
-        return ("Write the folder of images (one subfolder of images per class) as TFRecords: "
-                f"`tpurun data write IMAGE_FOLDER OUT_PREFIX`{_THEN}")  # fmt: skip
+        return (
+            "Write the folder of images (one subfolder of images per class) as TFRecords: "
+            f"`tpurun data write IMAGE_FOLDER OUT_PREFIX`{_THEN}"
+        )
     if kind.family in ("tsv", "parquet"):
         read = "read_csv(PATH, sep='\\t')" if kind.family == "tsv" else "read_parquet(PATH)"
-        return (f"Save it as CSV first (pandas: `pd.{read}.to_csv('data.csv', index=False)`), "
-                "then `tpurun data write data.csv OUT_PREFIX`, and give OUT_PREFIX-*.tfrecord in "
-                "its place.")  # fmt: skip
+        return (
+            f"Save it as CSV first (pandas: `pd.{read}.to_csv('data.csv', index=False)`), "
+            "then `tpurun data write data.csv OUT_PREFIX`, and give OUT_PREFIX-*.tfrecord in "
+            "its place."
+        )
     if kind.family in ("json", "text"):
-        return ("Write it as JSONL first (one JSON object a line, e.g. {\"text\": \"...\"}), then "
-                "`tpurun data write RECORDS.jsonl OUT_PREFIX`, and give OUT_PREFIX-*.tfrecord in its "
-                "place. (`tpurun predict` on a text "
-                "model reads prompts from a text or JSONL file as they are.)")  # fmt: skip
+        return (
+            'Write it as JSONL first (one JSON object a line, e.g. {"text": "..."}), then '
+            "`tpurun data write RECORDS.jsonl OUT_PREFIX`, and give OUT_PREFIX-*.tfrecord in its "
+            "place. (`tpurun predict` on a text "
+            "model reads prompts from a text or JSONL file as they are.)"
+        )
     unpack = "Unpack it, then write" if kind.family in ("zip", "archive") else "Write"
-    return (f"{unpack} the data as TFRecords with `tpurun data write SOURCE OUT_PREFIX`: it "
-            "reads CSV, JSONL and NumPy files, and folders of images.")  # fmt: skip
+    return (
+        f"{unpack} the data as TFRecords with `tpurun data write SOURCE OUT_PREFIX`: it "
+        "reads CSV, JSONL and NumPy files, and folders of images."
+    )
 
 
 def _csv_only(flags: list[str], i: int) -> bool:
@@ -216,8 +226,9 @@ class NotTFRecords(DataError):
     def advised(self, schema: Mapping[str, Any] | None = None, key: str = "") -> NotTFRecords:
         """The same error, with the options ``schema`` (the run's training data's schema file)
         was written with, and the key that named the file."""
-        return NotTFRecords(self.path, self.kind, written_flags(schema) or self.flags,
-                            key or self.key)  # fmt: skip
+        return NotTFRecords(
+            self.path, self.kind, written_flags(schema) or self.flags, key or self.key
+        )
 
 
 def refuse(path: str, head: bytes, compression: str = "none") -> None:

@@ -298,11 +298,14 @@ def normalization(data: Any, train_files: Sequence[str]) -> tuple[dict[str, dict
     inputs = DataConfig.names(data.inputs)
     stray = [n for n in wanted if n not in inputs]
     if stray:
-        raise ConfigError([
-            f"data.features.{name}.normalize: '{name}' is not a model input (data.inputs: "
-            f"{data.inputs}); normalize standardizes inputs only. Remove it, or feed the feature "
-            "to the model." for name in stray
-        ])  # fmt: skip
+        raise ConfigError(
+            [
+                f"data.features.{name}.normalize: '{name}' is not a model input (data.inputs: "
+                f"{data.inputs}); normalize standardizes inputs only. Remove it, or feed the feature "
+                "to the model."
+                for name in stray
+            ]
+        )
     path, schema = schema_file.find_for(train_files[:1]).get(train_files[0], (None, None))
     numbers, warnings = {}, []
     for name, feature in wanted.items():

@@ -104,14 +104,24 @@ class WriteReport:
 
 
 def write_dataset(
-    source: str | os.PathLike | Source, out_prefix: str, *, shard_mb: float = SHARD_MB,
-    shard_multiple: int = SHARD_MULTIPLE, compression: str = "none",
-    validation_fraction: float = 0.0, seed: int = 0, image_size: tuple[int, int] | None = None,
-    chunk_records: int = 4096, progress: Callable[[int, int], None] | None = None,
-    label: str | None = None, pack: Mapping[str, Sequence[str] | None] | Sequence[str] | None = None,
-    fill_missing: float | str | None = None, overwrite: bool = False,
-    text: Sequence[str] | None = None, map_source: Callable[[Source], Source] | None = None,
-) -> WriteReport:  # fmt: skip
+    source: str | os.PathLike | Source,
+    out_prefix: str,
+    *,
+    shard_mb: float = SHARD_MB,
+    shard_multiple: int = SHARD_MULTIPLE,
+    compression: str = "none",
+    validation_fraction: float = 0.0,
+    seed: int = 0,
+    image_size: tuple[int, int] | None = None,
+    chunk_records: int = 4096,
+    progress: Callable[[int, int], None] | None = None,
+    label: str | None = None,
+    pack: Mapping[str, Sequence[str] | None] | Sequence[str] | None = None,
+    fill_missing: float | str | None = None,
+    overwrite: bool = False,
+    text: Sequence[str] | None = None,
+    map_source: Callable[[Source], Source] | None = None,
+) -> WriteReport:
     """Write a source as TFRecord shards plus ``<out_prefix>.schema.json``.
 
     A dataset already written under ``out_prefix`` is replaced only with ``overwrite``. An
@@ -149,16 +159,24 @@ def write_dataset(
             such bucket).
     """
     started = time.monotonic()
-    _check_options(out_prefix, shard_mb, shard_multiple, compression, validation_fraction,
-                   chunk_records, image_size)  # fmt: skip
+    _check_options(
+        out_prefix,
+        shard_mb,
+        shard_multiple,
+        compression,
+        validation_fraction,
+        chunk_records,
+        image_size,
+    )
     if not overwrite:
         _refuse_existing(out_prefix)
     table = table_options(label, pack, fill_missing, text)
     source = _opened(source, image_size, seed, table, map_source)
     is_validation = split_mask(source.records, validation_fraction, seed)
     is_validation = _split_of(source, is_validation)
-    shard_sets = _shard_sets(source, out_prefix, is_validation, shard_mb, shard_multiple,
-                             compression)  # fmt: skip
+    shard_sets = _shard_sets(
+        source, out_prefix, is_validation, shard_mb, shard_multiple, compression
+    )
     splits, statistics = _committed(
         source, out_prefix, shard_sets, is_validation, chunk_records, progress
     )
@@ -182,11 +200,17 @@ def _report(
 ) -> WriteReport:
     """What was written from ``source``, for the caller and ``--json``."""
     return WriteReport(
-        schema_path=schema_path, source=source.path, features=source.features,
-        class_names=source.class_names, splits=splits, compression=compression,
-        records=source.records, seconds=seconds, layout=dict(source.layout),
+        schema_path=schema_path,
+        source=source.path,
+        features=source.features,
+        class_names=source.class_names,
+        splits=splits,
+        compression=compression,
+        records=source.records,
+        seconds=seconds,
+        layout=dict(source.layout),
         warnings=list(source.warnings),
-    )  # fmt: skip
+    )
 
 
 def _opened(
@@ -222,9 +246,13 @@ def _split_of(source: Source, is_validation: Any) -> Any:
 
 
 def _shard_sets(
-    source: Source, out_prefix: str, is_validation: Any, shard_mb: float, shard_multiple: int,
+    source: Source,
+    out_prefix: str,
+    is_validation: Any,
+    shard_mb: float,
+    shard_multiple: int,
     compression: str,
-) -> dict[str, shards.ShardSet]:  # fmt: skip
+) -> dict[str, shards.ShardSet]:
     """Each split's shards, named and sized: ``all``, or ``train`` and ``validation``."""
     total = source.records
     if is_validation is None:
@@ -240,16 +268,19 @@ def _shard_sets(
     return shard_sets
 
 
-def _write_schema(source: Source, out_prefix: str, splits: dict, compression: str,
-                  statistics: dict | None) -> str:  # fmt: skip
+def _write_schema(
+    source: Source, out_prefix: str, splits: dict, compression: str, statistics: dict | None
+) -> str:
     """``<out_prefix>.schema.json``, written last: the dataset is complete once it is there."""
     schema_file = schema.schema_path(out_prefix)
     schema.write(
         schema_file,
         schema.make(
             source.features,
-            {split: {shards.basename(path): n for path, n, _ in written}
-             for split, written in splits.items()},
+            {
+                split: {shards.basename(path): n for path, n, _ in written}
+                for split, written in splits.items()
+            },
             compression=compression,
             class_names=source.class_names,
             source=source.path,
@@ -260,7 +291,7 @@ def _write_schema(source: Source, out_prefix: str, splits: dict, compression: st
             layout=source.layout,
             statistics=statistics,
         ),
-    )  # fmt: skip
+    )
     return schema_file
 
 

@@ -30,8 +30,12 @@ def show_bench(result: dict[str, Any], config: str, as_json: bool = False) -> No
     if result.get("reader"):
         rows.append(("reader", f"{result['reader']} ({result['reader_reason']})"))
     if result.get("tokens_per_sec") is not None:
-        rows.append(("tokens/s", f"{result['tokens_per_sec']:,.0f}  ({result['positions']} "
-                                 "positions per example)"))  # fmt: skip
+        rows.append(
+            (
+                "tokens/s",
+                f"{result['tokens_per_sec']:,.0f}  ({result['positions']} positions per example)",
+            )
+        )
     if result.get("preprocessing"):
         rows.append(("preprocessing", result["preprocessing"]))
     if result.get("token_lengths"):
@@ -64,16 +68,26 @@ def show_written(report: Any, source: str, as_json: bool = False, plain: bool = 
         rows.append(("classes", ", ".join(report.class_names)))
     tokenized = report.layout.get("tokenized")
     if tokenized:
-        rows.append(("tokenized", f"for {tokenized['task']} at sequence length "
-                                  f"{tokenized['sequence_length']} ({tokenized['preset']})"))  # fmt: skip
+        rows.append(
+            (
+                "tokenized",
+                f"for {tokenized['task']} at sequence length "
+                f"{tokenized['sequence_length']} ({tokenized['preset']})",
+            )
+        )
         if tokenized.get("chat"):
             rows.append(("chat format", tokenized["chat"]["format"]))
         packed = tokenized.get("packing")
         if packed:
-            rows.append(("packing", f"{packed['examples']:,} train examples in "
-                                    f"{packed['records']:,} records; padding "
-                                    f"{packed['padding']:.0%} (unpacked: "
-                                    f"{packed['padding_unpacked']:.0%})"))  # fmt: skip
+            rows.append(
+                (
+                    "packing",
+                    f"{packed['examples']:,} train examples in "
+                    f"{packed['records']:,} records; padding "
+                    f"{packed['padding']:.0%} (unpacked: "
+                    f"{packed['padding_unpacked']:.0%})",
+                )
+            )
     rows.append(("schema", report.schema_path))
     rate = report.records / max(report.seconds, 1e-9)
     rows.append(("time", f"{report.seconds:.1f}s ({rate:,.0f} records/s)"))
@@ -81,9 +95,12 @@ def show_written(report: Any, source: str, as_json: bool = False, plain: bool = 
 
 
 def show_inspected(
-    report: Any, globs: Sequence[str], as_json: bool = False, plain: bool = False,
+    report: Any,
+    globs: Sequence[str],
+    as_json: bool = False,
+    plain: bool = False,
     token_lengths: dict[str, Any] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """``tpurun data inspect``: files and counts, the inferred features as a pasteable block;
     with ``--preset``, the text's lengths in tokens (``token_lengths``)."""
     if as_json:
@@ -124,8 +141,10 @@ def show_inspected(
             out(f"  {'':<16} [{ids}{more}]  ({tokens['length']} of {tokens['positions']} tokens)")
     if token_lengths:
         t = token_lengths
-        out(f"\nlength in tokens for {t['preset']} ({t['sampled']} records sampled, the "
-             "sequence_length each needs):")  # fmt: skip
+        out(
+            f"\nlength in tokens for {t['preset']} ({t['sampled']} records sampled, the "
+            "sequence_length each needs):"
+        )
         out(
             f"  min {t['min']}  median {t['p50']}  90% {t['p90']}  95% {t['keep_95']}  max {t['max']}"
         )
@@ -151,9 +170,14 @@ def _tokenized_rows(entry: dict[str, Any]) -> list[tuple[str, str]]:
     lengths = entry.get("lengths")
     if lengths:
         over = f"{lengths['count']:,} {'' if lengths['split'] == 'all' else lengths['split'] + ' '}"
-        rows.append(("", f"length {lengths['min_tokens']:,} to {lengths['max_tokens']:,} tokens, "
-                         f"mean {lengths['mean_tokens']:,.1f} ({over}records); {lengths['full']:,} "
-                         f"fill all {lengths['positions']} positions (text longer than that was cut)"))  # fmt: skip
+        rows.append(
+            (
+                "",
+                f"length {lengths['min_tokens']:,} to {lengths['max_tokens']:,} tokens, "
+                f"mean {lengths['mean_tokens']:,.1f} ({over}records); {lengths['full']:,} "
+                f"fill all {lengths['positions']} positions (text longer than that was cut)",
+            )
+        )
     return rows
 
 

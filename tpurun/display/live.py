@@ -192,9 +192,14 @@ class LiveReporter(PlainReporter):
         done = bar_width * self._step // max(self._steps, 1)
         style = "bar.finished" if done == bar_width else "bar.complete"
         first = Text.assemble(
-            (head, "bold"), ("━" * done, style), ("━" * (bar_width - done), "bar.back"), count, tail,
-            no_wrap=True, overflow="ellipsis",
-        )  # fmt: skip
+            (head, "bold"),
+            ("━" * done, style),
+            ("━" * (bar_width - done), "bar.back"),
+            count,
+            tail,
+            no_wrap=True,
+            overflow="ellipsis",
+        )
         texts = [first]
         for line in wrap_parts(status, self._metrics, width, indent="  "):
             texts.append(Text(line, no_wrap=True, overflow="ellipsis"))

@@ -32,7 +32,7 @@ def show(listing: dict[str, Any], as_json: bool = False) -> None:
         *(
             "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + f"  {r[-1]}"
             for r in [COLUMNS, *rows]
-        ),  # fmt: skip
+        ),
         f"weights per device: {size(listing['bytes_per_device'])} of {size(listing['bytes'])} "
         "(gradients, optimizer state and activations come on top)",
     ]

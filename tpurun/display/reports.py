@@ -40,8 +40,9 @@ def show_json(data: Any) -> None:
 def _table(title: str | None = None, columns: Sequence[str] = ()) -> Any:
     from rich.table import Table
 
-    table = Table(title=title, show_header=bool(columns), header_style="bold", box=None,
-                  pad_edge=False)  # fmt: skip
+    table = Table(
+        title=title, show_header=bool(columns), header_style="bold", box=None, pad_edge=False
+    )
     for column in columns:
         table.add_column(column)
     return table
@@ -140,8 +141,13 @@ def show_evaluation(result: dict[str, Any], as_json: bool = False) -> None:
     if result.get("written"):
         rows.append(("written", result["written"]))
     if not result.get("loss_exact", True):
-        rows.append(("note", "the loss's reduction is not Keras' default: its mean includes the "
-                             "padding records (weighted 0); the other metrics are exact"))  # fmt: skip
+        rows.append(
+            (
+                "note",
+                "the loss's reduction is not Keras' default: its mean includes the "
+                "padding records (weighted 0); the other metrics are exact",
+            )
+        )
     show_rows(rows, title=f"evaluate {result['name']}: {result['run_dir']}")
 
 
@@ -173,7 +179,7 @@ def show_exported(result: dict[str, Any], as_json: bool = False) -> None:
     seconds = result["seconds"]
     rows = [
         ("format", result["format"] + (f" (platforms {','.join(result['platforms'])})"
-                                       if result["platforms"] else "")),  # fmt: skip
+                                       if result["platforms"] else "")),
         ("checked", f"loaded in a fresh Python process without tpurun; on {checked['on']}: max "
                     f"|diff| {checked['max_abs_diff']:.3g} (tolerance {checked['tolerance']:g})"
          if checked else "no (see the note)"),
@@ -208,8 +214,9 @@ def _run_cells(run: dict[str, Any]) -> list[str]:
     return [run["name"], run["status"], epochs, best, backend, rate, wait, updated]
 
 
-def show_runs(runs: list[dict[str, Any]], folder: str, as_json: bool = False,
-              plain: bool = False) -> None:  # fmt: skip
+def show_runs(
+    runs: list[dict[str, Any]], folder: str, as_json: bool = False, plain: bool = False
+) -> None:
     """``tpurun runs``: one row per run, newest first."""
     if as_json:
         show_json(runs)

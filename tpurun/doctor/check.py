@@ -49,9 +49,11 @@ def timed(name: str, fn: Callable[[], Check | list[Check]]) -> list[Check]:
         result = fn()
     except Exception as exc:  # a doctor that crashes on a broken machine helps nobody
         result = Check(
-            name, "fail", f"the check itself failed: {type(exc).__name__}: {exc}",
+            name,
+            "fail",
+            f"the check itself failed: {type(exc).__name__}: {exc}",
             "report this as a tpurun bug, with the output of `tpurun doctor --json`",
-        )  # fmt: skip
+        )
     checks = result if isinstance(result, list) else [result]
     elapsed = round(time.monotonic() - started, 3)
     for check in checks:

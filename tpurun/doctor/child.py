@@ -87,9 +87,13 @@ class Child:
 
     @classmethod
     def script(
-        cls, name: str, payload: Mapping[str, Any] | None = None, *, timeout: float,
+        cls,
+        name: str,
+        payload: Mapping[str, Any] | None = None,
+        *,
+        timeout: float,
         env: dict[str, str] | None = None,
-    ) -> Child:  # fmt: skip
+    ) -> Child:
         """Start ``python -m tpurun.doctor.scripts.<name> '<payload as JSON>'``."""
         return cls(["-m", f"{SCRIPTS}.{name}", json.dumps(dict(payload or {}))], timeout, env)
 

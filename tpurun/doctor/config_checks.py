@@ -47,8 +47,13 @@ def _size(path: str) -> int:
 def check_reader(reader: Any) -> Check:
     """What ``train`` will read the records with, and why: the reader :func:`tpurun.plan.prepare.prepare`
     chose (:func:`tpurun.data.reader.choose`, the very call train makes)."""
-    return Check("reader", "ok", f"{reader.name} ({reader.reason})", None,
-                 {"reader": reader.name, "reason": reader.reason})  # fmt: skip
+    return Check(
+        "reader",
+        "ok",
+        f"{reader.name} ({reader.reason})",
+        None,
+        {"reader": reader.name, "reason": reader.reason},
+    )
 
 
 def _plan_fix(exc: TpurunError) -> str:
@@ -61,8 +66,9 @@ def _plan_fix(exc: TpurunError) -> str:
 
 def check_config(cfg: Any) -> Check:
     data = {"name": cfg.name, "base_dir": str(cfg.base_dir), "config": cfg.to_dict()}
-    return Check("config", "ok", f"valid ({cfg.name}; relative paths from {cfg.base_dir})", None,
-                 data)  # fmt: skip
+    return Check(
+        "config", "ok", f"valid ({cfg.name}; relative paths from {cfg.base_dir})", None, data
+    )
 
 
 def check_split(cfg: Any, split: str, m: Machine, replicas: int | None) -> Check:
@@ -82,9 +88,13 @@ def check_split(cfg: Any, split: str, m: Machine, replicas: int | None) -> Check
     data: dict[str, Any] = {"globs": globs, "files": len(files), "bytes": total}
     local = [g for g in globs if "://" not in g]
     if m.tpu_node and not m.tpu_vm and local:
-        return Check(name, "fail", f"{local[0]} is a local path, and a TPU node cannot read this "
-                     "machine's disk", "copy the data to gs:// (gsutil -m cp), or use a TPU VM",
-                     data)  # fmt: skip
+        return Check(
+            name,
+            "fail",
+            f"{local[0]} is a local path, and a TPU node cannot read this machine's disk",
+            "copy the data to gs:// (gsutil -m cp), or use a TPU VM",
+            data,
+        )
     if cfg.data.features:
         records.check_first_record(files, cfg.data.features, cfg.data.compression)
         data["first_record"] = "matches data.features"
@@ -93,15 +103,23 @@ def check_split(cfg: Any, split: str, m: Machine, replicas: int | None) -> Check
         found = f"{len(files)} file(s), {total / 1e6:.1f} MB (features from the schema file)"
     rewrite = "write the data again from its source (CSV, arrays or images)"
     if split == "train" and replicas and len(files) < replicas:
-        return Check(name, "warn", found + f"; fewer files than the {replicas} replicas",
-                     f"{rewrite} as a multiple of {replicas} shards, so that every replica reads "
-                     f"its own: `tpurun data write SOURCE OUT_PREFIX --shard-multiple {replicas}`",
-                     data)  # fmt: skip
+        return Check(
+            name,
+            "warn",
+            found + f"; fewer files than the {replicas} replicas",
+            f"{rewrite} as a multiple of {replicas} shards, so that every replica reads "
+            f"its own: `tpurun data write SOURCE OUT_PREFIX --shard-multiple {replicas}`",
+            data,
+        )
     if split == "train" and len(files) == 1 and total > 100e6:
-        return Check(name, "warn", found + "; one large file reads on one thread",
-                     f"{rewrite} as 8 or more shards of about 150 MB: "
-                     "`tpurun data write SOURCE OUT_PREFIX --shard-mb 150 --shard-multiple 8`",
-                     data)  # fmt: skip
+        return Check(
+            name,
+            "warn",
+            found + "; one large file reads on one thread",
+            f"{rewrite} as 8 or more shards of about 150 MB: "
+            "`tpurun data write SOURCE OUT_PREFIX --shard-mb 150 --shard-multiple 8`",
+            data,
+        )
     return Check(name, "ok", found, None, data)
 
 
@@ -113,8 +131,12 @@ def data_checks(cfg: Any, m: Machine, replicas: int | None) -> list[Check]:
             try:
                 return check_split(cfg, split, m, replicas)
             except TpurunError as exc:
-                return Check(f"data.{split}", "fail", exc.message,
-                             "fix the path or data.features as the message says")  # fmt: skip
+                return Check(
+                    f"data.{split}",
+                    "fail",
+                    exc.message,
+                    "fix the path or data.features as the message says",
+                )
 
         out += timed(f"data.{split}", one)
     return out
@@ -152,31 +174,56 @@ def check_resume(cfg: Any, prepared: Any) -> Check:
     except StorageError as exc:  # the gcs.reachable check says why, and what to do
         return Check("resume", "skip", f"cannot read {run_dir}: {exc.message}")
     except resume_lib.DamagedCheckpoint as exc:
-        return Check("resume", "fail", exc.message,
-                     "pass --resume PATH, or start over with --restart or --output DIR")  # fmt: skip
+        return Check(
+            "resume",
+            "fail",
+            exc.message,
+            "pass --resume PATH, or start over with --restart or --output DIR",
+        )
     if locked:
-        return Check("resume", "warn", f"{run_dir} is being trained right now by another process",
-                     "wait for it to finish, or train this config elsewhere (--output)")  # fmt: skip
+        return Check(
+            "resume",
+            "warn",
+            f"{run_dir} is being trained right now by another process",
+            "wait for it to finish, or train this config elsewhere (--output)",
+        )
     if point is None:
         return Check("resume", "ok", f"no checkpoint in {run_dir}: training starts at epoch 1")
     data = {"state": str(point.source), "epoch": point.position[0], "step": point.position[1]}
     if prepared is None:
-        return Check("resume", "skip", f"{point.describe()}; not compared with the config (no "
-                     "plan, see the plan check)", None, data)  # fmt: skip
+        return Check(
+            "resume",
+            "skip",
+            f"{point.describe()}; not compared with the config (no plan, see the plan check)",
+            None,
+            data,
+        )
     try:
         resume_lib.check_unchanged(
             point,
             resume_lib.identity(prepared.effective(), prepared.plan, prepared.data.train_files),
         )
     except TpurunError as exc:
-        return Check("resume", "fail", exc.message, "undo the change, or train with --restart",
-                     data)  # fmt: skip
+        return Check(
+            "resume", "fail", exc.message, "undo the change, or train with --restart", data
+        )
     if point.position[0] >= cfg.train.epochs:
-        return Check("resume", "ok", f"{run_dir} has finished its {cfg.train.epochs} epoch(s); "
-                     "raise train.epochs to train further", None, data)  # fmt: skip
+        return Check(
+            "resume",
+            "ok",
+            f"{run_dir} has finished its {cfg.train.epochs} epoch(s); "
+            "raise train.epochs to train further",
+            None,
+            data,
+        )
     if point.damaged:
-        return Check("resume", "warn", f"train will be {point.describe()}: {point.fallback_note()}",
-                     None, data)  # fmt: skip
+        return Check(
+            "resume",
+            "warn",
+            f"train will be {point.describe()}: {point.fallback_note()}",
+            None,
+            data,
+        )
     return Check("resume", "ok", f"train will be {point.describe()}", None, data)
 
 
@@ -190,8 +237,14 @@ def check_output(cfg: Any, params: int | None) -> Check:
     data: dict[str, Any] = {"dir": out}
     if out.startswith("gs://"):
         data["run_dir"] = run_path(out, cfg.name)
-        return Check("output", "skip", f"{data['run_dir']} is in a bucket: gcs.reachable writes "
-                     "and deletes a test object in it", None, data)  # fmt: skip
+        return Check(
+            "output",
+            "skip",
+            f"{data['run_dir']} is in a bucket: gcs.reachable writes "
+            "and deletes a test object in it",
+            None,
+            data,
+        )
     path = Path(out).resolve()
     existing = path
     while not existing.exists():
@@ -201,8 +254,13 @@ def check_output(cfg: Any, params: int | None) -> Check:
         with tempfile.NamedTemporaryFile(dir=existing, prefix=".tpurun-doctor-"):
             pass
     except OSError as exc:
-        return Check("output", "fail", f"{existing} is not writable: {exc.strerror}",
-                     "choose another folder with --output or output.dir", data)  # fmt: skip
+        return Check(
+            "output",
+            "fail",
+            f"{existing} is not writable: {exc.strerror}",
+            "choose another folder with --output or output.dir",
+            data,
+        )
     free = shutil.disk_usage(existing).free
     data["free_bytes"] = free
     estimate = params * BYTES_PER_PARAM * SLOTS if params else None
@@ -211,9 +269,13 @@ def check_output(cfg: Any, params: int | None) -> Check:
     if estimate:
         found += f", a checkpoint is ~{estimate / 1e6:.2f} MB"
         if free < 3 * estimate:  # latest + best + room to write the next one atomically
-            return Check("output", "fail" if free < estimate else "warn",
-                         found + ": not enough room for the checkpoints",
-                         "free disk space, or point --output at a bigger disk", data)  # fmt: skip
+            return Check(
+                "output",
+                "fail" if free < estimate else "warn",
+                found + ": not enough room for the checkpoints",
+                "free disk space, or point --output at a bigger disk",
+                data,
+            )
     return Check("output", "ok", found, None, data)
 
 
@@ -227,8 +289,9 @@ def check_advice(cfg: Any, choice: Any, plan: Any) -> Check:
         per_core = cfg.train.per_core_batch_size or 16
         replicas = choice.replicas if choice and choice.replicas else 1
     if per_core < 8 or per_core % 8:
-        notes.append(f"per-core batch {per_core} is "
-                     f"{'below 8' if per_core < 8 else 'not a multiple of 8'}")  # fmt: skip
+        notes.append(
+            f"per-core batch {per_core} is {'below 8' if per_core < 8 else 'not a multiple of 8'}"
+        )
         fixes.append("use a multiple of 8 per core; 128 per core is the TPU sweet spot")
     precision = choice.precision if choice else cfg.runtime.precision
     accelerator = choice.accelerator if choice else None
@@ -238,8 +301,10 @@ def check_advice(cfg: Any, choice: Any, plan: Any) -> Check:
     spe = cfg.train.steps_per_execution
     if choice and choice.backend == "tensorflow" and replicas > 1 and accelerator != "tpu":
         if spe == "auto":
-            notes.append(f"steps_per_execution auto resolves to 1 on TensorFlow with {replicas} "
-                         f"replicas ({KERAS_19246})")  # fmt: skip
+            notes.append(
+                f"steps_per_execution auto resolves to 1 on TensorFlow with {replicas} "
+                f"replicas ({KERAS_19246})"
+            )
             fixes.append("runtime.backend: jax runs several steps per execution here")
     elif plan is not None and plan.steps_per_execution == 1 and plan.steps_per_epoch > 1:
         notes.append("steps_per_execution 1: one host round trip per step")
@@ -252,9 +317,15 @@ def check_advice(cfg: Any, choice: Any, plan: Any) -> Check:
             if warning not in notes and "per-core batch" not in warning:
                 notes.append(warning)
     if not notes:
-        return Check("advice", "ok", f"per-core batch {per_core} x {replicas} replica(s), "
-                     f"{precision}, steps_per_execution {data['steps_per_execution']}: nothing to "
-                     "change", None, data)  # fmt: skip
+        return Check(
+            "advice",
+            "ok",
+            f"per-core batch {per_core} x {replicas} replica(s), "
+            f"{precision}, steps_per_execution {data['steps_per_execution']}: nothing to "
+            "change",
+            None,
+            data,
+        )
     return Check("advice", "warn", "; ".join(notes), fixes[0] if fixes else notes[0], data)
 
 

@@ -74,8 +74,11 @@ def _problem(result: dict[str, Any]) -> tuple[str, str]:
     """One failed target: what went wrong (naming the path) and the fix (naming the bucket)."""
     kind, path, error = result["kind"], result["path"], short_detail(result["error"])
     bucket = _bucket(path)
-    doing = {"read": "cannot read the data", "write": "cannot write the run directory",
-             "url": "cannot reach"}[kind]  # fmt: skip
+    doing = {
+        "read": "cannot read the data",
+        "write": "cannot write the run directory",
+        "url": "cannot reach",
+    }[kind]
     error_type = result["error_type"]
     if error_type == "permission":
         role = "roles/storage.objectAdmin" if kind == "write" else "roles/storage.objectViewer"
@@ -112,9 +115,12 @@ class GcsProbe:
     """
 
     def __init__(
-        self, timeout: float, url: str = GCS_PROBE_URL,
-        endpoint: tuple[str, int] | None = None, targets: list[tuple[str, str]] | None = None,
-    ):  # fmt: skip
+        self,
+        timeout: float,
+        url: str = GCS_PROBE_URL,
+        endpoint: tuple[str, int] | None = None,
+        targets: list[tuple[str, str]] | None = None,
+    ):
         self.timeout = timeout
         self.url = url
         self.targets = targets or [("url", url)]
@@ -135,24 +141,41 @@ class GcsProbe:
         result = self.child.result()
         result["url"] = self.url
         bad = "fail" if uses_gcs else "warn"
-        fix = ("check the network (and HTTPS_PROXY, if one is needed); on a TPU the data must be "
-               "in a bucket the TPU can read")  # fmt: skip
+        fix = (
+            "check the network (and HTTPS_PROXY, if one is needed); on a TPU the data must be "
+            "in a bucket the TPU can read"
+        )
         if result.get("timed_out"):
-            return Check("gcs.reachable", bad, f"GCS did not answer: the probe timed out after "
-                         f"{self.timeout:g} s", fix, result)  # fmt: skip
+            return Check(
+                "gcs.reachable",
+                bad,
+                f"GCS did not answer: the probe timed out after {self.timeout:g} s",
+                fix,
+                result,
+            )
         if not result.get("reachable"):
             error = short_detail(str(result.get("error")))
             return Check("gcs.reachable", bad, f"GCS is not reachable: {error}", fix, result)
         failed = [r for r in result.get("results", []) if not r["ok"]]
         if failed:
             problems = [_problem(r) for r in failed]
-            return Check("gcs.reachable", bad, "; ".join(p for p, _ in problems),
-                         "; ".join(dict.fromkeys(f for _, f in problems)), result)  # fmt: skip
+            return Check(
+                "gcs.reachable",
+                bad,
+                "; ".join(p for p, _ in problems),
+                "; ".join(dict.fromkeys(f for _, f in problems)),
+                result,
+            )
         done = [f"{r['path']}: {r['detail']}" for r in result.get("results", [])]
         if [t[0] for t in self.targets] == ["url"]:
             done = [f"{self.url} {r['detail']}" for r in result.get("results", [])]
-        return Check("gcs.reachable", "ok", f"storage answered in {result['seconds']:.1f} s "
-                     f"({'; '.join(done)})", None, result)  # fmt: skip
+        return Check(
+            "gcs.reachable",
+            "ok",
+            f"storage answered in {result['seconds']:.1f} s ({'; '.join(done)})",
+            None,
+            result,
+        )
 
 
 def start_gcs_probe(timeout: float, cfg: Any = None) -> GcsProbe:

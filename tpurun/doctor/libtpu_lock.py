@@ -93,28 +93,51 @@ def find_lock_holder(path: str) -> tuple[bool, list[int]]:
 
 def check_lock(lock_path: str) -> Check:
     if not os.path.exists(lock_path):
-        return Check("libtpu_lock", "ok", f"no {lock_path}: no process holds the TPU", None,
-                     {"path": lock_path, "exists": False, "held": False})  # fmt: skip
+        return Check(
+            "libtpu_lock",
+            "ok",
+            f"no {lock_path}: no process holds the TPU",
+            None,
+            {"path": lock_path, "exists": False, "held": False},
+        )
     try:
         held, pids = find_lock_holder(lock_path)
     except OSError as exc:
-        return Check("libtpu_lock", "warn", f"{lock_path}: cannot inspect it: {exc.strerror}",
-                     "check who owns the file (ls -l); another user's process may hold the TPU",
-                     {"path": lock_path, "exists": True})  # fmt: skip
+        return Check(
+            "libtpu_lock",
+            "warn",
+            f"{lock_path}: cannot inspect it: {exc.strerror}",
+            "check who owns the file (ls -l); another user's process may hold the TPU",
+            {"path": lock_path, "exists": True},
+        )
     data: dict[str, Any] = {
         "path": lock_path, "exists": True, "held": held,
         "holders": [{"pid": p, "cmdline": cmdline(p)} for p in pids],
     }  # fmt: skip
     if not held:
-        return Check("libtpu_lock", "ok", f"{lock_path} exists but nobody holds it: a stale lock "
-                     "file, harmless", None, data)  # fmt: skip
+        return Check(
+            "libtpu_lock",
+            "ok",
+            f"{lock_path} exists but nobody holds it: a stale lock file, harmless",
+            None,
+            data,
+        )
     if not pids:
         who = "a process this user cannot inspect"
     else:
         who = "; ".join(f"pid {h['pid']} ({h['cmdline'][:120]})" for h in data["holders"])
     if os.getpid() in pids:
-        return Check("libtpu_lock", "fail", f"this Python process holds the TPU ({lock_path})",
-                     "restart the kernel, and run `!tpurun train` before touching the TPU in it",
-                     data)  # fmt: skip
-    return Check("libtpu_lock", "fail", f"the TPU is in use: {lock_path} is held by {who}",
-                 NOTEBOOK_TRAP, data)  # fmt: skip
+        return Check(
+            "libtpu_lock",
+            "fail",
+            f"this Python process holds the TPU ({lock_path})",
+            "restart the kernel, and run `!tpurun train` before touching the TPU in it",
+            data,
+        )
+    return Check(
+        "libtpu_lock",
+        "fail",
+        f"the TPU is in use: {lock_path} is held by {who}",
+        NOTEBOOK_TRAP,
+        data,
+    )

@@ -61,11 +61,13 @@ def check_platform(m: Machine, env: Mapping[str, str]) -> Check:
     }
     if m.tpu_node and not m.tpu_vm:
         return Check(
-            "platform", "warn", f"{name} ({signal}): the TPU is on the network",
+            "platform",
+            "warn",
+            f"{name} ({signal}): the TPU is on the network",
             "TPU nodes are retired on Kaggle and Colab; they read data only from gs://. "
             "Prefer a TPU VM runtime.",
             data,
-        )  # fmt: skip
+        )
     return Check("platform", "ok", f"{name} ({signal})", None, data)
 
 
@@ -93,19 +95,28 @@ def check_versions(m: Machine) -> Check:
         problems.append(("fail", "no Keras backend (JAX or TensorFlow)", "pip install jax"))
     if m.jax and versions["jaxlib"] and versions["jaxlib"] != m.jax:
         problems.append(
-            ("warn", f"jax {m.jax} and jaxlib {versions['jaxlib']} differ",
-             f"pip install -U 'jax=={m.jax}' 'jaxlib=={m.jax}'")
-        )  # fmt: skip
+            (
+                "warn",
+                f"jax {m.jax} and jaxlib {versions['jaxlib']} differ",
+                f"pip install -U 'jax=={m.jax}' 'jaxlib=={m.jax}'",
+            )
+        )
     if m.tpu_present and not m.jax_tpu and not m.tf_can_drive_tpu:
         problems.append(
-            ("fail", "a TPU is attached but neither libtpu (for JAX) nor tensorflow-tpu is installed",
-             JAX_TPU_INSTALL)
-        )  # fmt: skip
+            (
+                "fail",
+                "a TPU is attached but neither libtpu (for JAX) nor tensorflow-tpu is installed",
+                JAX_TPU_INSTALL,
+            )
+        )
     if m.tpu_present and m.jax_tpu and m.tensorflow_build == "tensorflow-tpu":
         problems.append(
-            ("warn", "tensorflow-tpu beside JAX with libtpu: TF may hold the TPU JAX needs",
-             "pip uninstall -y tensorflow-tpu && pip install tensorflow-cpu")
-        )  # fmt: skip
+            (
+                "warn",
+                "tensorflow-tpu beside JAX with libtpu: TF may hold the TPU JAX needs",
+                "pip uninstall -y tensorflow-tpu && pip install tensorflow-cpu",
+            )
+        )
     data = {"versions": versions, "problems": [p for _, p, _ in problems]}
     if not problems:
         return Check("versions", "ok", shown, None, data)
@@ -129,11 +140,12 @@ def check_matplotlib_backend(env: Mapping[str, str]) -> Check:
         return Check("matplotlib", "ok", f"MPLBACKEND={inherited}: usable here", data=data)
     kernel = " (a notebook kernel's)" if "backend_inline" in inherited else ""
     return Check(
-        "matplotlib", "ok",
+        "matplotlib",
+        "ok",
         f"MPLBACKEND={inherited}{kernel} cannot be loaded in this environment; tpurun draws no "
         "window, so it uses agg in its own processes instead",
         data=data,
-    )  # fmt: skip
+    )
 
 
 def check_tpu(m: Machine, devices: dict[str, Any]) -> Check:
@@ -145,20 +157,22 @@ def check_tpu(m: Machine, devices: dict[str, Any]) -> Check:
         "tf_can_drive": m.tf_can_drive_tpu,
     }
     if not m.tpu_present:
-        return Check("tpu", "skip", "no TPU: no /dev/accel* or /dev/vfio/* device, no TPU_NAME",
-                     None, data)  # fmt: skip
+        return Check(
+            "tpu", "skip", "no TPU: no /dev/accel* or /dev/vfio/* device, no TPU_NAME", None, data
+        )
     jax_result = devices.get("jax", {})
     data["jax_probe"] = jax_result
     drivers = [n for n, ok in (("JAX", data["jax_can_drive"]), ("TensorFlow", m.tf_can_drive_tpu))
                if ok]  # fmt: skip
     if not drivers:
         return Check(
-            "tpu", "fail",
+            "tpu",
+            "fail",
             "a TPU is attached, but JAX has no libtpu and TensorFlow "
             f"({m.tensorflow_build or 'not installed'}) has no TPU support",
             f"{JAX_TPU_INSTALL} (TensorFlow: tensorflow-tpu <= 2.20 is the newest TPU build)",
             data,
-        )  # fmt: skip
+        )
     if data["jax_can_drive"]:
         tpu_count = jax_result.get("platforms", {}).get("tpu")
         if tpu_count:
@@ -177,9 +191,12 @@ def check_tpu(m: Machine, devices: dict[str, Any]) -> Check:
             fix = f"{JAX_TPU_INSTALL}, then restart the runtime"
         return Check("tpu", "fail", f"JAX cannot use the TPU: {error}", fix, data)
     return Check(
-        "tpu", "ok", "TensorFlow can drive the TPU (not probed; JAX has no libtpu)",
-        None, data,
-    )  # fmt: skip
+        "tpu",
+        "ok",
+        "TensorFlow can drive the TPU (not probed; JAX has no libtpu)",
+        None,
+        data,
+    )
 
 
 # --------------------------------------------------------------------------------------- devices
@@ -201,8 +218,9 @@ def check_devices(devices: dict[str, Any]) -> Check:
     spent = [r.get("seconds", 0.0) for r in devices.values() if isinstance(r, dict)]
     if problems:
         status = "fail" if not parts else "warn"
-        return Check("devices", status, "; ".join(parts + problems),
-                     "see the versions and tpu checks", data)  # fmt: skip
+        return Check(
+            "devices", status, "; ".join(parts + problems), "see the versions and tpu checks", data
+        )
     if not parts:
         return Check("devices", "skip", "no backend installed to count devices with", None, data)
     return Check("devices", "ok", "; ".join(parts), None, data, max(spent, default=0.0))
@@ -247,9 +265,13 @@ def check_gcs_credentials(m: Machine, env: Mapping[str, str], uses_gcs: bool | N
     if source:
         return Check("gcs.credentials", "ok", f"found: {source} ({where})", None, data)
     if uses_gcs:
-        return Check("gcs.credentials", "warn", f"none found: {where}; only public buckets can be read",
-                     "gcloud auth application-default login, or set GOOGLE_APPLICATION_CREDENTIALS",
-                     data)  # fmt: skip
+        return Check(
+            "gcs.credentials",
+            "warn",
+            f"none found: {where}; only public buckets can be read",
+            "gcloud auth application-default login, or set GOOGLE_APPLICATION_CREDENTIALS",
+            data,
+        )
     return Check("gcs.credentials", "ok", f"none found ({where}); public buckets only", None, data)
 
 
@@ -263,8 +285,13 @@ def check_hosts(cfg: Any, env: Mapping[str, str], timeout: float = 3.0) -> Check
     data = {"num_processes": hosts.num_processes, "process_id": hosts.process_id,
             "coordinator": hosts.coordinator, "source": hosts.source}  # fmt: skip
     if not hosts.multi:
-        return Check("hosts", "ok", "one process (no runtime.num_processes, KERAS_DISTRIBUTION_*, "
-                     "pod or SLURM variables)", None, data)  # fmt: skip
+        return Check(
+            "hosts",
+            "ok",
+            "one process (no runtime.num_processes, KERAS_DISTRIBUTION_*, pod or SLURM variables)",
+            None,
+            data,
+        )
     finding = f"process {hosts.process_id} of {hosts.num_processes} ({hosts.source})"
     if hosts.coordinator is None:
         return Check("hosts", "ok", f"{finding}; JAX finds the coordinator itself", None, data)
@@ -274,11 +301,17 @@ def check_hosts(cfg: Any, env: Mapping[str, str], timeout: float = 3.0) -> Check
             pass
     except (OSError, ValueError) as exc:
         if hosts.chief:  # process 0 opens the port itself when it starts
-            return Check("hosts", "ok", f"{finding}; this process will serve {hosts.coordinator}",
-                         None, data)  # fmt: skip
-        return Check("hosts", "warn", f"{finding}; the coordinator {hosts.coordinator} does not "
-                     f"answer ({exc})", "start process 0 (it opens the port), or check the address "
-                     "and that the port is open between the hosts", data)  # fmt: skip
+            return Check(
+                "hosts", "ok", f"{finding}; this process will serve {hosts.coordinator}", None, data
+            )
+        return Check(
+            "hosts",
+            "warn",
+            f"{finding}; the coordinator {hosts.coordinator} does not answer ({exc})",
+            "start process 0 (it opens the port), or check the address "
+            "and that the port is open between the hosts",
+            data,
+        )
     data["coordinator_reachable"] = True
     return Check(
         "hosts", "ok", f"{finding}; the coordinator {hosts.coordinator} answers", None, data

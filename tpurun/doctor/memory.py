@@ -22,14 +22,21 @@ NAME = "memory"
 def check_memory(cfg: Any, prepared: Any, devices: dict[str, Any]) -> Check:
 
     if cfg.model.preset is None:
-        return Check(NAME, "skip", "a model.factory model: train checks its memory per device "
-                     "after building it, before compiling")  # fmt: skip
+        return Check(
+            NAME,
+            "skip",
+            "a model.factory model: train checks its memory per device "
+            "after building it, before compiling",
+        )
     probe = devices.get("jax") or {}
     kinds = probe.get("kinds") or []
     platform = prepared.choice.accelerator
     on_device = platform != "cpu" and kinds
-    limit = device_limit(cfg, kind=kinds[0] if on_device else None,
-                         reported=probe.get("bytes_limit") if on_device else None)  # fmt: skip
+    limit = device_limit(
+        cfg,
+        kind=kinds[0] if on_device else None,
+        reported=probe.get("bytes_limit") if on_device else None,
+    )
     mesh = run_mesh(cfg, prepared.choice, prepared.plan)
     try:
         derived = describe(cfg, prepared.choice.backend, prepared.plan, mesh, limit)
@@ -39,8 +46,13 @@ def check_memory(cfg: Any, prepared: Any, devices: dict[str, Any]) -> Check:
                                                "device_memory")}  # fmt: skip
     finding = "; ".join(memory_lines(derived))
     if limit is None:
-        return Check(NAME, "ok", f"{finding} (no memory limit known on the "
-                     f"{platform.upper()}: not checked)", None, data)  # fmt: skip
+        return Check(
+            NAME,
+            "ok",
+            f"{finding} (no memory limit known on the {platform.upper()}: not checked)",
+            None,
+            data,
+        )
     if derived["device_memory"]["fits"]:
         return Check(NAME, "ok", finding, None, data)
     found = derived["device_memory"].get("fixes")

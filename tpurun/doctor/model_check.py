@@ -50,9 +50,15 @@ def _one_step(prepared: Any, runtime: Any) -> tuple[Any, dict[str, Any], float] 
         compile_model(model, cfg, plan)
     # As train feeds a preset's task: tokenised in the pipeline, not again by the task.
     _, transform = batches.take_preprocessing(model, cfg, prepared.data.tokenized)
-    ds = readers.make_dataset(prepared.reader, prepared.data.train_files, cfg.data,
-                              plan.global_batch_size, training=True, seed=cfg.seed,
-                              transform=transform)  # fmt: skip
+    ds = readers.make_dataset(
+        prepared.reader,
+        prepared.data.train_files,
+        cfg.data,
+        plan.global_batch_size,
+        training=True,
+        seed=cfg.seed,
+        transform=transform,
+    )
     batch = readers.as_numpy(readers.first_batch(ds))
     started = time.monotonic()
     try:
@@ -60,8 +66,12 @@ def _one_step(prepared: Any, runtime: Any) -> tuple[Any, dict[str, Any], float] 
         logs = model.train_on_batch(x, y, *weights, return_dict=True)
     except ValueError as exc:
         first = str(exc).strip().splitlines()[0]
-        return Check("model", "fail", f"the model does not fit the data: {first}",
-                     "match the model's inputs/outputs to data.inputs / data.targets")  # fmt: skip
+        return Check(
+            "model",
+            "fail",
+            f"the model does not fit the data: {first}",
+            "match the model's inputs/outputs to data.inputs / data.targets",
+        )
     return model, logs, time.monotonic() - started
 
 
@@ -91,9 +101,11 @@ def check_model(prepared: Any, runtime: Any) -> tuple[Check, int | None]:
     data = {"params": params, "trainable": trainable, "bytes_per_replica": per_replica, "loss": loss,
             "step_seconds": round(step, 3), "batch": plan.global_batch_size}  # fmt: skip
     frozen = f" ({trainable:,} trainable)" if trainable != params else ""
-    finding = (f"{model.name}: {params:,} parameters{frozen}, ~{per_replica / 1e6:.1f} MB per replica "
-               f"(weights + optimizer slots); one step on a batch of {plan.global_batch_size} "
-               f"took {step:.2f} s, loss {loss:.4g}")  # fmt: skip
+    finding = (
+        f"{model.name}: {params:,} parameters{frozen}, ~{per_replica / 1e6:.1f} MB per replica "
+        f"(weights + optimizer slots); one step on a batch of {plan.global_batch_size} "
+        f"took {step:.2f} s, loss {loss:.4g}"
+    )
     if not math.isfinite(loss):
         return Check("model", "fail", finding + ": the loss is not finite",
                      "check the inputs' values and lower train.learning_rate.base", data), params  # fmt: skip

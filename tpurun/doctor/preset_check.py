@@ -39,9 +39,15 @@ def check_preset(cfg: Any) -> Check:
     found = "reachable, its weights downloaded when train starts" if preset.remote else "complete"
     fit = "fits it" if checked else "is checked by the model check"
     length = cfg.model.sequence_length or "the preset's own"
-    return Check(NAME, "ok", f"{preset.location}: {found} ({preset.backbone}, saved as "
-                 f"{preset.saved_task or 'a backbone'}); task {task} {fit}; sequence length "
-                 f"{length}", None, data)  # fmt: skip
+    return Check(
+        NAME,
+        "ok",
+        f"{preset.location}: {found} ({preset.backbone}, saved as "
+        f"{preset.saved_task or 'a backbone'}); task {task} {fit}; sequence length "
+        f"{length}",
+        None,
+        data,
+    )
 
 
 __all__ = ["check_preset"]

@@ -25,8 +25,11 @@ def _nvidia_smi(timeout: float = 5.0) -> list[dict[str, str]]:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=timeout, check=True,
-        ).stdout  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     gpus = []
@@ -65,8 +68,12 @@ def check_choice(cfg: Any, m: Machine, holder: list) -> Check:
     try:
         choice = choose(runtime_cfg, spe, m)
     except TpurunError as exc:
-        return Check("choice", "fail", f"train cannot run here: {exc.message}",
-                     "change the runtime section as the message says")  # fmt: skip
+        return Check(
+            "choice",
+            "fail",
+            f"train cannot run here: {exc.message}",
+            "change the runtime section as the message says",
+        )
     holder.append(choice)
     data = asdict(choice)
     status, fix = "ok", None
@@ -102,24 +109,41 @@ def check_health(holder: list, timeout: float) -> Check:
     choice = holder[0]
     child = _health_child(choice, timeout)
     if child is None:
-        return Check("health", "skip", "TensorFlow on a TPU: not probed (it would need the TPU "
-                     "system initialised); `tpurun train` connects to it", None)  # fmt: skip
+        return Check(
+            "health",
+            "skip",
+            "TensorFlow on a TPU: not probed (it would need the TPU "
+            "system initialised); `tpurun train` connects to it",
+            None,
+        )
     result = child.result()
     if result.get("error"):
         status = "warn" if result.get("timed_out") else "fail"
-        return Check("health", status, f"the all-reduce probe failed: {result['error']}",
-                     "run it again; if it persists, see the devices and tpu checks", result)  # fmt: skip
+        return Check(
+            "health",
+            status,
+            f"the all-reduce probe failed: {result['error']}",
+            "run it again; if it persists, see the devices and tpu checks",
+            result,
+        )
     if not result["agree"]:
-        return Check("health", "fail", f"the all-reduce over {result['replicas']} replica(s) "
-                     f"disagrees: {result['values']} (expected {result['expected']:g})",
-                     "the devices compute different numbers: restart the runtime", result)  # fmt: skip
+        return Check(
+            "health",
+            "fail",
+            f"the all-reduce over {result['replicas']} replica(s) "
+            f"disagrees: {result['values']} (expected {result['expected']:g})",
+            "the devices compute different numbers: restart the runtime",
+            result,
+        )
     return Check(
-        "health", "ok",
+        "health",
+        "ok",
         f"matmul + all-reduce over {result['replicas']} {result['platform'].upper()} replica(s): "
         f"numbers agree; step {result['step_seconds'] * 1000:.1f} ms "
         f"(child {result['seconds']:.1f} s with imports)",
-        None, result,
-    )  # fmt: skip
+        None,
+        result,
+    )
 
 
 __all__ = ["check_choice", "check_health", "device_counts"]

@@ -148,8 +148,9 @@ class ChatTokenizing:
         parts = _MARKER.split(text)
         return [self.single.get(p, p) for p in parts if p]
 
-    def encode(self, conversations: list[list[dict[str, str]]],
-               open_answer: bool = False) -> list[tuple[list, list]]:  # fmt: skip
+    def encode(
+        self, conversations: list[list[dict[str, str]]], open_answer: bool = False
+    ) -> list[tuple[list, list]]:
         """Each conversation's ``(ids, weights)``, unpadded and uncut; ``open_answer``: followed by
         what opens an assistant turn (its template before ``{content}``), where a prompt ends for
         the model to answer (``tpurun predict``)."""
@@ -215,8 +216,9 @@ def mapped(source: Source, preprocessor: Any, entry: dict[str, Any], template: A
             "single_tokens": sorted(tokenizing.single), "as_text": tokenizing.missing}  # fmt: skip
     entry = {**entry, "source": {"inputs": "messages", "targets": "messages"}, "chat": chat,
              "features": list(casts), "mask": "padding_mask"}  # fmt: skip
-    made = MappedSource(source, tokenizing.columns, features, per_record * source.records,
-                        layout={TOKENIZED: entry})  # fmt: skip
+    made = MappedSource(
+        source, tokenizing.columns, features, per_record * source.records, layout={TOKENIZED: entry}
+    )
     if tokenizing.missing:
         made.warnings.append(
             f"the vocabulary of {entry['preset']} has no single token for "

@@ -118,9 +118,13 @@ def measure(
 
 
 def count(
-    preprocessor: Any, keys: list[str], files: Sequence[str], compression: str,
-    maximum: int | None = None, sample: int = SAMPLE,
-) -> TokenLengths | None:  # fmt: skip
+    preprocessor: Any,
+    keys: list[str],
+    files: Sequence[str],
+    compression: str,
+    maximum: int | None = None,
+    sample: int = SAMPLE,
+) -> TokenLengths | None:
     """The token lengths of a sample of ``files``, whose text features under the record ``keys``
     (a causal LM's prompt then response, or a classifier's segments) make one sequence."""
     texts, records = _sample(files, compression, keys, sample)
@@ -196,8 +200,9 @@ def say_truncation(task: Any, preprocessor: Any, prepared: Any, say: Any) -> Tok
     packed = (prepared.data.tokenized or {}).get("packing")
     if packed:
         say(packing_note(packed), "note")
-    found = measure(preprocessor, prepared.config.data, prepared.data.train_files,
-                    longest_sequence(task))  # fmt: skip
+    found = measure(
+        preprocessor, prepared.config.data, prepared.data.train_files, longest_sequence(task)
+    )
     if found is not None:
         say(found.sentence(), "warn" if found.cut else "note")
     return found
@@ -239,6 +244,10 @@ def of_inspected(preset: str, sequence_length: int | None, report: Any) -> dict[
         names = [*names, *DataConfig.names(targets)]
     if any(features[n].spec.get("type") != "text" for n in names):
         return None
-    found = count(preprocessor, [features[n].key for n in names],
-                  [f.path for f in report.files], report.compression)  # fmt: skip
+    found = count(
+        preprocessor,
+        [features[n].key for n in names],
+        [f.path for f in report.files],
+        report.compression,
+    )
     return None if found is None else {"preset": preset, **found.to_dict()}

@@ -129,8 +129,9 @@ def preprocessor_from_preset(cls: type, location: str, key: str) -> Any:
         ) from None
 
 
-def load(cls: type, preset: Preset, kwargs: dict, load_weights: bool = True,
-         compile: bool = True) -> Any:  # fmt: skip
+def load(
+    cls: type, preset: Preset, kwargs: dict, load_weights: bool = True, compile: bool = True
+) -> Any:
     """``cls.from_preset(preset.location, **kwargs)``, its failures as messages."""
     extra = {} if compile else {"compile": False}
     try:

@@ -66,13 +66,15 @@ def plan(task: Any, mode: str) -> None:
         for layer in task.backbone._flatten_layers(include_self=False)
     ):
         _nothing_quantized(task.backbone, mode)
-    setattr(task, PLANNED_ATTRIBUTE, mode)  # fmt: skip
+    setattr(task, PLANNED_ATTRIBUTE, mode)
 
 
 def _check_mode(mode: str) -> None:
     if mode not in MODES:
-        raise ModelError(f"model.quantize: '{mode}' is not a mode tpurun trains under LoRA; "
-                         f"use one of {', '.join(MODES)}.")  # fmt: skip
+        raise ModelError(
+            f"model.quantize: '{mode}' is not a mode tpurun trains under LoRA; "
+            f"use one of {', '.join(MODES)}."
+        )
 
 
 def _nothing_quantized(backbone: Any, mode: str) -> None:
@@ -111,13 +113,15 @@ def quantize(task: Any, mode: str) -> None:
                 mode, filters=None if mode == "int4" else lambda layer: not tied(layer)
             )
     except ConfigError as exc:  # the mesh's layout refused a quantized variable as it was made
-        raise ConfigError([
-            f"model.quantize: {mode} makes new kernels ({_shapes(mode)}), and the mesh's layout "
-            f"cannot place one: {'; '.join(exc.problems)} With a model axis, use "
-            "model.quantize: int8 (its kernels keep the float ones' shapes, so the preset's "
-            "layout splits them as before), or set runtime.layout: auto (tpurun's rule splits "
-            "int4's packed kernels too)."
-        ]) from None  # fmt: skip
+        raise ConfigError(
+            [
+                f"model.quantize: {mode} makes new kernels ({_shapes(mode)}), and the mesh's layout "
+                f"cannot place one: {'; '.join(exc.problems)} With a model axis, use "
+                "model.quantize: int8 (its kernels keep the float ones' shapes, so the preset's "
+                "layout splits them as before), or set runtime.layout: auto (tpurun's rule splits "
+                "int4's packed kernels too)."
+            ]
+        ) from None
     except (ValueError, NotImplementedError, TypeError) as exc:
         raise ModelError(
             f"model.quantize: {type(backbone).__name__}.quantize('{mode}') failed: "

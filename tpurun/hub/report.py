@@ -36,8 +36,14 @@ def set_up_cpu(
     if imported is not None:
         # TensorFlow imported Keras while the data was read, which fixed its backend.
         backend = imported.backend.backend()
-    choice = Choice(backend=backend, accelerator="cpu", distribution="default", replicas=1,
-                    precision="float32", reason=why)  # fmt: skip
+    choice = Choice(
+        backend=backend,
+        accelerator="cpu",
+        distribution="default",
+        replicas=1,
+        precision="float32",
+        reason=why,
+    )
     activate(choice, seed=0)
 
 
@@ -64,8 +70,13 @@ def shapes_only() -> Iterator[None]:
         del pending[before:]
 
 
-def describe(config: Config, backend: str = "jax", plan: Any = None,
-             mesh: tuple[int, int] | None = None, limit: Any = None) -> dict[str, Any]:  # fmt: skip
+def describe(
+    config: Config,
+    backend: str = "jax",
+    plan: Any = None,
+    mesh: tuple[int, int] | None = None,
+    limit: Any = None,
+) -> dict[str, Any]:
     """``{"preset": {...}, "parameters": {"total", "trainable"}}`` for ``derived``; with a plan,
     also ``mesh``, ``layout`` and ``memory_per_device`` (see :func:`memory_report`).
 
@@ -99,8 +110,9 @@ def describe(config: Config, backend: str = "jax", plan: Any = None,
     return out
 
 
-def memory_report(model: Any, config: Config, plan: Any, mesh: tuple[int, int] | None,
-                  limit: Any = None) -> dict[str, Any]:  # fmt: skip
+def memory_report(
+    model: Any, config: Config, plan: Any, mesh: tuple[int, int] | None, limit: Any = None
+) -> dict[str, Any]:
     """``mesh``, ``layout`` (variables and bytes split over each axis, and whole) and
     ``memory_per_device`` (bytes by term) of a model built without the devices: the layout's rules
     applied to its variables' shapes, as the mesh's distribution would place them.

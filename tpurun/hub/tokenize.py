@@ -309,8 +309,13 @@ class _Tokenizing:
             features=[name for name in features if name in (*CAUSAL_FEATURES, *TOKEN_INPUTS)],
             mask="padding_mask",
         )
-        return MappedSource(source, self._tokenized, features, per_record * source.records,
-                            layout={TOKENIZED: self.entry})  # fmt: skip
+        return MappedSource(
+            source,
+            self._tokenized,
+            features,
+            per_record * source.records,
+            layout={TOKENIZED: self.entry},
+        )
 
     def _tokenized(self, chunk: dict[str, Any]) -> dict[str, Any]:
         import numpy as np
@@ -332,8 +337,11 @@ class _Tokenizing:
 
         def step(batch):
             if self.causal:
-                args = [batch[self.inputs]] if self.inputs == self.targets else [
-                    batch[self.inputs], batch[self.targets]]  # fmt: skip
+                args = (
+                    [batch[self.inputs]]
+                    if self.inputs == self.targets
+                    else [batch[self.inputs], batch[self.targets]]
+                )
                 return dict(zip(CAUSAL_FEATURES, self.step(*args), strict=True))
             return {k: v for k, v in self.step(*[batch[n] for n in _names(self.inputs)]).items()
                     if k in TOKEN_INPUTS}  # fmt: skip

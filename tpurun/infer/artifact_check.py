@@ -24,8 +24,17 @@ def _structure(model_inputs: Any) -> dict:
     return {"kind": "single"}
 
 
-def check(fmt: str, artifact: str, inputs: Any, expected: list, loader: str | None,
-          backend: str, work: str, tol: float, hub: dict | None = None) -> dict:  # fmt: skip
+def check(
+    fmt: str,
+    artifact: str,
+    inputs: Any,
+    expected: list,
+    loader: str | None,
+    backend: str,
+    work: str,
+    tol: float,
+    hub: dict | None = None,
+) -> dict:
     """Load the artifact in a fresh process, run ``inputs``, compare with ``expected``.
     ``hub``: how run_artifact.py rebuilds a preset's task for an adapter (``--format lora``).
 
@@ -45,8 +54,12 @@ def check(fmt: str, artifact: str, inputs: Any, expected: list, loader: str | No
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
     # On the CPU, where the check is meant to run (a TPU stays with this process), with the
     # backend a user without tpurun would pick.
-    env.update(KERAS_BACKEND="tensorflow" if fmt == "saved_model" else backend,
-               JAX_PLATFORMS="cpu", CUDA_VISIBLE_DEVICES="-1", TF_CPP_MIN_LOG_LEVEL="3")  # fmt: skip
+    env.update(
+        KERAS_BACKEND="tensorflow" if fmt == "saved_model" else backend,
+        JAX_PLATFORMS="cpu",
+        CUDA_VISIBLE_DEVICES="-1",
+        TF_CPP_MIN_LOG_LEVEL="3",
+    )
     command = [sys.executable, "-I", "-B", str(_SCRIPTS / "run_artifact.py"), fmt, artifact,
                paths["in.npz"], paths["out.npz"], paths["structure.json"]]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
@@ -60,13 +73,17 @@ def check(fmt: str, artifact: str, inputs: Any, expected: list, loader: str | No
     with np.load(paths["out.npz"]) as saved:
         got = [saved[f"out_{i}"] for i in range(len(saved.files))]
     if len(got) != len(expected):
-        raise TpurunError(f"export: the {fmt} artifact gives {len(got)} output(s), the trained "
-                          f"model {len(expected)}. Nothing was written.")  # fmt: skip
+        raise TpurunError(
+            f"export: the {fmt} artifact gives {len(got)} output(s), the trained "
+            f"model {len(expected)}. Nothing was written."
+        )
     diffs, close = [], True
     for have, want in zip(got, expected, strict=True):
         if have.shape != want.shape:
-            raise TpurunError(f"export: the {fmt} artifact's output has shape {have.shape}, the "
-                              f"trained model's {want.shape}. Nothing was written.")  # fmt: skip
+            raise TpurunError(
+                f"export: the {fmt} artifact's output has shape {have.shape}, the "
+                f"trained model's {want.shape}. Nothing was written."
+            )
         have, want = have.astype(np.float64), want.astype(np.float64)
         diffs.append(float(np.max(np.abs(have - want), initial=0.0)))
         close = close and bool(np.allclose(have, want, rtol=tol, atol=tol))

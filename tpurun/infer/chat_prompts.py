@@ -104,8 +104,10 @@ def read(found: prompts.PromptFiles, id_feature: str | None) -> list[Prompt]:
             if id_feature:
                 ident = row.get(id_feature)
                 if not isinstance(ident, (str, int)) or isinstance(ident, bool):
-                    raise DataError(f'--id-feature {id_feature}: {path}:{number} holds no '
-                                    f'"{id_feature}" string or whole number.')  # fmt: skip
+                    raise DataError(
+                        f"--id-feature {id_feature}: {path}:{number} holds no "
+                        f'"{id_feature}" string or whole number.'
+                    )
             out.append(Prompt(ident, turns, turns[-1]["content"]))
     return out
 
@@ -115,12 +117,16 @@ def _conversation(where: str, line: str) -> tuple[list[dict[str, str]], dict]:
     try:
         row = json.loads(line)
     except ValueError as exc:
-        raise DataError(f"--data: {where}: not valid JSON ({exc.msg}); each line of a "
-                        f"conversations file is one, such as {_EXAMPLE}.") from None  # fmt: skip
+        raise DataError(
+            f"--data: {where}: not valid JSON ({exc.msg}); each line of a "
+            f"conversations file is one, such as {_EXAMPLE}."
+        ) from None
     turns = row.get("messages") if isinstance(row, dict) else None
     if not isinstance(turns, list) or not turns:
-        raise DataError(f"--data: {where}: no \"messages\" list of turns; each line of a "
-                        f"conversations file is one, such as {_EXAMPLE}.")  # fmt: skip
+        raise DataError(
+            f'--data: {where}: no "messages" list of turns; each line of a '
+            f"conversations file is one, such as {_EXAMPLE}."
+        )
     wrong = chat_source.problem([*turns, {"role": "assistant", "content": ""}])
     if wrong is None and turns[-1]["role"] != "user":
         wrong = f"the last turn is the {turns[-1]['role']}'s, where the model answers a user's"
@@ -168,9 +174,17 @@ class Answering:
         return out.split(self.cut_text)[0] if self.cut_text else out
 
 
-def complete(model: Any, form: chat.ChatFormat, asked: list[Prompt], output: str, kind: str,
-             sampling: generate.Sampling, id_feature: str | None, batch: int,
-             seed: int) -> dict[str, Any]:  # fmt: skip
+def complete(
+    model: Any,
+    form: chat.ChatFormat,
+    asked: list[Prompt],
+    output: str,
+    kind: str,
+    sampling: generate.Sampling,
+    id_feature: str | None,
+    batch: int,
+    seed: int,
+) -> dict[str, Any]:
     """Answer every prompt ``asked`` in batches of ``batch`` (the last filled up with copies of
     its first prompt, whose rows are dropped) and write the rows to ``output``.
 
@@ -202,8 +216,9 @@ def complete(model: Any, form: chat.ChatFormat, asked: list[Prompt], output: str
     }
 
 
-def _answer(model: Any, answering: Answering, part: list[Prompt], batch: int,
-            length: int) -> list[str]:  # fmt: skip
+def _answer(
+    model: Any, answering: Answering, part: list[Prompt], batch: int, length: int
+) -> list[str]:
     """One batch's answers (``part``, filled up to ``batch`` rows)."""
     import numpy as np
 
@@ -220,8 +235,11 @@ def _answer(model: Any, answering: Answering, part: list[Prompt], batch: int,
     mask = np.zeros((batch, length), bool)
     for row, ids in enumerate(rows):
         token_ids[row, : len(ids)], mask[row, : len(ids)] = ids, True
-    out = model.generate({"token_ids": token_ids, "padding_mask": mask},
-                         stop_token_ids=answering.stop_ids, strip_prompt=True)  # fmt: skip
+    out = model.generate(
+        {"token_ids": token_ids, "padding_mask": mask},
+        stop_token_ids=answering.stop_ids,
+        strip_prompt=True,
+    )
     generated, kept = np.asarray(out["token_ids"]), np.asarray(out["padding_mask"])
     return [answering.text(generated[i][kept[i]]) for i in range(len(part))]
 
@@ -236,16 +254,24 @@ def for_run(trained: Any, found: prompts.PromptFiles | None) -> chat.ChatFormat 
     return form
 
 
-def answer_run(trained: Any, checkpoint: Any, runtime: Any, form: chat.ChatFormat,
-               found: prompts.PromptFiles, output: str, kind: str, id_feature: str | None,
-               sampling: generate.Sampling) -> dict[str, Any]:  # fmt: skip
+def answer_run(
+    trained: Any,
+    checkpoint: Any,
+    runtime: Any,
+    form: chat.ChatFormat,
+    found: prompts.PromptFiles,
+    output: str,
+    kind: str,
+    id_feature: str | None,
+    sampling: generate.Sampling,
+) -> dict[str, Any]:
     """:func:`complete` on the run's model, in batches of the global batch it trained with."""
     asked = read(found, id_feature)  # every line checked before the model is built
     if not asked:
-        raise DataError(f"--data: {', '.join(found.files)} holds no prompt (every line is "
-                        "blank).")  # fmt: skip
+        raise DataError(f"--data: {', '.join(found.files)} holds no prompt (every line is blank).")
     batch = trained_run.global_batch(trained.config, runtime.replicas)
     model = trained_run.build(trained, checkpoint, runtime)
-    written = complete(model, form, asked, output, kind, sampling, id_feature, batch,
-                       trained.config.seed)  # fmt: skip
+    written = complete(
+        model, form, asked, output, kind, sampling, id_feature, batch, trained.config.seed
+    )
     return {**written, "global_batch_size": batch}

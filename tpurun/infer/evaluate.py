@@ -123,8 +123,9 @@ def _score(trained: Any, checkpoint: Any, runtime: Any, data: str | None) -> dic
     config = trained.config
     inputs = {n: config.data.features[n] for n in DataConfig.names(config.data.inputs)}
     if data is None:
-        found = trained_run.find_records(config.data.validation, inputs, "data.validation",
-                                     path_resolver(config))  # fmt: skip
+        found = trained_run.find_records(
+            config.data.validation, inputs, "data.validation", path_resolver(config)
+        )
     else:
         found = trained_run.find_records(data, inputs, "--data", run_config=config)
     _check_targets(config.data, found)
@@ -135,10 +136,15 @@ def _score(trained: Any, checkpoint: Any, runtime: Any, data: str | None) -> dic
     model = trained_run.build(trained, checkpoint, runtime)
     preprocessor, transform = take_preprocessing(model, config, found.tokenized)
     dataset = readers.make_dataset(
-        reader, found.files, config.data.model_copy(update={"compression": found.compression}),
-        batch, training=False, score_records=found.records, repeat_eval=distributed,
+        reader,
+        found.files,
+        config.data.model_copy(update={"compression": found.compression}),
+        batch,
+        training=False,
+        score_records=found.records,
+        repeat_eval=distributed,
         transform=transform,
-    )  # fmt: skip
+    )
     spe = auto_steps_per_execution(batches, runtime.choice.max_steps_per_execution)
     with runtime.scope():
         compile_model(model, config, _CompilePlan(config.train.learning_rate.base, spe))
@@ -146,8 +152,12 @@ def _score(trained: Any, checkpoint: Any, runtime: Any, data: str | None) -> dic
     with warnings.catch_warnings():
         # A finite dataset "runs out", on purpose, at its end.
         warnings.filterwarnings("ignore", message="Your input ran out of data")
-        logs = model.evaluate(readers.for_keras(dataset), steps=batches if distributed else None,
-                              verbose=0, return_dict=True)  # fmt: skip
+        logs = model.evaluate(
+            readers.for_keras(dataset),
+            steps=batches if distributed else None,
+            verbose=0,
+            return_dict=True,
+        )
     fed = batches * batch
     exact = correctable(model)
     if per_token:  # a causal LM: the loss per weighted token, over the whole split, as trained

@@ -171,8 +171,10 @@ def export(
     if hub:
         hub_export.refuse(trained, fmt)
     elif fmt == "lora":
-        raise TpurunError(f"--format lora: {trained.run.path} did not fine-tune a model.preset "
-                          "with model.lora; export keras, saved_model or onnx.")  # fmt: skip
+        raise TpurunError(
+            f"--format lora: {trained.run.path} did not fine-tune a model.preset "
+            "with model.lora; export keras, saved_model or onnx."
+        )
     found = trained_run.find_checkpoint(trained, checkpoint)
     runtime = trained_run.activate_for(trained, machine)
     ref = reference.trained_reference(trained, found, fmt, hub, runtime)
@@ -191,14 +193,19 @@ def export(
             "export": round(wrote, 3),
             "check": round(checked, 3),
             "total": round(time.monotonic() - started, 3),
-        },  # fmt: skip
+        },
     }
 
 
 def _write_checked(
-    fmt: str, output: str, ref: reference.Reference, trained: Any, found: Any,
-    platforms: Sequence[str], tol: float,
-) -> tuple[dict, list[str], float, float]:  # fmt: skip
+    fmt: str,
+    output: str,
+    ref: reference.Reference,
+    trained: Any,
+    found: Any,
+    platforms: Sequence[str],
+    tol: float,
+) -> tuple[dict, list[str], float, float]:
     """Write the artifact and its sidecar into a private folder beside ``output``, check it in a
     fresh process, and move it into place; nothing is left behind when the check fails.
     Returns the sidecar, the files placed, and the seconds spent writing and checking."""
@@ -215,8 +222,17 @@ def _write_checked(
         else:
             loader = _write(fmt, ref.model, artifact, platforms, trained.config)
         wrote = time.monotonic() - began
-        report = artifact_check.check(fmt, artifact, ref.inputs, ref.expected, loader, ref.backend,
-                                      work, tol, ref.hub.check if ref.hub is not None else None)  # fmt: skip
+        report = artifact_check.check(
+            fmt,
+            artifact,
+            ref.inputs,
+            ref.expected,
+            loader,
+            ref.backend,
+            work,
+            tol,
+            ref.hub.check if ref.hub is not None else None,
+        )
         checked = time.monotonic() - began - wrote
         written = sidecar.sidecar(fmt, name, loader, report, trained, found, ref, platforms, tol)
         Path(stage, f"{name}.json").write_text(json.dumps(written, indent=2) + "\n")
@@ -235,8 +251,9 @@ def _huggingface(
     found = trained_run.find_checkpoint(trained, checkpoint)
     runtime = trained_run.activate_for(trained, machine)
     tol = reference.tolerance("float32", runtime.choice.accelerator, runtime.sharded)
-    return hf_export.export(trained, found, runtime, output, reference.reference_inputs(trained), tol,
-                            check_python)  # fmt: skip
+    return hf_export.export(
+        trained, found, runtime, output, reference.reference_inputs(trained), tol, check_python
+    )
 
 
 def _checked_output(fmt: str, output: str) -> str:
@@ -246,14 +263,20 @@ def _checked_output(fmt: str, output: str) -> str:
         hf_export.check_output(output)
         return output
     if fmt == "keras" and not output.endswith(".keras"):
-        raise TpurunError(f"--output {output}: a keras export is a .keras file (Keras saves no "
-                          "other name), e.g. --output export/model.keras.")  # fmt: skip
+        raise TpurunError(
+            f"--output {output}: a keras export is a .keras file (Keras saves no "
+            "other name), e.g. --output export/model.keras."
+        )
     if fmt == "lora" and not output.endswith(".lora.h5"):
-        raise TpurunError(f"--output {output}: a lora export is a .lora.h5 file (KerasHub loads "
-                          "no other name), e.g. --output export/adapter.lora.h5.")  # fmt: skip
+        raise TpurunError(
+            f"--output {output}: a lora export is a .lora.h5 file (KerasHub loads "
+            "no other name), e.g. --output export/adapter.lora.h5."
+        )
     if fmt == "onnx" and importlib.util.find_spec("onnxruntime") is None:
-        raise TpurunError("--format onnx: onnxruntime is not installed, and export loads the "
-                          "artifact with it to check it: pip install 'tpurun[export]'.")  # fmt: skip
+        raise TpurunError(
+            "--format onnx: onnxruntime is not installed, and export loads the "
+            "artifact with it to check it: pip install 'tpurun[export]'."
+        )
     _check_destinations(fmt, output)
     return output
 

@@ -32,8 +32,9 @@ def _input_signature(model: Any) -> Any:
     return get_input_signature(model)
 
 
-def write_saved_model(model: Any, path: str, platforms: Sequence[str],
-                      signature: Any = None) -> None:  # fmt: skip
+def write_saved_model(
+    model: Any, path: str, platforms: Sequence[str], signature: Any = None
+) -> None:
     """``signature``: the serving function's inputs (default: the model's own, as
     ``model.export`` takes them)."""
     keras = frameworks.keras()

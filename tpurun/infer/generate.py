@@ -39,8 +39,12 @@ class Sampling:
     max_length: int | None = None
 
 
-def check_sampling(sampler: str = "greedy", top_k: int | None = None, seed: int | None = None,
-                   max_length: int | None = None) -> Sampling:  # fmt: skip
+def check_sampling(
+    sampler: str = "greedy",
+    top_k: int | None = None,
+    seed: int | None = None,
+    max_length: int | None = None,
+) -> Sampling:
     """The options checked against each other, before any work is done.
 
     Raises:
@@ -48,8 +52,10 @@ def check_sampling(sampler: str = "greedy", top_k: int | None = None, seed: int 
             seed for greedy decoding, a length under 2.
     """
     if sampler not in SAMPLERS:
-        raise TpurunError(f"--sampler {sampler}: expected greedy (the likeliest token each step, "
-                          "the default) or top_k (drawn from the K likeliest, with --top-k K).")  # fmt: skip
+        raise TpurunError(
+            f"--sampler {sampler}: expected greedy (the likeliest token each step, "
+            "the default) or top_k (drawn from the K likeliest, with --top-k K)."
+        )
     if sampler == "top_k" and top_k is None:
         raise TpurunError(
             "--sampler top_k needs --top-k K: how many of the likeliest tokens each step draws "
@@ -57,8 +63,10 @@ def check_sampling(sampler: str = "greedy", top_k: int | None = None, seed: int 
         )
     if sampler == "greedy" and (top_k is not None or seed is not None):
         given = "--top-k" if top_k is not None else "--seed"
-        raise TpurunError(f"{given} applies to --sampler top_k; greedy decoding (the default) "
-                          "draws nothing. Add --sampler top_k, or leave it out.")  # fmt: skip
+        raise TpurunError(
+            f"{given} applies to --sampler top_k; greedy decoding (the default) "
+            "draws nothing. Add --sampler top_k, or leave it out."
+        )
     if top_k is not None and top_k < 1:
         raise TpurunError(f"--top-k {top_k}: expected a number of tokens, 1 or more.")
     if max_length is not None and max_length < 2:
@@ -83,8 +91,12 @@ def suffix_of(path: str, kinds: tuple[str, ...], what: str) -> str:
 
 def output_kind(path: str) -> str:
     """``.csv`` or ``.jsonl``, from the output's name."""
-    return suffix_of(path, OUTPUTS, "a causal LM's completions go to a .csv or a .jsonl file "
-                     "(one row per prompt: id, prompt, completion).")  # fmt: skip
+    return suffix_of(
+        path,
+        OUTPUTS,
+        "a causal LM's completions go to a .csv or a .jsonl file "
+        "(one row per prompt: id, prompt, completion).",
+    )
 
 
 def check_prompts(first: bytes, filename: str, features: Any) -> None:
@@ -142,8 +154,9 @@ class Completions:
             if self.kind == ".csv":
                 self.csv.writerow(row)
             else:
-                self.file.write(json.dumps(dict(zip(COLUMNS, row, strict=True)),
-                                           ensure_ascii=False) + "\n")  # fmt: skip
+                self.file.write(
+                    json.dumps(dict(zip(COLUMNS, row, strict=True)), ensure_ascii=False) + "\n"
+                )
         self.written += len(ids)
 
 
@@ -152,16 +165,26 @@ def text_of(value: Any) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def complete(model: Any, dataset: Any, records: int, output: str, kind: str, sampling: Sampling,
-             id_feature: str | None, seed: int) -> dict[str, Any]:  # fmt: skip
+def complete(
+    model: Any,
+    dataset: Any,
+    records: int,
+    output: str,
+    kind: str,
+    sampling: Sampling,
+    id_feature: str | None,
+    seed: int,
+) -> dict[str, Any]:
     """Generate a completion for every prompt of ``dataset`` (``(prompts, extra)`` batches in
     file order, the last padded) and write the rows to ``output``. ``seed``: top-k's where
     ``--seed`` is not given (the run's)."""
     import numpy as np
 
     if not isinstance(model, frameworks.keras_hub().models.CausalLM):
-        raise ModelError(f"{type(model).__name__} is not a causal LM (a KerasHub CausalLM): it "
-                         "does not generate text. Leave the generation options out.")  # fmt: skip
+        raise ModelError(
+            f"{type(model).__name__} is not a causal LM (a KerasHub CausalLM): it "
+            "does not generate text. Leave the generation options out."
+        )
     if sampling.sampler == "top_k" and sampling.seed is None:
         sampling = replace(sampling, seed=seed)
     model.compile(sampler=sampler_for(sampling))

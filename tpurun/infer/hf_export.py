@@ -85,8 +85,10 @@ def refuse(trained: Any) -> str:
 def check_output(output: str) -> None:
     """``--output`` is a folder: refuse one that holds anything but an earlier export."""
     if os.path.isfile(output):
-        raise TpurunError(f"--output {output}: a huggingface export is a folder, and {output} is "
-                          "a file. Give a folder, e.g. --output export/hf.")  # fmt: skip
+        raise TpurunError(
+            f"--output {output}: a huggingface export is a folder, and {output} is "
+            "a file. Give a folder, e.g. --output export/hf."
+        )
     if os.path.isdir(output) and os.listdir(output):
         if not all(os.path.exists(os.path.join(output, name)) for name in _OURS):
             raise TpurunError(
@@ -101,17 +103,26 @@ def checker(check_python: str | None) -> str | None:
     transformers are importable, else None (written unchecked)."""
     if check_python:
         if not (os.path.isfile(check_python) and os.access(check_python, os.X_OK)):
-            raise TpurunError(f"--check-python {check_python}: no such executable. Give the "
-                              "path of a Python with transformers and torch, e.g. "
-                              ".venv-hf/bin/python.")  # fmt: skip
+            raise TpurunError(
+                f"--check-python {check_python}: no such executable. Give the "
+                "path of a Python with transformers and torch, e.g. "
+                ".venv-hf/bin/python."
+            )
         return check_python
     if all(importlib.util.find_spec(name) is not None for name in ("transformers", "torch")):
         return sys.executable
     return None
 
 
-def export(trained: Any, found: Any, runtime: Any, output: str, records: tuple[Any, str],
-           tol: float, check_python: str | None) -> dict[str, Any]:  # fmt: skip
+def export(
+    trained: Any,
+    found: Any,
+    runtime: Any,
+    output: str,
+    records: tuple[Any, str],
+    tol: float,
+    check_python: str | None,
+) -> dict[str, Any]:
     """Write the merged model as a Hugging Face folder at ``output``, checked with transformers
     where a Python that has it is found (:func:`checker`), then moved into place.
 
@@ -169,7 +180,7 @@ def export(trained: Any, found: Any, runtime: Any, output: str, records: tuple[A
             "export": round(wrote, 3),
             "check": round(checking, 3),
             "total": round(total, 3),
-        },  # fmt: skip
+        },
     }
 
 
@@ -224,8 +235,12 @@ def _in_float32(task: Any) -> Any:
         return task
     config = {**backbone.get_config(), "dtype": "float32"}
     copy = type(backbone).from_config(config)
-    copy.set_weights([np.asarray(w).astype("float32") if w.dtype in ("bfloat16", "float16")
-                      else np.asarray(w) for w in backbone.weights])  # fmt: skip
+    copy.set_weights(
+        [
+            np.asarray(w).astype("float32") if w.dtype in ("bfloat16", "float16") else np.asarray(w)
+            for w in backbone.weights
+        ]
+    )
     return type(task)(backbone=copy, preprocessor=None)
 
 
@@ -290,12 +305,20 @@ def write_safetensors(tensors: dict[str, Any], path: str) -> None:
         ) from None
     import numpy as np
 
-    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, path,
-              metadata={"format": "pt"})  # fmt: skip
+    save_file(
+        {k: np.ascontiguousarray(v) for k, v in tensors.items()}, path, metadata={"format": "pt"}
+    )
 
 
-def _check(python: str, folder: str, prompts: list[str], ids: list[list[int]],
-           expected: list[Any], tol: float, work: str) -> dict[str, Any]:  # fmt: skip
+def _check(
+    python: str,
+    folder: str,
+    prompts: list[str],
+    ids: list[list[int]],
+    expected: list[Any],
+    tol: float,
+    work: str,
+) -> dict[str, Any]:
     """Load ``folder`` with transformers in a fresh ``python`` and compare (:mod:`tpurun.infer.scripts.run_huggingface`).
 
     Raises:
@@ -306,8 +329,12 @@ def _check(python: str, folder: str, prompts: list[str], ids: list[list[int]],
     check, out = os.path.join(work, "check.json"), os.path.join(work, "logits.npz")
     Path(check).write_text(json.dumps({"prompts": prompts, "token_ids": ids}))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error", TOKENIZERS_PARALLELISM="false",
-               CUDA_VISIBLE_DEVICES="-1")  # fmt: skip
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_VERBOSITY="error",
+        TOKENIZERS_PARALLELISM="false",
+        CUDA_VISIBLE_DEVICES="-1",
+    )
     command = [python, "-I", "-B", str(_SCRIPTS / "run_huggingface.py"), folder, check, out]
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
     if done.returncode != 0:
@@ -344,13 +371,22 @@ def _check(python: str, folder: str, prompts: list[str], ids: list[list[int]],
 
 def _usage(output: str) -> str:
     name = os.path.basename(output)
-    return (f"from transformers import AutoModelForCausalLM, AutoTokenizer; model = "
-            f"AutoModelForCausalLM.from_pretrained('{name}'); tokenizer = "
-            f"AutoTokenizer.from_pretrained('{name}')  (or: vllm serve {name})")  # fmt: skip
+    return (
+        f"from transformers import AutoModelForCausalLM, AutoTokenizer; model = "
+        f"AutoModelForCausalLM.from_pretrained('{name}'); tokenizer = "
+        f"AutoTokenizer.from_pretrained('{name}')  (or: vllm serve {name})"
+    )
 
 
-def _sidecar(trained: Any, found: Any, family: str, dtype: str, checked: dict | None,
-             output: str, python: str | None) -> dict[str, Any]:  # fmt: skip
+def _sidecar(
+    trained: Any,
+    found: Any,
+    family: str,
+    dtype: str,
+    checked: dict | None,
+    output: str,
+    python: str | None,
+) -> dict[str, Any]:
 
     notes = []
     if checked is None:

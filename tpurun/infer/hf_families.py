@@ -136,8 +136,11 @@ def weights(backbone: Any) -> dict[str, Any]:
         block = backbone.get_layer(f"decoder_block_{i}")
         attention, prefix = block.attention, f"model.layers.{i}."
         out[prefix + "input_layernorm.weight"] = _array(block.pre_attention_norm.scale)
-        for name, layer in (("q", attention.query_dense), ("k", attention.key_dense),
-                            ("v", attention.value_dense)):  # fmt: skip
+        for name, layer in (
+            ("q", attention.query_dense),
+            ("k", attention.key_dense),
+            ("v", attention.value_dense),
+        ):
             kernel = _array(layer.kernel)  # merged with its adapter, all heads
             heads, hidden, head_dim = kernel.shape
             out[prefix + f"self_attn.{name}_proj.weight"] = kernel.transpose(0, 2, 1).reshape(

@@ -101,8 +101,11 @@ def weights(backbone: Any, array: Any) -> dict[str, Any]:
         block = backbone.get_layer(f"transformer_layer_{i}")
         attention, prefix = block._self_attention_layer, f"model.layers.{i}."
         out[prefix + "input_layernorm.weight"] = array(block._self_attention_layernorm.scale)
-        for name, layer in (("q", attention._query_dense), ("k", attention._key_dense),
-                            ("v", attention._value_dense)):  # fmt: skip
+        for name, layer in (
+            ("q", attention._query_dense),
+            ("k", attention._key_dense),
+            ("v", attention._value_dense),
+        ):
             kernel = array(layer.kernel)  # merged with its adapter, all heads
             out[prefix + f"self_attn.{name}_proj.weight"] = kernel.reshape(kernel.shape[0], -1).T
             if layer.bias is not None:  # Qwen 2's, per head: (heads, head_dim)

@@ -135,9 +135,11 @@ def reference(trained: Any, task: Any, fmt: str, records: tuple[Any, str]) -> Hu
 
 
 def _float_note(config: Any) -> str:
-    return (f"the run trained against the preset quantized to {config.model.quantize} "
-            "(model.quantize); this artifact is for its original float weights, and its outputs "
-            "differ from the quantized run's by the quantization's error")  # fmt: skip
+    return (
+        f"the run trained against the preset quantized to {config.model.quantize} "
+        "(model.quantize); this artifact is for its original float weights, and its outputs "
+        "differ from the quantized run's by the quantization's error"
+    )
 
 
 def _saved_model(task: Any, config: Any, inputs: Any, source: str, on_tokens: bool) -> HubReference:
@@ -154,8 +156,9 @@ def _saved_model(task: Any, config: Any, inputs: Any, source: str, on_tokens: bo
         expected = _flat(task.predict_on_batch(tokens))
     finally:
         task.preprocessor = preprocessor
-    return HubReference(plain, tokens, source, expected, notes=[_token_note(config, tokens,
-                                                                             "saved_model")])  # fmt: skip
+    return HubReference(
+        plain, tokens, source, expected, notes=[_token_note(config, tokens, "saved_model")]
+    )
 
 
 def _on_tokens(task: Any, tokens: dict) -> list:
@@ -175,12 +178,16 @@ def _token_note(config: Any, tokens: dict, fmt: str) -> str:
     if fmt != "saved_model":
         said += " with the task's preprocessor off (task.preprocessor = None)"
     if not schema_file.is_tokenized(config.data):
-        return (f"{said}: the preset tokenizer's, padded to model.sequence_length {length}; "
-                "tokenize with keras_hub.models.*Preprocessor.from_preset (not in the "
-                "SavedModel)")  # fmt: skip
+        return (
+            f"{said}: the preset tokenizer's, padded to model.sequence_length {length}; "
+            "tokenize with keras_hub.models.*Preprocessor.from_preset (not in the "
+            "SavedModel)"
+        )
     less = ", less each record's last position" if _causal_tokens(config) else ""
-    return (f"{said}: as `tpurun data write --tokenize` wrote the run's records{less} (ids "
-            "int32, masks 0/1 or boolean)")  # fmt: skip
+    return (
+        f"{said}: as `tpurun data write --tokenize` wrote the run's records{less} (ids "
+        "int32, masks 0/1 or boolean)"
+    )
 
 
 def _causal_tokens(config: Any) -> bool:
@@ -230,21 +237,29 @@ def usage(fmt: str, name: str, trained: Any, task_name: str) -> str:
     on_tokens = schema_file.is_tokenized(config.data)
     if fmt == "keras":
         said = "; token ids as `tpurun data write --tokenize` writes them" if on_tokens else ""
-        return (f"import keras; model = keras.saving.load_model('{name}'); "
-                f"{_call(config, 'model')}  (keras-hub installed{said})")  # fmt: skip
+        return (
+            f"import keras; model = keras.saving.load_model('{name}'); "
+            f"{_call(config, 'model')}  (keras-hub installed{said})"
+        )
     if fmt == "saved_model":
-        return (f"import tensorflow as tf; model = tf.saved_model.load('{name}'); "
-                "logits = model.serve({'token_ids': ids, 'padding_mask': mask, ...})")  # fmt: skip
+        return (
+            f"import tensorflow as tf; model = tf.saved_model.load('{name}'); "
+            "logits = model.serve({'token_ids': ids, 'padding_mask': mask, ...})"
+        )
     lora = preset_task.lora_settings(config)
     alpha = ""
     if lora["alpha"] != lora["rank"]:
-        alpha = ("; [setattr(l, 'lora_alpha', " + f"{lora['alpha']}" + ") for l in "
-                 "task.backbone._flatten_layers() if getattr(l, 'lora_enabled', False)]")  # fmt: skip
+        alpha = (
+            "; [setattr(l, 'lora_alpha', " + f"{lora['alpha']}" + ") for l in "
+            "task.backbone._flatten_layers() if getattr(l, 'lora_enabled', False)]"
+        )
     length = config.model.sequence_length
     length = f"; task.preprocessor.sequence_length = {length}" if length and not on_tokens else ""
-    return (f"import keras_hub; task = keras_hub.models.{task_name}.from_preset("
-            f"'{config.model.preset}'); task.backbone.enable_lora({lora['rank']}){alpha}; "
-            f"task.backbone.load_lora_weights('{name}'){length}; {_call(config, 'task')}")  # fmt: skip
+    return (
+        f"import keras_hub; task = keras_hub.models.{task_name}.from_preset("
+        f"'{config.model.preset}'); task.backbone.enable_lora({lora['rank']}){alpha}; "
+        f"task.backbone.load_lora_weights('{name}'){length}; {_call(config, 'task')}"
+    )
 
 
 def _call(config: Any, model: str) -> str:

@@ -30,8 +30,10 @@ from tpurun.infer import (
 )
 
 KINDS = (".csv", ".npy", ".npz")
-_KINDS_SAID = ("name a .csv file (an id column and one column per output, or class names and "
-               "probabilities), or .npy / .npz for arrays")  # fmt: skip
+_KINDS_SAID = (
+    "name a .csv file (an id column and one column per output, or class names and "
+    "probabilities), or .npy / .npz for arrays"
+)
 
 
 def output_kind(path: str, generates: bool | None = False) -> str:
@@ -44,8 +46,11 @@ def output_kind(path: str, generates: bool | None = False) -> str:
     if generates:
         return generate.output_kind(path)
     if generates is None:
-        return generate.suffix_of(path, (*KINDS, *generate.OUTPUTS), f"{_KINDS_SAID}; a causal "
-                                  "LM's completions: .csv or .jsonl.")  # fmt: skip
+        return generate.suffix_of(
+            path,
+            (*KINDS, *generate.OUTPUTS),
+            f"{_KINDS_SAID}; a causal LM's completions: .csv or .jsonl.",
+        )
     return generate.suffix_of(path, KINDS, f"{_KINDS_SAID}.")
 
 
@@ -55,8 +60,10 @@ def id_spec(data: Any, name: str, serialized: bytes, filename: str) -> Any:
     if name in data.features:
         feature = data.features[name]
         if getattr(feature, "shape", [1]) not in ([], [1]):
-            raise DataError(f"--id-feature {name}: data.features declares {feature.shape} values "
-                            "per record; an id is one value.")  # fmt: skip
+            raise DataError(
+                f"--id-feature {name}: data.features declares {feature.shape} values "
+                "per record; an id is one value."
+            )
         return feature
     stored = example.parse(serialized).features.feature
     if name not in stored:
@@ -67,8 +74,10 @@ def id_spec(data: Any, name: str, serialized: bytes, filename: str) -> Any:
     kind = stored[name].WhichOneof("kind")
     values = getattr(stored[name], kind).value if kind else []
     if len(values) != 1:
-        raise DataError(f"--id-feature {name}: {filename} holds {len(values)} values of it per "
-                        "record; an id is one value.")  # fmt: skip
+        raise DataError(
+            f"--id-feature {name}: {filename} holds {len(values)} values of it per "
+            "record; an id is one value."
+        )
     if kind == "bytes_list":
         return BytesFeature(type="bytes")
     return Int64Feature(type="int64") if kind == "int64_list" else FloatFeature(type="float")
@@ -136,13 +145,23 @@ def predict(
     form = chat_prompts.for_run(trained, prompt_files)  # None: the run did not train on chat
     runtime = trained_run.activate_for(trained, machine)
     try:
-        result, kind, causal = _rows(trained, found_checkpoint, runtime, form, prompt_files, data,
-                                     output, id_feature, sampling)  # fmt: skip
+        result, kind, causal = _rows(
+            trained,
+            found_checkpoint,
+            runtime,
+            form,
+            prompt_files,
+            data,
+            output,
+            id_feature,
+            sampling,
+        )
     finally:
         runtime.release()
     if prompt_files is not None:
-        result.update(data=data if isinstance(data, str) else " ".join(data),
-                      files=len(prompt_files.files))  # fmt: skip
+        result.update(
+            data=data if isinstance(data, str) else " ".join(data), files=len(prompt_files.files)
+        )
     return {
         "output": output,
         "format": kind.lstrip("."),
@@ -157,20 +176,39 @@ def predict(
     }
 
 
-def _rows(trained: Any, checkpoint: Any, runtime: Any, form: Any, prompt_files: Any, data: Any,
-          output: str, id_feature: str | None, sampling: Any) -> tuple[dict, str, bool]:  # fmt: skip
+def _rows(
+    trained: Any,
+    checkpoint: Any,
+    runtime: Any,
+    form: Any,
+    prompt_files: Any,
+    data: Any,
+    output: str,
+    id_feature: str | None,
+    sampling: Any,
+) -> tuple[dict, str, bool]:
     """Write the rows, with the process set up: a chat run's answers
     (:mod:`tpurun.infer.chat_prompts`), a causal LM's completions, or the model's predictions.
     Returns what was written, the output's kind, and whether the model generates."""
     causal = _generates(trained, sampling, output, prompt_files is not None)
     kind = output_kind(output, causal)
     if form is not None:
-        result = chat_prompts.answer_run(trained, checkpoint, runtime, form, prompt_files, output,
-                                         kind, id_feature, sampling)  # fmt: skip
+        result = chat_prompts.answer_run(
+            trained, checkpoint, runtime, form, prompt_files, output, kind, id_feature, sampling
+        )
     else:
         with _prompt_records(trained, prompt_files, data, id_feature) as (records, inputs):
-            result = _predict(trained, checkpoint, runtime, records, output, kind, id_feature,
-                              sampling if causal else None, inputs)  # fmt: skip
+            result = _predict(
+                trained,
+                checkpoint,
+                runtime,
+                records,
+                output,
+                kind,
+                id_feature,
+                sampling if causal else None,
+                inputs,
+            )
     return result, kind, causal
 
 
@@ -195,12 +233,16 @@ def _generates(trained: Any, sampling: Any, output: str, prompt_files: bool) -> 
                ("top_k", sampling.top_k is not None), ("seed", sampling.seed is not None),
                ("max_length", sampling.max_length is not None)) if v]  # fmt: skip
     if options:
-        raise TpurunError(f"{', '.join(options)}: generation options, and {trained.run.path} "
-                          "holds no causal LM (it predicts; it does not generate text). Leave "
-                          "them out.")  # fmt: skip
+        raise TpurunError(
+            f"{', '.join(options)}: generation options, and {trained.run.path} "
+            "holds no causal LM (it predicts; it does not generate text). Leave "
+            "them out."
+        )
     if str(output).lower().endswith(".jsonl"):
-        raise TpurunError(f"--output {output}: .jsonl holds a causal LM's completions; this "
-                          "run's predictions go to a .csv, .npy or .npz file.")  # fmt: skip
+        raise TpurunError(
+            f"--output {output}: .jsonl holds a causal LM's completions; this "
+            "run's predictions go to a .csv, .npy or .npz file."
+        )
     return False
 
 
@@ -222,14 +264,26 @@ def _prompt_records(trained: Any, found: Any, data: Any, id_feature: str | None)
         yield path, inputs
 
 
-def _predict(trained: Any, checkpoint: Any, runtime: Any, data: Any, output: str, kind: str,
-             id_feature: str | None, sampling: Any, inputs: Any) -> dict[str, Any]:  # fmt: skip
+def _predict(
+    trained: Any,
+    checkpoint: Any,
+    runtime: Any,
+    data: Any,
+    output: str,
+    kind: str,
+    id_feature: str | None,
+    sampling: Any,
+    inputs: Any,
+) -> dict[str, Any]:
     """Read the records, build the model, write the rows: the part of :func:`predict` that runs
     with the process set up. ``inputs``: the features that feed the model (``data.inputs``, or
     the text of a prompt file for a run on token ids)."""
     config = trained.config
-    known = {**config.data.features, inputs: TextFeature(type="text")} if inputs not in (
-        config.data.inputs, None) else config.data.features  # fmt: skip
+    known = (
+        {**config.data.features, inputs: TextFeature(type="text")}
+        if inputs not in (config.data.inputs, None)
+        else config.data.features
+    )
     inputs = config.data.inputs if inputs is None else inputs
     features = {n: known[n] for n in DataConfig.names(inputs)}
     # A causal LM's prompts are checked first, by a message that says how to write them.
@@ -239,20 +293,28 @@ def _predict(trained: Any, checkpoint: Any, runtime: Any, data: Any, output: str
     if sampling is not None:
         generate.check_prompts(trained_run.first_record(found), found.files[0], features)
     if id_feature:
-        features[id_feature] = id_spec(config.data, id_feature, trained_run.first_record(found),
-                                       found.files[0])  # fmt: skip
+        features[id_feature] = id_spec(
+            config.data, id_feature, trained_run.first_record(found), found.files[0]
+        )
     batch = trained_run.global_batch(config, runtime.replicas)
     # A preset's preprocessor is mapped over the batches in tf.data (preset.preprocessed).
     reader = readers.for_config(config, runtime.choice, preset_maps=preset_task.is_preset(config))
     dataset = readers.make_ordered_dataset(
-        reader, found.files, found.compression, batch, records=found.records, features=features,
-        inputs=inputs, extra=[id_feature] if id_feature else [],
-    )  # fmt: skip
+        reader,
+        found.files,
+        found.compression,
+        batch,
+        records=found.records,
+        features=features,
+        inputs=inputs,
+        extra=[id_feature] if id_feature else [],
+    )
     model = trained_run.build(trained, checkpoint, runtime)
     done = {"data": found.source, "files": len(found.files), "global_batch_size": batch}
     if sampling is not None:
-        written = generate.complete(model, dataset, found.records, output, kind, sampling,
-                                    id_feature, config.seed)  # fmt: skip
+        written = generate.complete(
+            model, dataset, found.records, output, kind, sampling, id_feature, config.seed
+        )
         return {**written, **done}
     scores = None
     if preset_task.is_preset(config) and model.preprocessor is not None:
@@ -265,8 +327,15 @@ def _predict(trained: Any, checkpoint: Any, runtime: Any, data: Any, output: str
     return {"rows": writer.written, "columns": writer.header, **done}
 
 
-def _run(model: Any, dataset: Any, writer: prediction_writers.Writer, records: int, targets: Any,
-         id_feature: str | None, scores: Any = None) -> None:  # fmt: skip
+def _run(
+    model: Any,
+    dataset: Any,
+    writer: prediction_writers.Writer,
+    records: int,
+    targets: Any,
+    id_feature: str | None,
+    scores: Any = None,
+) -> None:
     """``scores``: what turns the model's outputs into probabilities (a KerasHub classifier's
     logits), or None."""
     keras = frameworks.keras()

@@ -114,8 +114,10 @@ class NpyWriter(Writer):
         from numpy.lib.format import open_memmap
 
         if len(arrays) != 1:
-            raise TpurunError(f"--output {self.path}: the model has {len(arrays)} outputs and a "
-                              ".npy file holds one array; name a .npz file.")  # fmt: skip
+            raise TpurunError(
+                f"--output {self.path}: the model has {len(arrays)} outputs and a "
+                ".npy file holds one array; name a .npz file."
+            )
         if not self.written:
             shape = (self.records, *arrays[0].shape[1:])
             self.array = open_memmap(self.tmp, mode="w+", dtype=arrays[0].dtype, shape=shape)

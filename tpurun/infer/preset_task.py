@@ -73,8 +73,9 @@ def preprocessed(model: Any, dataset: Any) -> Any:
     preprocessor taken off it and mapped over the batches instead, as training does."""
     tf = frameworks.tensorflow()
     preprocessor = batches.detach(model)
-    return dataset.map(lambda inputs, extra: (preprocessor(inputs), extra),
-                       num_parallel_calls=tf.data.AUTOTUNE)  # fmt: skip
+    return dataset.map(
+        lambda inputs, extra: (preprocessor(inputs), extra), num_parallel_calls=tf.data.AUTOTUNE
+    )
 
 
 def probabilities(model: Any) -> Any:
@@ -82,9 +83,11 @@ def probabilities(model: Any) -> Any:
     (sigmoid for one unit) when its head has no activation; None for any other task."""
     keras = frameworks.keras()
     keras_hub = frameworks.keras_hub()
-    classifiers = tuple(getattr(keras_hub.models, n) for n in
-                        ("TextClassifier", "ImageClassifier", "AudioClassifier")
-                        if hasattr(keras_hub.models, n))  # fmt: skip
+    classifiers = tuple(
+        getattr(keras_hub.models, n)
+        for n in ("TextClassifier", "ImageClassifier", "AudioClassifier")
+        if hasattr(keras_hub.models, n)
+    )
     if not isinstance(model, classifiers):
         return None
     activation = getattr(model, "activation", None)
@@ -237,8 +240,9 @@ def merged(task: Any, config: Any) -> Any:
         return task
     if config.model.quantize is not None:
         return merged_into_float(task, config)
-    plain = build_task(config.model_copy(update={"model": config.model.model_copy(
-        update={"lora": None})}))  # fmt: skip
+    plain = build_task(
+        config.model_copy(update={"model": config.model.model_copy(update={"lora": None})})
+    )
     work = tempfile.mkdtemp(prefix="tpurun-merge-")
     try:
         path = os.path.join(work, "merged.weights.h5")

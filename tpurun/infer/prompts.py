@@ -69,8 +69,10 @@ def _record(path: str, number: int, line: str, key: str, id_feature: str | None)
     try:
         row = json.loads(line)
     except ValueError as exc:
-        raise DataError(f"--data: {path}, line {number}: not a JSON object ({exc.msg}); a JSONL "
-                        "file of prompts holds one object a line.") from None  # fmt: skip
+        raise DataError(
+            f"--data: {path}, line {number}: not a JSON object ({exc.msg}); a JSONL "
+            "file of prompts holds one object a line."
+        ) from None
     if not isinstance(row, dict) or not isinstance(row.get(key), str):
         found = ", ".join(sorted(row)) if isinstance(row, dict) else type(row).__name__
         raise DataError(
@@ -82,8 +84,10 @@ def _record(path: str, number: int, line: str, key: str, id_feature: str | None)
     if id_feature:
         value = row.get(id_feature)
         if not isinstance(value, (str, int)) or isinstance(value, bool):
-            raise DataError(f'--id-feature {id_feature}: {path}, line {number} holds no "'
-                            f'{id_feature}" string or whole number.')  # fmt: skip
+            raise DataError(
+                f'--id-feature {id_feature}: {path}, line {number} holds no "'
+                f'{id_feature}" string or whole number.'
+            )
         record[id_feature] = value
     return record
 
@@ -95,9 +99,11 @@ def records(found: PromptFiles, key: str, id_feature: str | None) -> Iterator[di
         DataError: a JSONL line without the text, or --id-feature with a text file.
     """
     if id_feature and found.kind.family == "text":
-        raise DataError(f"--id-feature {id_feature}: a text file of prompts holds only the "
-                        "prompts (the rows are numbered from 0); give a JSONL file with an "
-                        f'"{id_feature}" key beside each prompt for ids of your own.')  # fmt: skip
+        raise DataError(
+            f"--id-feature {id_feature}: a text file of prompts holds only the "
+            "prompts (the rows are numbered from 0); give a JSONL file with an "
+            f'"{id_feature}" key beside each prompt for ids of your own.'
+        )
     for path in found.files:
         for number, line in lines(path, found.kind):
             if found.kind.family == "text":
@@ -117,11 +123,13 @@ def as_records(found: PromptFiles, key: str, id_feature: str | None) -> Iterator
     folder = tempfile.mkdtemp(prefix="tpurun-prompts-")
     try:
         path = f"{folder}/prompts.tfrecord"
-        written = framing.write_records(path, (serialize(r) for r in
-                                               records(found, key, id_feature)))  # fmt: skip
+        written = framing.write_records(
+            path, (serialize(r) for r in records(found, key, id_feature))
+        )
         if not written:
-            raise DataError(f"--data: {', '.join(found.files)} holds no prompt (every line is "
-                            "blank).")  # fmt: skip
+            raise DataError(
+                f"--data: {', '.join(found.files)} holds no prompt (every line is blank)."
+            )
         yield path
     finally:
         shutil.rmtree(folder, ignore_errors=True)

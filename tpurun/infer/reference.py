@@ -51,8 +51,14 @@ def reference_inputs(trained: Any, n: int = CHECK_RECORDS) -> tuple[Any, str]:
         except TpurunError:
             continue
         take = min(n, found.records)
-        ds = native.make_ordered_dataset(found.files, found.compression, take, records=take,
-                                         features=features, inputs=data.inputs)  # fmt: skip
+        ds = native.make_ordered_dataset(
+            found.files,
+            found.compression,
+            take,
+            records=take,
+            features=features,
+            inputs=data.inputs,
+        )
         inputs, _ = readers.first_batch(ds)
         return inputs, f"the first {take} records of {key}"
     return trained_run.sample_inputs(
@@ -94,8 +100,9 @@ def trained_reference(trained: Any, found: Any, fmt: str, hub: bool, runtime: An
     if not runtime.sharded:
         runtime.release()
     try:
-        return (_hub_reference if hub else _reference)(trained, found, fmt,
-                                                       runtime.choice.precision)  # fmt: skip
+        return (_hub_reference if hub else _reference)(
+            trained, found, fmt, runtime.choice.precision
+        )
     finally:
         runtime.release()
 
@@ -107,8 +114,16 @@ def _hub_reference(trained: Any, found: Any, fmt: str, precision: str) -> Refere
     task = trained_run.build(trained, found)
     with highest_precision():
         ref = hub_export.reference(trained, task, fmt, reference_inputs(trained))
-    return Reference(ref.model, ref.inputs, ref.source, ref.expected, keras.backend.backend(),
-                      precision, ref.notes, ref)  # fmt: skip
+    return Reference(
+        ref.model,
+        ref.inputs,
+        ref.source,
+        ref.expected,
+        keras.backend.backend(),
+        precision,
+        ref.notes,
+        ref,
+    )
 
 
 def _reference(trained: Any, found: Any, fmt: str, precision: str) -> Reference:

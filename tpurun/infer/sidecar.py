@@ -19,9 +19,16 @@ from tpurun.storage.rundir import now_iso
 
 
 def sidecar(
-    fmt: str, name: str, loader: str | None, report: dict, trained: Any, found: Any,
-    ref: Reference, platforms: Sequence[str], tol: float,
-) -> dict[str, Any]:  # fmt: skip
+    fmt: str,
+    name: str,
+    loader: str | None,
+    report: dict,
+    trained: Any,
+    found: Any,
+    ref: Reference,
+    platforms: Sequence[str],
+    tol: float,
+) -> dict[str, Any]:
     """``<output>.json``: what the artifact is, how to load and feed it, and how it was checked."""
     return {
         "format": fmt,
@@ -77,10 +84,14 @@ def _usage(fmt: str, name: str, loader: str | None) -> str:
     if fmt == "saved_model":
         return f"import tensorflow as tf; model = tf.saved_model.load('{name}'); y = model.serve(x)"
     if fmt == "onnx":
-        return ("import onnxruntime as ort; session = ort.InferenceSession('" + name + "'); "
-                "y = session.run(None, {session.get_inputs()[0].name: x})[0]")  # fmt: skip
+        return (
+            "import onnxruntime as ort; session = ort.InferenceSession('" + name + "'); "
+            "y = session.run(None, {session.get_inputs()[0].name: x})[0]"
+        )
     if loader:
         module = os.path.basename(loader).removesuffix(".py")
-        return (f"import sys; sys.path.insert(0, FOLDER); import {module}; "
-                f"model = {module}.load(); y = model.predict(x)")  # fmt: skip
+        return (
+            f"import sys; sys.path.insert(0, FOLDER); import {module}; "
+            f"model = {module}.load(); y = model.predict(x)"
+        )
     return f"import keras; model = keras.saving.load_model('{name}', compile=False)"

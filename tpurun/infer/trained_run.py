@@ -166,9 +166,11 @@ def available(run: RunDir) -> list[str]:
         found.insert(0, "best")
     if fileio.isdir(run.checkpoints):
         for pattern in ("*.keras", f"*{ADAPTER_SUFFIX}", f"*{SHARDED_SUFFIX}"):
-            found += [f"{CHECKPOINTS}/{name}" for name in run.checkpoint_files(pattern)
-                      if not name.startswith(LATEST_WEIGHTS_PREFIX)
-                      and _committed(run, name)]  # fmt: skip
+            found += [
+                f"{CHECKPOINTS}/{name}"
+                for name in run.checkpoint_files(pattern)
+                if not name.startswith(LATEST_WEIGHTS_PREFIX) and _committed(run, name)
+            ]
     return found + ([final] if final else [])
 
 
@@ -249,8 +251,9 @@ def build(trained: TrainedRun, checkpoint: Checkpoint, runtime: Any = None) -> A
     scope = runtime.scope() if runtime is not None else contextlib.nullcontext()
     with scope:
         # With the numbers it trained with, as config.yaml recorded them (normalize: true).
-        model = build_model(config, keras.backend.backend(),
-                            trained.derived.get("normalization") or {})  # fmt: skip
+        model = build_model(
+            config, keras.backend.backend(), trained.derived.get("normalization") or {}
+        )
         if not model.built:  # a subclassed model: one call creates its variables
             model(sample_inputs(config.data, 1))
         if checkpoint.path.endswith(SHARDED_SUFFIX):
@@ -331,9 +334,12 @@ class Records:
 
 
 def find_records(
-    patterns: str | Sequence[str], features: Mapping[str, Any], key: str, resolve=None,
+    patterns: str | Sequence[str],
+    features: Mapping[str, Any],
+    key: str,
+    resolve=None,
     run_config: Config | None = None,
-) -> Records:  # fmt: skip
+) -> Records:
     """Expand ``patterns``, check their first record against ``features`` (only those the
     command reads: a test set has no targets), find damaged files and count the records.
 
@@ -353,8 +359,9 @@ def find_records(
     first = schemas.get(files[0], (None, None))[1] or {}
     compression = first.get("compression") or datafiles.detect_compression(files[0])
     try:
-        checked = records.check_split(files, key, schemas, features, compression,
-                                      skip_corrupt=False)  # fmt: skip
+        checked = records.check_split(
+            files, key, schemas, features, compression, skip_corrupt=False
+        )
     except NotTFRecords as exc:
         written = training_schema(run_config) if run_config is not None else None
         raise exc.advised(written, key) from None
@@ -406,8 +413,10 @@ def writable_output(path: str, key: str = "--output") -> str:
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
-        raise TpurunError(f"{key} {path}: cannot make its folder {folder}: {existing} is a file, "
-                          "not a folder. Choose another path.")  # fmt: skip
+        raise TpurunError(
+            f"{key} {path}: cannot make its folder {folder}: {existing} is a file, "
+            "not a folder. Choose another path."
+        )
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as exc:

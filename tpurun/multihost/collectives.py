@@ -41,8 +41,13 @@ def agree_on_stop(reason: str | None, save_by_clock: bool = False) -> tuple[str 
 
     multihost_utils = frameworks.jax("experimental.multihost_utils")
 
-    codes = np.array([_REASONS.index(reason) if reason in _REASONS else int(bool(reason)),
-                      int(bool(save_by_clock))], dtype=np.int32)  # fmt: skip
+    codes = np.array(
+        [
+            _REASONS.index(reason) if reason in _REASONS else int(bool(reason)),
+            int(bool(save_by_clock)),
+        ],
+        dtype=np.int32,
+    )
     agreed = np.max(np.reshape(multihost_utils.process_allgather(codes), (-1, 2)), axis=0)
     return (_REASONS[int(agreed[0])] or None), bool(agreed[1])
 

@@ -60,8 +60,10 @@ class Watchdog:
                     if seen.get(other, (None,))[0] != value:
                         seen[other] = (value, now)
                     elif now - seen[other][1] > self.lost_after:
-                        self._lost(f"process {other} of {n} stopped answering "
-                                   f"{now - seen[other][1]:.0f} s ago")  # fmt: skip
+                        self._lost(
+                            f"process {other} of {n} stopped answering "
+                            f"{now - seen[other][1]:.0f} s ago"
+                        )
                         return
             except Exception as exc:  # the coordinator (process 0) is gone
                 if self._stop.is_set():

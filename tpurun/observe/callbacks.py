@@ -180,8 +180,9 @@ class Observers:
     last: list[Any] = field(default_factory=list)
 
 
-def observers(config: Config, plan: Plan, run: RunDir, reporter: Reporter, *, progress: Any,
-              checkpointer: Any) -> Observers:  # fmt: skip
+def observers(
+    config: Config, plan: Plan, run: RunDir, reporter: Reporter, *, progress: Any, checkpointer: Any
+) -> Observers:
     """The observing callbacks for a run. TensorBoard and the profile write into the run
     directory, so only the process that writes it gets them."""
     wait = InputWait(plan)
@@ -189,19 +190,40 @@ def observers(config: Config, plan: Plan, run: RunDir, reporter: Reporter, *, pr
     profile = config.train.profile
     if profile is not None and run.writer:
         out.before_progress.insert(
-            0, Profile(run, plan.backend, profile.start_step, profile.steps,
-                       plan.steps_per_execution, reporter),
-        )  # fmt: skip
+            0,
+            Profile(
+                run,
+                plan.backend,
+                profile.start_step,
+                profile.steps,
+                plan.steps_per_execution,
+                reporter,
+            ),
+        )
     out.last.append(LearningRateLog())
     tensorboard = config.callbacks.tensorboard
     if tensorboard is not None and run.writer:
         out.last.append(
-            TensorBoardLog(run, plan.steps_per_epoch, tensorboard.loss_every_steps,
-                           checkpointer=checkpointer, progress=progress, input_wait=wait)
-        )  # fmt: skip
+            TensorBoardLog(
+                run,
+                plan.steps_per_epoch,
+                tensorboard.loss_every_steps,
+                checkpointer=checkpointer,
+                progress=progress,
+                input_wait=wait,
+            )
+        )
     if config.observe.trackers and run.writer:  # MLflow, W&B: their SDKs only when named
-        out.last.append(TrackerLog(config, run, reporter, steps_per_epoch=plan.steps_per_epoch,
-                                   progress=progress, input_wait=wait))  # fmt: skip
+        out.last.append(
+            TrackerLog(
+                config,
+                run,
+                reporter,
+                steps_per_epoch=plan.steps_per_epoch,
+                progress=progress,
+                input_wait=wait,
+            )
+        )
     return out
 
 

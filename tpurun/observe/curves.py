@@ -133,8 +133,9 @@ def draw(logs: Sequence[RunLog], metrics: Sequence[str] | None = None) -> Any:
         raise TpurunError(f"plotting needs matplotlib: {VIZ_EXTRA}.") from None
     columns = min(MAX_COLUMNS, len(names))
     rows = math.ceil(len(names) / columns)
-    fig = Figure(figsize=(PANEL_INCHES[0] * columns, PANEL_INCHES[1] * rows), dpi=DPI,
-                 layout="constrained")  # fmt: skip
+    fig = Figure(
+        figsize=(PANEL_INCHES[0] * columns, PANEL_INCHES[1] * rows), dpi=DPI, layout="constrained"
+    )
     axes = fig.subplots(rows, columns, squeeze=False).ravel()
     for ax in axes[len(names) :]:
         ax.set_visible(False)
@@ -149,8 +150,15 @@ def draw(logs: Sequence[RunLog], metrics: Sequence[str] | None = None) -> Any:
                     continue
                 values = log.columns[column]
                 plotted += values
-                ax.plot(log.epochs, values, style, color=color, marker=marker, markersize=3,
-                        label=f"{log.name} {label}" if several else label)  # fmt: skip
+                ax.plot(
+                    log.epochs,
+                    values,
+                    style,
+                    color=color,
+                    marker=marker,
+                    markersize=3,
+                    label=f"{log.name} {label}" if several else label,
+                )
         ax.set_title(name)
         ax.set_xlabel("epoch")
         ax.set_ylabel(name)
@@ -177,8 +185,14 @@ def _learning_rate(ax: Any, logs: Sequence[RunLog], several: bool) -> list[Any]:
     for i, log in with_lr:
         rates = log.columns["learning_rate"]
         values += rates
-        (line,) = twin.plot(log.epochs, rates, ":", color=f"C{i % 10}", alpha=0.7,
-                            label=f"{log.name} learning rate" if several else "learning rate")  # fmt: skip
+        (line,) = twin.plot(
+            log.epochs,
+            rates,
+            ":",
+            color=f"C{i % 10}",
+            alpha=0.7,
+            label=f"{log.name} learning rate" if several else "learning rate",
+        )
         lines.append(line)
     twin.set_ylabel("learning rate")
     finite = [v for v in values if v == v and v > 0]

@@ -46,8 +46,10 @@ class EventFile:
 
     def __init__(self, folder: str):
         fileio.makedirs(folder)
-        name = (f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}."
-                f"{os.getpid()}.{next(_numbers)}.v2")  # fmt: skip
+        name = (
+            f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}."
+            f"{os.getpid()}.{next(_numbers)}.v2"
+        )
         self.path = fileio.join(folder, name)
         self._remote = fileio.is_remote(self.path)
         self._written: list[bytes] = []  # remote: every framed event, uploaded whole
@@ -67,9 +69,11 @@ class EventFile:
     def scalars(self, values: Mapping[str, float], step: int) -> None:
         """One event holding ``values`` (tag: value) at ``step``."""
         summary = summary_pb2.Summary(
-            value=[summary_pb2.Summary.Value(tag=tag, simple_value=float(value))
-                   for tag, value in values.items()]
-        )  # fmt: skip
+            value=[
+                summary_pb2.Summary.Value(tag=tag, simple_value=float(value))
+                for tag, value in values.items()
+            ]
+        )
         self._add(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
 
     def flush(self) -> None:

@@ -50,8 +50,15 @@ def _stop(backend: str) -> None:
 class Profile(keras.callbacks.Callback):
     """Traces steps ``start_step`` to ``start_step + steps - 1`` of this session."""
 
-    def __init__(self, run: RunDir, backend: str, start_step: int, steps: int,
-                 steps_per_execution: int, reporter: Reporter):  # fmt: skip
+    def __init__(
+        self,
+        run: RunDir,
+        backend: str,
+        start_step: int,
+        steps: int,
+        steps_per_execution: int,
+        reporter: Reporter,
+    ):
         super().__init__()
         self.run, self.backend, self.reporter = run, backend, reporter
         self.first, self.last = start_step, start_step + steps - 1

@@ -51,8 +51,16 @@ class TensorBoardLog(keras.callbacks.Callback):
     (which may end ``fit`` at a batch's end).
     """
 
-    def __init__(self, run: RunDir, steps_per_epoch: int, loss_every_steps: int | None, *,
-                 checkpointer: Any, progress: Any = None, input_wait: Any = None):  # fmt: skip
+    def __init__(
+        self,
+        run: RunDir,
+        steps_per_epoch: int,
+        loss_every_steps: int | None,
+        *,
+        checkpointer: Any,
+        progress: Any = None,
+        input_wait: Any = None,
+    ):
         super().__init__()
         self.folder = run.file(*run.tensorboard_parts())
         self.steps_per_epoch = steps_per_epoch

@@ -41,8 +41,16 @@ class TrackerLog(keras.callbacks.Callback):
     directory, and placed where :class:`~tpurun.observe.tensorboard.TensorBoardLog` is (after
     ``Progress``, before ``RunControl``). The trackers start when it is made, before ``fit``."""
 
-    def __init__(self, config: Config, run: RunDir, reporter: Reporter, *, steps_per_epoch: int,
-                 progress: Any = None, input_wait: Any = None):  # fmt: skip
+    def __init__(
+        self,
+        config: Config,
+        run: RunDir,
+        reporter: Reporter,
+        *,
+        steps_per_epoch: int,
+        progress: Any = None,
+        input_wait: Any = None,
+    ):
         super().__init__()
         for stale in list(_OPEN):
             stale.close()
@@ -120,8 +128,10 @@ class TrackerLog(keras.callbacks.Callback):
             if tracker in self.active:
                 self.active.remove(tracker)
             self.dropped.add(tracker.name)
-            self._say(f"{tracker.name} failed {what} ({describe(exc)}); training goes on, "
-                      f"without {tracker.name} for the rest of this session")  # fmt: skip
+            self._say(
+                f"{tracker.name} failed {what} ({describe(exc)}); training goes on, "
+                f"without {tracker.name} for the rest of this session"
+            )
             return False
         return True
 
@@ -149,8 +159,11 @@ class TrackerLog(keras.callbacks.Callback):
         config = self.run.read_config() or {}
         for tracker in list(self.active):
             resumed = tracker.name in self.resumed
-            self._call(tracker, "logging the config",
-                       lambda t=tracker, r=resumed: t.log_params(config, resumed=r))  # fmt: skip
+            self._call(
+                tracker,
+                "logging the config",
+                lambda t=tracker, r=resumed: t.log_params(config, resumed=r),
+            )
 
     def on_epoch_end(self, epoch, logs=None):
         logs = dict(logs or {})
@@ -166,8 +179,11 @@ class TrackerLog(keras.callbacks.Callback):
             saved = self.state[tracker.name]
             if step <= saved.get("last_step", 0):
                 continue  # logged by a session that stopped before its checkpoint
-            if self._call(tracker, f"logging epoch {epoch + 1}",
-                          lambda t=tracker: t.log_metrics(metrics, step)):  # fmt: skip
+            if self._call(
+                tracker,
+                f"logging epoch {epoch + 1}",
+                lambda t=tracker: t.log_metrics(metrics, step),
+            ):
                 saved["last_step"] = step
                 logged = True
         if logged:

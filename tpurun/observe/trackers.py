@@ -211,10 +211,17 @@ class WandbTracker(Tracker):
         # silent: its banner lines; started_line says what matters.
         settings = wandb.Settings(console="off", silent=True)
         self.run = wandb.init(
-            project=self.options.project, entity=self.options.entity, mode=self.options.mode,
-            id=run_id, resume="allow" if run_id else None, name=name, dir=folder,
-            config={"tpurun.run_dir": run_dir}, settings=settings, reinit="create_new",
-        )  # fmt: skip
+            project=self.options.project,
+            entity=self.options.entity,
+            mode=self.options.mode,
+            id=run_id,
+            resume="allow" if run_id else None,
+            name=name,
+            dir=folder,
+            config={"tpurun.run_dir": run_dir},
+            settings=settings,
+            reinit="create_new",
+        )
         return self.run.id
 
     def started_line(self) -> str | None:

@@ -47,9 +47,14 @@ def bench(
     plan, data = prepared.plan, prepared.data
     transform = preprocessing(prepared.config.data, data.tokenized) if preprocessing else None
     ds = readers.make_dataset(
-        prepared.reader, data.train_files, prepared.config.data, plan.global_batch_size,
-        training=True, seed=config.seed, transform=transform,
-    )  # fmt: skip
+        prepared.reader,
+        data.train_files,
+        prepared.config.data,
+        plan.global_batch_size,
+        training=True,
+        seed=config.seed,
+        transform=transform,
+    )
     iterator = iter(ds)
     try:
         first = next(iterator)

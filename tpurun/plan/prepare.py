@@ -127,12 +127,14 @@ def prepare(config: Config, choice: Choice, replicas: int) -> Prepared:
     train = shares(resolved.train_files, resolved.train_counts, n)
     validation = shares(resolved.validation_files, resolved.validation_counts, n)
     plan = make_plan(
-        effective, choice, replicas, [s.records for s in train],
+        effective,
+        choice,
+        replicas,
+        [s.records for s in train],
         [s.records for s in validation] if resolved.validation_files else None,
-    )  # fmt: skip
+    )
     plan.reader, plan.reader_reason = reader.name, reader.reason
-    plan.warnings.extend([*(s.describe() for s in resolved.skipped), *constant,
-                          *resolved.warnings])  # fmt: skip
+    plan.warnings.extend([*(s.describe() for s in resolved.skipped), *constant, *resolved.warnings])
     for split, files in (
         ("train", resolved.train_files),
         ("validation", resolved.validation_files),
@@ -141,8 +143,16 @@ def prepare(config: Config, choice: Choice, replicas: int) -> Prepared:
         if warning:
             plan.warnings.append(warning)
     i = choice.cluster.process_id
-    return Prepared(effective, choice, plan, resolved, train[i],
-                    validation[i] if resolved.validation_files else None, numbers, reader)  # fmt: skip
+    return Prepared(
+        effective,
+        choice,
+        plan,
+        resolved,
+        train[i],
+        validation[i] if resolved.validation_files else None,
+        numbers,
+        reader,
+    )
 
 
 def prepare_here(config: Config, machine: Machine | None = None) -> Prepared:

@@ -222,8 +222,9 @@ def activate(choice: Choice, seed: int) -> ActiveRuntime:
             )
         # Set (or clear) it every time: a notebook kernel keeps the previous run's distribution.
         keras.distribution.set_distribution(distribution)
-        runtime = ActiveRuntime(choice, len(devices), distribution=distribution, mesh=mesh,
-                                devices=devices)  # fmt: skip
+        runtime = ActiveRuntime(
+            choice, len(devices), distribution=distribution, mesh=mesh, devices=devices
+        )
     else:
         strategy = _tf_strategy(choice)
         keras = frameworks.keras()

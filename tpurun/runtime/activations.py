@@ -38,8 +38,13 @@ class Activations:
         if self.remat is None:
             return self
         whole, split = self.remat
-        return replace(self, basis=f"{self.basis}, each recomputed in the backward pass",
-                       whole=whole, split=split, remat=None)  # fmt: skip
+        return replace(
+            self,
+            basis=f"{self.basis}, each recomputed in the backward pass",
+            whole=whole,
+            split=split,
+            remat=None,
+        )
 
     def scaled(self, factor: float) -> Activations:
         """Every figure times ``factor`` (a compute dtype of another size)."""
@@ -47,8 +52,15 @@ class Activations:
         return replace(self, whole=self.whole * factor, split=self.split * factor, remat=remat)
 
 
-def transformer_activations(layers: int, hidden: int, heads: int, sequence: int, batch: int,
-                            compute_itemsize: int, vocabulary: int | None = None) -> Activations:  # fmt: skip
+def transformer_activations(
+    layers: int,
+    hidden: int,
+    heads: int,
+    sequence: int,
+    batch: int,
+    compute_itemsize: int,
+    vocabulary: int | None = None,
+) -> Activations:
     """Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
     section 4.2): a transformer layer keeps ``s*b*h*(34 + 5*a*s/h)`` bytes of 16-bit activations
     (s the sequence, b the batch, h the hidden size, a the heads); with tensor parallelism over
@@ -72,8 +84,13 @@ def transformer_activations(layers: int, hidden: int, heads: int, sequence: int,
     logits = 4 * sequence * vocabulary if vocabulary else 0
     inputs = layers * 2 * sequence * hidden * scale  # what each layer keeps with remat
     remat = (inputs + per_layer_whole, per_layer_split + logits)
-    return Activations(f"Korthikanti et al. 2022, {layers} layers of {sequence} tokens", batch,
-                       layers * per_layer_whole, layers * per_layer_split + logits, remat)  # fmt: skip
+    return Activations(
+        f"Korthikanti et al. 2022, {layers} layers of {sequence} tokens",
+        batch,
+        layers * per_layer_whole,
+        layers * per_layer_split + logits,
+        remat,
+    )
 
 
 def layer_activations(model: Any, batch: int) -> Activations | None:
@@ -113,8 +130,9 @@ def _outputs(layer: Any) -> list[Any]:
     return list(outputs) if isinstance(outputs, list | tuple) else [outputs]
 
 
-def activations_of(model: Any, batch: int, sequence: int | None = None,
-                   remat: bool = False) -> Activations | None:  # fmt: skip
+def activations_of(
+    model: Any, batch: int, sequence: int | None = None, remat: bool = False
+) -> Activations | None:
     """Korthikanti's term for a KerasHub transformer backbone, else :func:`layer_activations`;
     with ``remat``, as ``train.remat`` changes it."""
     term = _activations(model, batch, sequence)
@@ -130,8 +148,15 @@ def _activations(model: Any, batch: int, sequence: int | None) -> Activations | 
         sequence = sequence or getattr(preprocessor, "sequence_length", None) or dims["max_seq"]
         if sequence:
             vocabulary = getattr(backbone, "vocabulary_size", None)
-            return transformer_activations(dims["layers"], dims["hidden"], dims["heads"],
-                                           int(sequence), batch, compute, vocabulary)  # fmt: skip
+            return transformer_activations(
+                dims["layers"],
+                dims["hidden"],
+                dims["heads"],
+                int(sequence),
+                batch,
+                compute,
+                vocabulary,
+            )
     return layer_activations(model, batch)
 
 

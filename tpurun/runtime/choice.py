@@ -229,9 +229,14 @@ def _check_hosts(cfg: RuntimeConfig, accelerator: str, drivers: list[str], hosts
 
 
 def _backend(
-    cfg: RuntimeConfig, machine: Machine, accelerator: str, drivers: list[str], hits_19246,
-    spe: int, replicas: int | None,
-) -> tuple[str, str]:  # fmt: skip
+    cfg: RuntimeConfig,
+    machine: Machine,
+    accelerator: str,
+    drivers: list[str],
+    hits_19246,
+    spe: int,
+    replicas: int | None,
+) -> tuple[str, str]:
     """The backend to run, and why: the config's, else the fastest that drives the accelerator
     and can run the config as written."""
     candidates = [cfg.backend] if cfg.backend != "auto" else drivers

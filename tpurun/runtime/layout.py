@@ -88,8 +88,14 @@ class Placer:
     are all null keeps a variable whole on purpose.
     """
 
-    def __init__(self, rules: Sequence[Rule], mesh: dict[str, int], source: str,
-                 preset: Sequence[Rule] = (), auto: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        rules: Sequence[Rule],
+        mesh: dict[str, int],
+        source: str,
+        preset: Sequence[Rule] = (),
+        auto: bool = False,
+    ):
         self.rules = list(rules)  # the config's
         self.preset = list(preset)  # the backbone's get_layout_map
         self.mesh = mesh  # {"data": d, "model": m}
@@ -97,18 +103,21 @@ class Placer:
         self.auto = auto
         self.placements: dict[str, Placement] = {}
 
-    def _rule(self, path: str, shape: tuple[int, ...],
-              weight: Weight | None) -> tuple[str | None, Axes, str]:  # fmt: skip
+    def _rule(
+        self, path: str, shape: tuple[int, ...], weight: Weight | None
+    ) -> tuple[str | None, Axes, str]:
         for rules in (self.rules, self.preset):
             matched = [(p, a) for p, a in rules if re.fullmatch(p, path)]
             mine = rules is self.rules
             if len(matched) > 1:
                 key = "runtime.layout" if mine else f"the layout {self.source}"
-                raise ConfigError([
-                    f"{key}: the variable {path} matches {len(matched)} rules "
-                    f"({', '.join(repr(p) for p, _ in matched)}); each variable may match one. "
-                    "Make the patterns narrower."
-                ])  # fmt: skip
+                raise ConfigError(
+                    [
+                        f"{key}: the variable {path} matches {len(matched)} rules "
+                        f"({', '.join(repr(p) for p, _ in matched)}); each variable may match one. "
+                        "Make the patterns narrower."
+                    ]
+                )
             if matched:
                 pattern, axes = matched[0]
                 return pattern, axes, f"{'runtime.layout' if mine else self.map}: {pattern}"
@@ -123,8 +132,9 @@ class Placer:
         name = re.search(r"\((\w+)\)", self.source)
         return f"{name.group(1)}.get_layout_map" if name else self.source
 
-    def place(self, path: str, shape: Sequence[int], itemsize: int,
-              weight: Weight | None = None) -> Axes:  # fmt: skip
+    def place(
+        self, path: str, shape: Sequence[int], itemsize: int, weight: Weight | None = None
+    ) -> Axes:
         """The axes of the variable at ``path`` (``weight``: what its layer says of its
         dimensions, for the ``auto`` rule).
 
@@ -135,11 +145,13 @@ class Placer:
         shape = tuple(int(n) for n in shape)
         rule, axes, how = self._rule(path, shape, weight)
         if len(axes) != len(shape):
-            raise ConfigError([
-                f"runtime.layout: the rule {rule!r} gives {len(axes)} axes, and the variable "
-                f"{path} it matches has {len(shape)} dimensions {list(shape)}. Give one entry "
-                "(data, model or null) per dimension."
-            ])  # fmt: skip
+            raise ConfigError(
+                [
+                    f"runtime.layout: the rule {rule!r} gives {len(axes)} axes, and the variable "
+                    f"{path} it matches has {len(shape)} dimensions {list(shape)}. Give one entry "
+                    "(data, model or null) per dimension."
+                ]
+            )
         for dim, (n, axis) in enumerate(zip(shape, axes, strict=True)):
             if axis and n % self.mesh[axis]:
                 raise ConfigError([_indivisible(path, shape, dim, axes, rule, self)])
@@ -151,8 +163,9 @@ class Placer:
         return placement.rule in {p for p, _ in self.rules}
 
 
-def _indivisible(path: str, shape: tuple[int, ...], dim: int, axes: Axes, rule: str | None,
-                 placer: Placer) -> str:  # fmt: skip
+def _indivisible(
+    path: str, shape: tuple[int, ...], dim: int, axes: Axes, rule: str | None, placer: Placer
+) -> str:
     n, axis, mesh = shape[dim], axes[dim], placer.mesh
     sizes = [k for k in range(2, n + 1) if n % k == 0] or [1]
     kv = re.search(r"/(key|value)/", path)
@@ -180,8 +193,9 @@ def _of(placer: Placer, paths: Sequence[str] | None) -> list[Placement]:
     return [placer.placements[p] for p in paths if p in placer.placements]
 
 
-def check_placements(placer: Placer, paths: Sequence[str], exempt: Sequence[str] = (),
-                     config_rules: bool = False) -> None:  # fmt: skip
+def check_placements(
+    placer: Placer, paths: Sequence[str], exempt: Sequence[str] = (), config_rules: bool = False
+) -> None:
     """After the model is built: every rule of the config's matched a variable, and no large
     variable is left replicated while the model axis is over 1.
 
@@ -228,8 +242,10 @@ def _unmatched(pattern: str, paths: list[str]) -> str:
     partly = [p for p in paths if re.search(pattern, p)]
     if partly:  # what Keras before 3.14 would have matched (re.search; keras#22164)
         inner = f"({pattern})" if "|" in pattern else pattern
-        wider = next((w for w in (f".*{inner}", f"{inner}.*") if all(re.fullmatch(w, p)
-                      for p in partly)), f".*{inner}.*")  # fmt: skip
+        wider = next(
+            (w for w in (f".*{inner}", f"{inner}.*") if all(re.fullmatch(w, p) for p in partly)),
+            f".*{inner}.*",
+        )
         return (
             f"runtime.layout: the pattern {pattern!r} matches no whole variable path: tpurun "
             f"matches each pattern against the whole path (re.fullmatch, as Keras 3.14 and later "

@@ -269,9 +269,15 @@ def counter_bytes(backend: str, learning_rate_variable: bool) -> int:
     return (4 if backend == "jax" else 8) + (4 if learning_rate_variable else 0)
 
 
-def estimate(entries: list[Entry], mesh: tuple[int, int] | None, slots: Slots, *,
-             accumulation: int = 1, counters: int = 4,
-             activations: Activations | None = None) -> Estimate:  # fmt: skip
+def estimate(
+    entries: list[Entry],
+    mesh: tuple[int, int] | None,
+    slots: Slots,
+    *,
+    accumulation: int = 1,
+    counters: int = 4,
+    activations: Activations | None = None,
+) -> Estimate:
     """Bytes per device of ``entries`` on ``mesh`` (``(data, model)``; None: one replica per
     device, every variable whole)."""
     return Estimate(list(entries), mesh_sizes(mesh), slots, accumulation, counters, activations)

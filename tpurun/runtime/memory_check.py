@@ -45,8 +45,9 @@ class Limit:
         return {"bytes": self.bytes, "source": self.source}
 
 
-def device_limit(config: Config, device: Any = None, kind: str | None = None,
-                 reported: int | None = None) -> Limit | None:  # fmt: skip
+def device_limit(
+    config: Config, device: Any = None, kind: str | None = None, reported: int | None = None
+) -> Limit | None:
     """The device's memory: the config's, the runtime's, the table's; None where none is known.
 
     Args:
@@ -96,8 +97,13 @@ def per_device_batch(plan: Any, mesh: tuple[int, int]) -> int:
     return max(1, plan.global_batch_size // max(1, mesh[0]))
 
 
-def estimate_for_model(model: Any, config: Config, plan: Any, mesh: tuple[int, int] | None,
-                       specs: dict[str, tuple] | None = None) -> Estimate:  # fmt: skip
+def estimate_for_model(
+    model: Any,
+    config: Config,
+    plan: Any,
+    mesh: tuple[int, int] | None,
+    specs: dict[str, tuple] | None = None,
+) -> Estimate:
     """Bytes per device of ``model`` as ``config`` trains it on ``mesh`` (``(data, model)``, None
     without one). A live model's shardings are read from its variables; a model built without
     the devices (a stateless scope) takes ``specs`` (path -> axes per dimension). Builds nothing:
@@ -146,8 +152,7 @@ def check_fits(est: Estimate, limit: Limit | None, config: Config, plan: Any) ->
     if limit is None:
         return None
     if est.total <= limit.bytes:
-        return (f"memory: about {size(est.total)} per device of {size(limit.bytes)} "
-                f"({limit.source})")  # fmt: skip
+        return f"memory: about {size(est.total)} per device of {size(limit.bytes)} ({limit.source})"
     raise EnvironmentSetupError(refusal(est, limit, config, plan))
 
 
@@ -259,8 +264,9 @@ def _with_lora(est: Estimate) -> Estimate | None:
     adapters = []
     for e in est.entries:
         if e.path.endswith(("query/kernel", "value/kernel")) and len(e.shape) >= 2:
-            adapters.append(Entry(e.path + "_lora_a", (e.shape[0], LORA_RANK), "float32",
-                                  (None, None), True))  # fmt: skip
+            adapters.append(
+                Entry(e.path + "_lora_a", (e.shape[0], LORA_RANK), "float32", (None, None), True)
+            )
             out = (LORA_RANK, *e.shape[1:])
             adapters.append(Entry(e.path + "_lora_b", out, "float32", (None,) * len(out), True))
     if not adapters:

@@ -111,11 +111,13 @@ def rules_for(config: Config, mesh: Any, backbone: Any) -> tuple[list[Rule], lis
     if layout == "auto" or not _has_layout(backbone):
         if layout == "preset":
             what = f"the backbone {backbone.__name__}" if backbone else "a model.factory model"
-            raise ConfigError([
-                f"runtime.layout: preset, and {what} has no layout of its own (KerasHub gives "
-                "Gemma, Llama and Qwen one). Set runtime.layout: auto (every large weight split "
-                "along a dimension the model axis divides), or give rules: [{pattern, axes}, ...]."
-            ])  # fmt: skip
+            raise ConfigError(
+                [
+                    f"runtime.layout: preset, and {what} has no layout of its own (KerasHub gives "
+                    "Gemma, Llama and Qwen one). Set runtime.layout: auto (every large weight split "
+                    "along a dimension the model axis divides), or give rules: [{pattern, axes}, ...]."
+                ]
+            )
         return mine, [], "auto" if not mine else "runtime.layout, then auto", True
     name = f"the preset's ({backbone.__name__})"
     return mine, _preset_rules(backbone, mesh), name, False
@@ -211,8 +213,12 @@ def placing(placer: Placer, keras_mesh: Any, auto_shard: bool = True) -> Any:
     ``placer`` says, as it is created (``auto_shard``: Keras splits a dataset over the processes
     itself; off where each process reads its own share)."""
     keras = frameworks.keras()
-    return _placing_class(keras)(placer=placer, batch_dim_name="data", auto_shard_dataset=auto_shard,
-                                 layout_map=keras.distribution.LayoutMap(keras_mesh))  # fmt: skip
+    return _placing_class(keras)(
+        placer=placer,
+        batch_dim_name="data",
+        auto_shard_dataset=auto_shard,
+        layout_map=keras.distribution.LayoutMap(keras_mesh),
+    )
 
 
 def install(runtime: Any, config: Config, backbone: Any) -> Placer | None:

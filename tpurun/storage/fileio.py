@@ -124,8 +124,11 @@ def glob(pattern: str, files_only: bool = False) -> list[str]:
     found, inner = _store(pattern)
     with _remote(pattern, "listing it", missing_is_error=True):
         listed = found.fs.glob(inner, detail=True)
-    return sorted(found.outer(name) for name, info in listed.items()
-                  if not (files_only and info["type"] == "directory"))  # fmt: skip
+    return sorted(
+        found.outer(name)
+        for name, info in listed.items()
+        if not (files_only and info["type"] == "directory")
+    )
 
 
 def escape(path: str) -> str:

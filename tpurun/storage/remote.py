@@ -89,9 +89,11 @@ class Retries:
 
     @classmethod
     def from_environment(cls) -> Retries:
-        return cls(int(_setting("GCS_RETRY_CONFIG_MAX_RETRIES")),
-                   _setting("GCS_RETRY_CONFIG_INIT_DELAY_TIME_US") / 1e6,
-                   _setting("GCS_RETRY_CONFIG_MAX_DELAY_TIME_US") / 1e6)  # fmt: skip
+        return cls(
+            int(_setting("GCS_RETRY_CONFIG_MAX_RETRIES")),
+            _setting("GCS_RETRY_CONFIG_INIT_DELAY_TIME_US") / 1e6,
+            _setting("GCS_RETRY_CONFIG_MAX_DELAY_TIME_US") / 1e6,
+        )
 
     def delay(self, attempt: int) -> float:
         return min(self.first_delay * 2**attempt, self.longest_delay)
@@ -141,7 +143,7 @@ def _gcs() -> Any:
             total=None,
             sock_connect=_setting("GCS_REQUEST_CONNECTION_TIMEOUT_SECS"),
             sock_read=_setting("GCS_REQUEST_IDLE_TIMEOUT_SECS"),
-        ),  # fmt: skip
+        ),
         "session_kwargs": {"trust_env": True},  # HTTPS_PROXY and NO_PROXY, as TF's client
         **fsspec.config.conf.get("gs", {}),  # the user's FSSPEC_GS_* settings win
     }
@@ -398,5 +400,6 @@ def training_stopped(exc: BaseException, checkpoints: str) -> StorageError | Non
     return StorageError(
         f"training stopped: {storage.message} The last checkpoint committed is kept in "
         f"{checkpoints}; once storage answers, run the same command to continue.",
-        storage.kind, storage.detail,
-    )  # fmt: skip
+        storage.kind,
+        storage.detail,
+    )

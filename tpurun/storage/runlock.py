@@ -220,8 +220,9 @@ class RemoteLock:
                 raise Busy(back)
         self.token, self.lost = token, None
         self._stop.clear()
-        self._thread = threading.Thread(target=self._beat, name="tpurun-lock-heartbeat",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._beat, name="tpurun-lock-heartbeat", daemon=True
+        )
         self._thread.start()
         # A process that ends holding the lock (a notebook kernel, a script that never unlocked)
         # releases it first, so that the next run need not wait for it to go stale.

@@ -66,11 +66,16 @@ def train(job: TrainJob) -> TrainResult:
         raise Signalled(job.stop.reason, after_training=False)  # no step ran: nothing to save
     reporter.start(plan, run.path, config.train.epochs, checkpoint.position[0])
     fitting = _Fitting(
-        model, train_data, val_ds, callbacks, progress, checkpoint,
+        model,
+        train_data,
+        val_ds,
+        callbacks,
+        progress,
+        checkpoint,
         # Under a tf.distribute strategy the validation set repeats and needs its step count;
         # elsewhere it is finite and Keras reads it to the end (see pipeline.make_dataset).
         val_steps=plan.validation_steps if job.runtime.strategy is not None else None,
-    )  # fmt: skip
+    )
     restores: list[dict] = []
     with checkpoint.closing():  # sharded saves still in flight at the end: committed
         _fit_once(job, fitting)
@@ -135,20 +140,39 @@ def _datasets(job: TrainJob, transform: Any = None) -> tuple[Callable[[int, int]
 
     def train_data(epoch: int, step: int):
         """This process's training stream from a position: the batches an unbroken run would see."""
-        return readers.for_keras(readers.make_dataset(
-            reader, share.files, config.data, batch, training=True, seed=config.seed,
-            start_record=(epoch * plan.steps_per_epoch + step) * batch, records_per_pass=share.records,
-            cache=readers.cache(config.data.cache, "train", reader), shard=share.shard, transform=transform,
-        ))  # fmt: skip
+        return readers.for_keras(
+            readers.make_dataset(
+                reader,
+                share.files,
+                config.data,
+                batch,
+                training=True,
+                seed=config.seed,
+                start_record=(epoch * plan.steps_per_epoch + step) * batch,
+                records_per_pass=share.records,
+                cache=readers.cache(config.data.cache, "train", reader),
+                shard=share.shard,
+                transform=transform,
+            )
+        )
 
     val_ds = None
     if val_share is not None:
-        val_ds = readers.for_keras(readers.make_dataset(
-            reader, val_share.files, config.data, batch, training=False,
-            score_records=val_share.records, take_batches=plan.validation_steps,
-            repeat_eval=runtime.strategy is not None, cache=readers.cache(config.data.cache, "validation", reader),
-            shard=val_share.shard, transform=transform,
-        ))  # fmt: skip
+        val_ds = readers.for_keras(
+            readers.make_dataset(
+                reader,
+                val_share.files,
+                config.data,
+                batch,
+                training=False,
+                score_records=val_share.records,
+                take_batches=plan.validation_steps,
+                repeat_eval=runtime.strategy is not None,
+                cache=readers.cache(config.data.cache, "validation", reader),
+                shard=val_share.shard,
+                transform=transform,
+            )
+        )
     return train_data, val_ds
 
 
@@ -182,9 +206,17 @@ def _first_inputs(job: TrainJob, model, transform: Any = None) -> Any:
     data = config.data.model_copy(
         update={"shuffle_buffer": min(config.data.shuffle_buffer, 4 * batch)}
     )
-    ds = readers.make_dataset(prepared.reader, share.files, data, batch, training=True,
-                              seed=config.seed, records_per_pass=share.records, shard=share.shard,
-                              transform=transform)  # fmt: skip
+    ds = readers.make_dataset(
+        prepared.reader,
+        share.files,
+        data,
+        batch,
+        training=True,
+        seed=config.seed,
+        records_per_pass=share.records,
+        shard=share.shard,
+        transform=transform,
+    )
     try:
         first_batch = readers.first_batch(ds)
     except Exception as exc:
@@ -221,8 +253,17 @@ def _fit_once(job: TrainJob, f: _Fitting) -> None:
     what to do about them (:mod:`tpurun.training.failures`)."""
     config, plan = job.prepared.config, job.prepared.plan
     try:
-        _fit_from(f.model, f.train_data, f.val_ds, f.val_steps, plan, config.train.epochs,
-                  f.checkpoint, f.progress, f.callbacks)  # fmt: skip
+        _fit_from(
+            f.model,
+            f.train_data,
+            f.val_ds,
+            f.val_steps,
+            plan,
+            config.train.epochs,
+            f.checkpoint,
+            f.progress,
+            f.callbacks,
+        )
     except Exception as exc:
         # Under gradient accumulation `iterations` is computed (batches // N), no variable.
         updates = frameworks.keras().ops.convert_to_numpy(f.model.optimizer.iterations)
@@ -245,8 +286,17 @@ def _once(fn):
     return wrapper
 
 
-def _fit_from(model, train_data, val_ds, val_steps, plan: Plan, epochs: int, checkpoint, progress,
-              callbacks: list) -> None:  # fmt: skip
+def _fit_from(
+    model,
+    train_data,
+    val_ds,
+    val_steps,
+    plan: Plan,
+    epochs: int,
+    checkpoint,
+    progress,
+    callbacks: list,
+) -> None:
     """Fit from the checkpoint's position to ``epochs``.
 
     Keras can only start at an epoch's beginning, so a mid-epoch resume first fits the rest of that
@@ -260,18 +310,35 @@ def _fit_from(model, train_data, val_ds, val_steps, plan: Plan, epochs: int, che
     step -= step % spe  # a changed steps_per_execution: redo the part of an execution
     progress.resume_at = checkpoint.resume_at = (epoch, step)
     if step:
-        _fit(model, train_data(epoch, step), val_ds, val_steps, plan.steps_per_epoch - step,
-             epoch + 1, epoch, callbacks)  # fmt: skip
+        _fit(
+            model,
+            train_data(epoch, step),
+            val_ds,
+            val_steps,
+            plan.steps_per_epoch - step,
+            epoch + 1,
+            epoch,
+            callbacks,
+        )
         if model.stop_training:
             return
         epoch += 1
     if epoch < epochs:
-        _fit(model, train_data(epoch, 0), val_ds, val_steps, plan.steps_per_epoch, epochs, epoch,
-             callbacks)  # fmt: skip
+        _fit(
+            model,
+            train_data(epoch, 0),
+            val_ds,
+            val_steps,
+            plan.steps_per_epoch,
+            epochs,
+            epoch,
+            callbacks,
+        )
 
 
-def _fit(model, train_ds, val_ds, val_steps, steps: int, epochs: int, initial_epoch: int,
-         callbacks: list) -> Any:  # fmt: skip
+def _fit(
+    model, train_ds, val_ds, val_steps, steps: int, epochs: int, initial_epoch: int, callbacks: list
+) -> Any:
     """``model.fit``, with data problems turned into clear errors, and a saved stop ended."""
     tf_errors = getattr(sys.modules.get("tensorflow"), "errors", None)  # loaded by tf_data only
     try:

@@ -165,8 +165,11 @@ def _mismatch(
         return None
     # A type whose shape follows from other keys (a category's vocabulary) is named as a whole.
     settable = "shape" in type(feature).model_fields
-    given = (f"data.features.{name}.shape is {list(shape)}" if settable
-             else f"data.features.{name} ({feature.type}) gives {list(shape)}")  # fmt: skip
+    given = (
+        f"data.features.{name}.shape is {list(shape)}"
+        if settable
+        else f"data.features.{name} ({feature.type}) gives {list(shape)}"
+    )
     head = f"{given}, and the model's input '{slot}' takes {_tuple(expected)} per record"
     held = _held(feature, name, first_record)
     if isinstance(feature, ImageFeature):
@@ -174,8 +177,10 @@ def _mismatch(
     elif settable and None not in expected and math.prod(expected) == math.prod(shape):
         fix = f"Set data.features.{name}.shape: {list(expected)} (the same values, reshaped)."
     else:
-        fix = (f"Build the model on keras.Input(shape={_tuple(shape)}), or feed this input a "
-               "feature of its shape.")  # fmt: skip
+        fix = (
+            f"Build the model on keras.Input(shape={_tuple(shape)}), or feed this input a "
+            "feature of its shape."
+        )
     return f"{head}{held}. {fix}"
 
 

@@ -31,8 +31,12 @@ def _shapes_only_model(config: Config, prepared: Any) -> Any:
     with shapes_only():
         if config.model.preset is not None:
             return build_task(config, load_weights=False, compile=False)
-        return build_model(config, prepared.choice.backend, prepared.normalization,
-                           data_files=prepared.data.train_files)  # fmt: skip
+        return build_model(
+            config,
+            prepared.choice.backend,
+            prepared.normalization,
+            data_files=prepared.data.train_files,
+        )
 
 
 def placement(config: Config, prepared: Any) -> dict[str, Any]:
@@ -63,8 +67,16 @@ def placement(config: Config, prepared: Any) -> dict[str, Any]:
     variables = []
     for path, shape, nbytes, axes, rule in rows:
         shards = math.prod(sizes[a] for a in axes if a)
-        variables.append({"path": path, "shape": list(shape), "axes": list(axes), "rule": rule,
-                          "bytes": nbytes, "bytes_per_device": nbytes // shards})  # fmt: skip
+        variables.append(
+            {
+                "path": path,
+                "shape": list(shape),
+                "axes": list(axes),
+                "rule": rule,
+                "bytes": nbytes,
+                "bytes_per_device": nbytes // shards,
+            }
+        )
     return {
         "mesh": sizes,
         "layout": layout,

@@ -115,8 +115,9 @@ def _rematerialised(layer: Any, call: Any) -> Any:
             for i, tensor in zip(where, flat, strict=True):
                 filled[i] = tensor
             mapping = list(zip(own, filled[: len(own)], strict=True))
-            inner_args, inner_kwargs = keras.tree.pack_sequence_as((args, kwargs),
-                                                                   filled[len(own) :])  # fmt: skip
+            inner_args, inner_kwargs = keras.tree.pack_sequence_as(
+                (args, kwargs), filled[len(own) :]
+            )
             scope = keras.StatelessScope(mapping, collect_losses=True, initialize_variables=False)
             if outer is not None:  # a variable the block reads but does not own: the step's value
                 scope.state_mapping = {**outer.state_mapping, **scope.state_mapping}

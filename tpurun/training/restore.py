@@ -24,14 +24,26 @@ def resume(job: TrainJob, model, inputs, checkpoint) -> None:
     configured = checkpoint.lr_shape
     epoch, step = point.position
     checkpoint.lr_shape, stretched = schedule.continued_shape(
-        point.state.get("lr_shape"), configured, epoch * plan.steps_per_epoch + step,
+        point.state.get("lr_shape"),
+        configured,
+        epoch * plan.steps_per_epoch + step,
         decays=config.train.learning_rate.schedule == "cosine",
-    )  # fmt: skip
-    apply_lr_scale(model, config, plan, checkpoint.lr_scale, saved=checkpoint.lr_scale,
-                   shape=checkpoint.lr_shape, rebuild=checkpoint.lr_shape != configured)  # fmt: skip
+    )
+    apply_lr_scale(
+        model,
+        config,
+        plan,
+        checkpoint.lr_scale,
+        saved=checkpoint.lr_scale,
+        shape=checkpoint.lr_shape,
+        rebuild=checkpoint.lr_shape != configured,
+    )
     if point.state.get("warm_start"):
-        job.reporter.message(f"starting from the weights in {point.source} (no resume state "
-                             "beside it: epoch 1, fresh optimizer position)", "note")  # fmt: skip
+        job.reporter.message(
+            f"starting from the weights in {point.source} (no resume state "
+            "beside it: epoch 1, fresh optimizer position)",
+            "note",
+        )
     else:
         job.reporter.message("; ".join(filter(None, [point.describe(), stretched])), "note")
 
@@ -53,11 +65,16 @@ def restore_after_nan(job: TrainJob, model, inputs, checkpoint, restores: list[d
     scale = checkpoint.lr_scale * config.callbacks.nan_lr_factor  # cuts add up
     load_weights(model, inputs, back.weights, job, back.source)
     checkpoint.restore(back.state, back.folder)  # its lr_scale: the one it was saved with
-    apply_lr_scale(model, config, plan, scale, saved=checkpoint.lr_scale,
-                   shape=checkpoint.lr_shape)  # fmt: skip
+    apply_lr_scale(model, config, plan, scale, saved=checkpoint.lr_scale, shape=checkpoint.lr_shape)
     checkpoint.lr_scale = scale
-    restores.append({"epoch": epoch, "step": step, "restored_to": list(back.position),
-                     "lr_scale": checkpoint.lr_scale})  # fmt: skip
+    restores.append(
+        {
+            "epoch": epoch,
+            "step": step,
+            "restored_to": list(back.position),
+            "lr_scale": checkpoint.lr_scale,
+        }
+    )
     job.reporter.message(
         f"NaN loss at epoch {epoch}, step {step}: {back.describe()} with the learning rate "
         f"x{checkpoint.lr_scale:g} (restore {len(restores) + len(job.summary.nan_restores)} "
@@ -93,14 +110,21 @@ def load_weights(model, inputs, weights: str, job: TrainJob, source: str) -> Non
             try:
                 model.load_weights(local)
             except Exception as exc:  # Keras raises ValueError, KeyError, OSError... for a misfit
-                raise ModelError(f"{source}: cannot load {fileio.basename(weights)} into this "
-                                 f"model: {describe(exc)}") from None  # fmt: skip
+                raise ModelError(
+                    f"{source}: cannot load {fileio.basename(weights)} into this "
+                    f"model: {describe(exc)}"
+                ) from None
 
 
 def apply_lr_scale(
-    model, config: Config, plan: Plan, scale: float, saved: float,
-    shape: dict | None = None, rebuild: bool = False,
-) -> None:  # fmt: skip
+    model,
+    config: Config,
+    plan: Plan,
+    scale: float,
+    saved: float,
+    shape: dict | None = None,
+    rebuild: bool = False,
+) -> None:
     """Run at ``scale`` x the configured learning rate (``on_nan: restore`` cuts it), on the
     schedule's ``shape`` (``rebuild``: a resume of another length stretched it). ``saved``: the
     checkpoint's scale. A plain rate is an optimizer variable, saved with it: multiplied by

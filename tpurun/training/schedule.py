@@ -32,9 +32,11 @@ def schedule_shape(config: Config, plan: Plan) -> dict[str, float]:
 
 
 def continued_shape(
-    saved: dict[str, float] | None, configured: dict[str, float], batches_done: int,
+    saved: dict[str, float] | None,
+    configured: dict[str, float],
+    batches_done: int,
     decays: bool = True,
-) -> tuple[dict[str, float], str | None]:  # fmt: skip
+) -> tuple[dict[str, float], str | None]:
     """The schedule a resumed run continues with, and one line when it is not the configured one.
 
     A run resumed with another length (``train.epochs`` raised or lowered) keeps its learning

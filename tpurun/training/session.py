@@ -162,17 +162,32 @@ def run(
     try:
         if hosts.multi:
             check_shared_folder(output_dir, hosts)
-        return _run(config, runtime, run_dir, reporter, started=started, output=output,
-                    restart=restart, resume=resume)  # fmt: skip
+        return _run(
+            config,
+            runtime,
+            run_dir,
+            reporter,
+            started=started,
+            output=output,
+            restart=restart,
+            resume=resume,
+        )
     finally:
         run_dir.unlock()
         runtime.release()
 
 
 def _run(
-    config: Config, runtime, run: RunDir, reporter: Reporter, *, started: float,
-    output: str | None, restart: bool, resume: str | None,
-) -> dict[str, Any]:  # fmt: skip
+    config: Config,
+    runtime,
+    run: RunDir,
+    reporter: Reporter,
+    *,
+    started: float,
+    output: str | None,
+    restart: bool,
+    resume: str | None,
+) -> dict[str, Any]:
     # Environment and data are checked before anything is written.
     prepared = prepare(config, runtime.choice, runtime.replicas)
     for warning in prepared.plan.warnings:
@@ -317,9 +332,11 @@ def _train(job: TrainJob, ending: Ending) -> TrainResult:
         raise
     except Exception as exc:
         if hosts.multi and lost_peer(exc):
-            lost(f"another process is gone (a collective failed: {str(exc).splitlines()[0][:160]})"
-                 ": killed, out of memory, or its machine stopped. Rerun the same command on every "
-                 "host to resume from the last checkpoint.")  # fmt: skip
+            lost(
+                f"another process is gone (a collective failed: {str(exc).splitlines()[0][:160]})"
+                ": killed, out of memory, or its machine stopped. Rerun the same command on every "
+                "host to resume from the last checkpoint."
+            )
         ending.finish("failed")
         exc.tpurun_error_log = job.run.write_error(traceback.format_exc())
         raise

@@ -28,8 +28,10 @@ def _losses(spec: Any) -> list[Any]:
 def correctable(model: Any) -> bool:
     """Whether the compiled losses reduce as :func:`exact_logs` assumes (Keras' default does;
     a loss object built with another ``reduction`` does not)."""
-    return all(getattr(loss, "reduction", "sum_over_batch_size") in _CORRECTABLE
-               for loss in _losses(model.loss))  # fmt: skip
+    return all(
+        getattr(loss, "reduction", "sum_over_batch_size") in _CORRECTABLE
+        for loss in _losses(model.loss)
+    )
 
 
 def regularization(model: Any) -> float:

@@ -101,8 +101,9 @@ class BatchParser:
             record by record).
     """
 
-    def __init__(self, features: Mapping[str, Any], *, threads: int | None = None,
-                 fast_path: bool = True):  # fmt: skip
+    def __init__(
+        self, features: Mapping[str, Any], *, threads: int | None = None, fast_path: bool = True
+    ):
         self.columns = [_Column(name, spec) for name, spec in features.items()]
         self.threads = threads or min(8, os.cpu_count() or 1)
         self._pool: ThreadPoolExecutor | None = None
@@ -205,13 +206,19 @@ def _wanted(column: _Column) -> layout.Wanted | None:
     spec, shape = column.spec, tuple(column.shape)
     if isinstance(spec, RawFeature):
         dtype = numpy_dtype(spec.dtype).newbyteorder("<")  # decode_raw reads little-endian
-        return layout.Wanted(column.key, column.kind, dtype.itemsize * math.prod(spec.shape),
-                             dtype, tuple(spec.shape))  # fmt: skip
+        return layout.Wanted(
+            column.key,
+            column.kind,
+            dtype.itemsize * math.prod(spec.shape),
+            dtype,
+            tuple(spec.shape),
+        )
     if column.kind == "float_list":
         return layout.Wanted(column.key, column.kind, 4 * column.size, np.dtype("<f4"), shape)
     if column.kind == "int64_list":  # its count (in bytes too, where every value is 0-127)
-        return layout.Wanted(column.key, column.kind, column.size, np.dtype(np.uint8), shape,
-                             column.cast)  # fmt: skip
+        return layout.Wanted(
+            column.key, column.kind, column.size, np.dtype(np.uint8), shape, column.cast
+        )
     return None
 
 
@@ -249,8 +256,10 @@ def _raw(column: _Column, values: list[bytes], n: int) -> np.ndarray:
                 f"{spec.dtype} of shape {spec.shape}, which is {size} bytes, but record {i} of "
                 f"the batch holds {len(value)} bytes. Fix the feature's dtype and shape (tpurun "
                 "data inspect shows what the records hold).",
-                i, column.name, column.key,
-            )  # fmt: skip
+                i,
+                column.name,
+                column.key,
+            )
     data = bytearray().join(values)  # writable, as TF's tensors are (one copy)
     return np.frombuffer(data, dtype).reshape(n, *spec.shape)
 
@@ -270,8 +279,10 @@ def _missing(columns: list[_Column], key: str, i: int, stored: Any) -> RecordMis
     return RecordMismatch(
         f"feature '{column.name}' (record key '{column.key}') is not in record {i} of the batch; "
         f"it holds: {present}. Every record must hold each feature the model reads.",
-        i, column.name, column.key,
-    )  # fmt: skip
+        i,
+        column.name,
+        column.key,
+    )
 
 
 def _mismatch(columns: list[_Column], key: str, i: int, feature: Any) -> RecordMismatch:
@@ -283,5 +294,7 @@ def _mismatch(columns: list[_Column], key: str, i: int, feature: Any) -> RecordM
         f"feature '{column.name}' (record key '{column.key}') is declared {_declared(column)}, "
         f"but record {i} of the batch holds {what}. Fix the feature (tpurun data inspect shows "
         "what the records hold) or the records.",
-        i, column.name, column.key,
-    )  # fmt: skip
+        i,
+        column.name,
+        column.key,
+    )

@@ -18,8 +18,16 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 _FIELD = descriptor_pb2.FieldDescriptorProto
 
 
-def _field(name: str, number: int, kind: int, *, repeated: bool = False, type_name: str = "",
-           oneof: int | None = None, packed: bool = False) -> descriptor_pb2.FieldDescriptorProto:  # fmt: skip
+def _field(
+    name: str,
+    number: int,
+    kind: int,
+    *,
+    repeated: bool = False,
+    type_name: str = "",
+    oneof: int | None = None,
+    packed: bool = False,
+) -> descriptor_pb2.FieldDescriptorProto:
     field = _FIELD(name=name, number=number, type=kind, json_name=name)
     field.label = _FIELD.LABEL_REPEATED if repeated else _FIELD.LABEL_OPTIONAL
     if type_name:
@@ -48,7 +56,7 @@ def _schema() -> descriptor_pb2.FileDescriptorProto:
         feature.field.append(
             _field(
                 list_field, number, _FIELD.TYPE_MESSAGE, type_name=f".tensorflow.{name}", oneof=0
-            )  # fmt: skip
+            )
         )
     features = schema.message_type.add(name="Features")
     entry = features.nested_type.add(name="FeatureEntry")
@@ -62,7 +70,7 @@ def _schema() -> descriptor_pb2.FileDescriptorProto:
             _FIELD.TYPE_MESSAGE,
             repeated=True,
             type_name=".tensorflow.Features.FeatureEntry",
-        )  # fmt: skip
+        )
     )
     example = schema.message_type.add(name="Example")
     example.field.append(

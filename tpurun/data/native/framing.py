@@ -80,8 +80,9 @@ class DamagedRecord(DataError):
         compression: "none" or "gzip", which says what ``offset`` counts.
     """
 
-    def __init__(self, path: str, index: int, offset: int | None, reason: str,
-                 compression: str = "none"):  # fmt: skip
+    def __init__(
+        self, path: str, index: int, offset: int | None, reason: str, compression: str = "none"
+    ):
         self.path, self.index, self.offset = path, index, offset
         self.reason, self.compression = reason, compression
         super().__init__(
@@ -272,9 +273,13 @@ def frame(record: bytes) -> bytes:
     """One record with its TFRecord framing."""
     header = struct.pack("<Q", len(record))
     return b"".join(
-        (header, struct.pack("<I", masked_crc(header)), record,
-         struct.pack("<I", masked_crc(record)))
-    )  # fmt: skip
+        (
+            header,
+            struct.pack("<I", masked_crc(header)),
+            record,
+            struct.pack("<I", masked_crc(record)),
+        )
+    )
 
 
 class RecordWriter:

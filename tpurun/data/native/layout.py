@@ -69,8 +69,9 @@ class Wanted:
             return values.astype(self.cast or np.int64)
 
 
-def agrees_with_protobuf(record: bytes, values: Sequence[np.ndarray],
-                         wanted: Sequence[Wanted]) -> bool:  # fmt: skip
+def agrees_with_protobuf(
+    record: bytes, values: Sequence[np.ndarray], wanted: Sequence[Wanted]
+) -> bool:
     """Whether a layout's ``values`` of one record are what protobuf parses from it (a check
     on each layout a parser learns: where they disagree, protobuf decides)."""
     try:
@@ -281,5 +282,6 @@ def _template(record: bytes, wanted: Sequence[Wanted]) -> _Template:
                 continue  # multi-byte varints of a feature not read: kept as they are
             fixed[start:stop] = False
             small[start:stop] = kind == "int64_list"
-    return _Template(len(record), np.flatnonzero(fixed), raw[fixed].copy(), np.flatnonzero(small),
-                     tuple(offsets))  # fmt: skip
+    return _Template(
+        len(record), np.flatnonzero(fixed), raw[fixed].copy(), np.flatnonzero(small), tuple(offsets)
+    )

@@ -74,9 +74,14 @@ class Batches:
         num_batches: batches in one iteration; None for an endless stream.
     """
 
-    def __init__(self, items: Callable[[], Iterator], parse: Callable[[Any], Any],
-                 num_batches: int | None, workers: int = PARSE_WORKERS,
-                 depth: int = PREFETCH_BATCHES):  # fmt: skip
+    def __init__(
+        self,
+        items: Callable[[], Iterator],
+        parse: Callable[[Any], Any],
+        num_batches: int | None,
+        workers: int = PARSE_WORKERS,
+        depth: int = PREFETCH_BATCHES,
+    ):
         self._items, self._parse = items, parse
         self._workers, self._depth = workers, depth
         self.num_batches = num_batches
@@ -180,8 +185,9 @@ def _compression(compression: str, files: Sequence[str]) -> str:
     return compression
 
 
-def _reader(files: Sequence[str], compression: str,
-            shard: tuple[int, int] | None) -> Callable[[Iterable[str]], Iterable[bytes]]:  # fmt: skip
+def _reader(
+    files: Sequence[str], compression: str, shard: tuple[int, int] | None
+) -> Callable[[Iterable[str]], Iterable[bytes]]:
     """A function from file names to their records: interleaved as ``tf.data`` interleaves
     them, then this process's shard."""
     cycle = min(max(1, len(files)), CYCLE_LENGTH)
@@ -293,8 +299,9 @@ def make_ordered_dataset(
 
     def one_read() -> Iterator[list]:
         first = lambda: next(framing.iter_records(files[0], compression), None)  # noqa: E731
-        pairs = streams.scored(streams.in_file_order(files, open_file), first, records,
-                               batch_size, None)  # fmt: skip
+        pairs = streams.scored(
+            streams.in_file_order(files, open_file), first, records, batch_size, None
+        )
         return streams.batched(pairs, batch_size)
 
     def batch(items: list) -> tuple[Any, dict]:

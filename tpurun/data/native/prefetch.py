@@ -38,8 +38,13 @@ def _done(value: Any) -> Future:
     return future
 
 
-def _produce(source: Iterator, fn: Callable, pool: ThreadPoolExecutor | None, out: queue.Queue,
-             stop: threading.Event) -> None:  # fmt: skip
+def _produce(
+    source: Iterator,
+    fn: Callable,
+    pool: ThreadPoolExecutor | None,
+    out: queue.Queue,
+    stop: threading.Event,
+) -> None:
     """The background thread: ``source`` through ``fn`` into ``out`` until its end or ``stop``.
     Holds no reference to the :class:`Prefetched`, so dropping that stops it."""
 
@@ -94,9 +99,11 @@ class Prefetched:
         self._finalizer = weakref.finalize(self, _stop, self._stop_event, pool)
         self._finished = False
         thread = threading.Thread(
-            target=_produce, args=(source, fn, pool, self._queue, self._stop_event),
-            name="tpurun-input", daemon=True,
-        )  # fmt: skip
+            target=_produce,
+            args=(source, fn, pool, self._queue, self._stop_event),
+            name="tpurun-input",
+            daemon=True,
+        )
         thread.start()
 
     def __iter__(self) -> Prefetched:

@@ -92,9 +92,10 @@ def shuffled(
 
 
 def training_stream(
-    one_pass: Callable[[int], Iterable[bytes]], start_record: int = 0,
+    one_pass: Callable[[int], Iterable[bytes]],
+    start_record: int = 0,
     records_per_pass: int | None = None,
-) -> Iterator[bytes]:  # fmt: skip
+) -> Iterator[bytes]:
     """Endless passes ``one_pass(0), one_pass(1), ...``, from record ``start_record``: its pass
     is started, and the records before it in that pass are read and skipped (not decoded)."""
     first_pass, skip = 0, 0
@@ -108,9 +109,12 @@ def training_stream(
 
 
 def scored(
-    records: Iterable[bytes], first: Callable[[], bytes | None], score_records: int,
-    batch_size: int, take_batches: int | None,
-) -> Iterator[tuple[bytes, float]]:  # fmt: skip
+    records: Iterable[bytes],
+    first: Callable[[], bytes | None],
+    score_records: int,
+    batch_size: int,
+    take_batches: int | None,
+) -> Iterator[tuple[bytes, float]]:
     """``(record, weight)``: the first ``score_records`` records weighted 1, then copies of the
     first record (``first()``, a fresh read) weighted 0 up to a whole number of batches:
     ``take_batches`` of them when given (every process feeds as many)."""

@@ -178,8 +178,9 @@ class _Walk:
         self.pos = self.pos + len(expected)
 
 
-def _parse(records: Sequence[bytes], structure: tuple[_Entry, ...],
-           wanted: Sequence[Wanted]) -> list[np.ndarray] | None:  # fmt: skip
+def _parse(
+    records: Sequence[bytes], structure: tuple[_Entry, ...], wanted: Sequence[Wanted]
+) -> list[np.ndarray] | None:
     """The wanted features of every record, or None where one leaves ``structure``."""
     walk = _Walk(records)
     try:

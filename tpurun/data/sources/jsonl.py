@@ -123,8 +123,10 @@ class JsonlSource(Source):
         for file, number, obj in self._objects():
             if not self._keys:
                 self._keys, self._first = list(obj), f"{file}:{number}"
-                for name, option in ((self._options.label, "--label"),
-                                     *((t, "--text") for t in self._options.text)):  # fmt: skip
+                for name, option in (
+                    (self._options.label, "--label"),
+                    *((t, "--text") for t in self._options.text),
+                ):
                     if name is not None:
                         self._find(name, option)
             self._check_keys(file, number, obj)

@@ -282,9 +282,10 @@ class CsvSource(Source):
             elif j not in packed:
                 self._sources[column.name] = j
                 self.features[column.name] = (
-                    {"type": "text"} if column.kind == "text" else
-                    {"type": _TYPES[column.kind], "shape": []}
-                )  # fmt: skip
+                    {"type": "text"}
+                    if column.kind == "text"
+                    else {"type": _TYPES[column.kind], "shape": []}
+                )
         self.layout = {
             "label": self._options.label,
             "packed": {name: [self._header[j] for j in ix] for name, ix in self._packs.items()},

@@ -26,9 +26,11 @@ SHOWN = 8  # values kept in the answer
 
 def agree(values: list[float], expected: float, rel: float = 1e-3) -> bool:
     """Every replica got the same sum, and it is the expected one (to ``rel``)."""
-    return bool(values) and all(v == values[0] for v in values) and (
-        abs(values[0] - expected) <= rel * abs(expected)
-    )  # fmt: skip
+    return (
+        bool(values)
+        and all(v == values[0] for v in values)
+        and (abs(values[0] - expected) <= rel * abs(expected))
+    )
 
 
 def answer(

@@ -27,9 +27,14 @@ keras = frameworks.keras()  # the process is set up: see tpurun.frameworks
 
 
 def build_callbacks(
-    config: Config, plan: Plan, run: RunDir, reporter: Reporter, stop: Stop, identity: dict,
+    config: Config,
+    plan: Plan,
+    run: RunDir,
+    reporter: Reporter,
+    stop: Stop,
+    identity: dict,
     sharded: bool = False,
-) -> tuple[list[Any], Progress, RunControl]:  # fmt: skip
+) -> tuple[list[Any], Progress, RunControl]:
     """The callback list for ``fit``, plus the two tpurun reads results from.
 
     The resume point is always kept (``callbacks.checkpoint: null`` only turns off the best and
@@ -42,9 +47,13 @@ def build_callbacks(
     extra = [_user_callback(spec, config) for spec in cb.extra]
     checkpointer = _checkpointer(config, plan, run, stateful, identity, sharded)
     control = RunControl(
-        run, checkpointer, stop, steps_per_epoch=plan.steps_per_epoch,
-        watch_nan=cb.on_nan != "ignore", log=cb.csv_log.filename if cb.csv_log else None,
-    )  # fmt: skip
+        run,
+        checkpointer,
+        stop,
+        steps_per_epoch=plan.steps_per_epoch,
+        watch_nan=cb.on_nan != "ignore",
+        log=cb.csv_log.filename if cb.csv_log else None,
+    )
     first = []
     if plan.validation_steps:
         fed = plan.validation_steps * plan.global_batch_size
@@ -68,19 +77,27 @@ def _stateful(config: Config) -> list[Any]:
         r = cb.reduce_lr_on_plateau
         stateful.append(
             ReduceLROnPlateau(
-                monitor=monitor["reduce_lr_on_plateau"][0], factor=r.factor, patience=r.patience,
-                min_lr=r.min_lr, min_delta=r.min_delta, cooldown=r.cooldown, mode=r.mode,
+                monitor=monitor["reduce_lr_on_plateau"][0],
+                factor=r.factor,
+                patience=r.patience,
+                min_lr=r.min_lr,
+                min_delta=r.min_delta,
+                cooldown=r.cooldown,
+                mode=r.mode,
             )
-        )  # fmt: skip
+        )
     if cb.early_stopping is not None:
         e = cb.early_stopping
         stateful.append(
             EarlyStopping(
-                monitor=monitor["early_stopping"][0], patience=e.patience,
-                min_delta=e.min_delta, mode=e.mode, restore_best_weights=e.restore_best_weights,
+                monitor=monitor["early_stopping"][0],
+                patience=e.patience,
+                min_delta=e.min_delta,
+                mode=e.mode,
+                restore_best_weights=e.restore_best_weights,
                 total_epochs=config.train.epochs,
             )
-        )  # fmt: skip
+        )
     return stateful
 
 

@@ -29,9 +29,15 @@ class RunControl(keras.callbacks.Callback):
     """
 
     def __init__(
-        self, run: RunDir, checkpointer: Checkpointer, stop: Stop, *, steps_per_epoch: int,
-        watch_nan: bool, log: str | None,
-    ):  # fmt: skip
+        self,
+        run: RunDir,
+        checkpointer: Checkpointer,
+        stop: Stop,
+        *,
+        steps_per_epoch: int,
+        watch_nan: bool,
+        log: str | None,
+    ):
         super().__init__()
         self.run = run
         self.checkpointer = checkpointer

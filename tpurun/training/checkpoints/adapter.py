@@ -245,8 +245,10 @@ def _check_format(f: Any, path: str) -> None:
     if f.attrs.get("format") != FORMAT:
         raise ModelError(f"{path} is not a tpurun adapter checkpoint (no '{FORMAT}' mark).")
     if int(f.attrs.get("version", 0)) > VERSION:
-        raise ModelError(f"{path} was written by a newer tpurun (adapter format "
-                         f"{int(f.attrs['version'])}); upgrade tpurun to resume from it.")  # fmt: skip
+        raise ModelError(
+            f"{path} was written by a newer tpurun (adapter format "
+            f"{int(f.attrs['version'])}); upgrade tpurun to resume from it."
+        )
 
 
 def load(model: Any, path: str, source: str, preset: str | None = None) -> None:
@@ -356,8 +358,9 @@ def load_lora(task: Any, path: str, source: str) -> None:
     with contextlib.ExitStack() as stack:
         local = path
         if fileio.is_remote(path):  # KerasHub's reader opens a local path
-            local = os.path.join(stack.enter_context(tempfile.TemporaryDirectory()),
-                                 fileio.basename(path))  # fmt: skip
+            local = os.path.join(
+                stack.enter_context(tempfile.TemporaryDirectory()), fileio.basename(path)
+            )
             fileio.copy(path, local)
         try:
             task.backbone.load_lora_weights(local)

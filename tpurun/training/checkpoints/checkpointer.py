@@ -90,12 +90,22 @@ class Checkpointer:
     """
 
     def __init__(
-        self, run: RunDir, *, steps_per_epoch: int, monitor: str, mode: str | None,
-        save_best: bool = True, save_best_only: bool = True, filename: str | None = None,
-        keep: int | None = None, every_steps: int | None = None,
-        every_minutes: float | None = None, stateful: Sequence[Any] = (),
-        identity: Mapping[str, Any] | None = None, sharded: bool = False,
-    ):  # fmt: skip
+        self,
+        run: RunDir,
+        *,
+        steps_per_epoch: int,
+        monitor: str,
+        mode: str | None,
+        save_best: bool = True,
+        save_best_only: bool = True,
+        filename: str | None = None,
+        keep: int | None = None,
+        every_steps: int | None = None,
+        every_minutes: float | None = None,
+        stateful: Sequence[Any] = (),
+        identity: Mapping[str, Any] | None = None,
+        sharded: bool = False,
+    ):
         self.run = run
         self.steps_per_epoch = steps_per_epoch
         self.monitor = monitor
@@ -280,9 +290,14 @@ class Checkpointer:
             saver.close()
 
     def save_latest(
-        self, model: Any, epochs_done: int, step: int, reason: str, state: dict | None = None,
+        self,
+        model: Any,
+        epochs_done: int,
+        step: int,
+        reason: str,
+        state: dict | None = None,
         then: Callable[[], None] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Weights first, under a new name; then ``latest.json`` naming them; then old weights go.
 
         ``state``: this position's :meth:`state`, when the caller has it already. ``then``: what
@@ -366,9 +381,12 @@ class Checkpointer:
             self.run.remove_checkpoint(state_file(old))
 
     def epoch_end(
-        self, model: Any, epoch: int, logs: Mapping[str, Any],
+        self,
+        model: Any,
+        epoch: int,
+        logs: Mapping[str, Any],
         then: Callable[[], None] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """A finished epoch: the best model if it improved, a pattern-named one, the resume point;
         ``then``: what to do once the resume point is committed."""
         self.last_logs = {k: float(v) for k, v in logs.items()}

@@ -120,8 +120,9 @@ class Saver:
         )
         self._checkpointer.save(path, args=args, force=True)
         self.in_flight = path
-        self._watch = threading.Thread(target=self._wait_for_orbax, name="tpurun-sharded-save",
-                                       daemon=True)  # fmt: skip
+        self._watch = threading.Thread(
+            target=self._wait_for_orbax, name="tpurun-sharded-save", daemon=True
+        )
         self._watch.start()
 
     def _wait_for_orbax(self) -> None:
@@ -231,8 +232,10 @@ def load(model: Any, path: str, source: str, weights_only: bool = False) -> None
             f"{source}: {name} is not a tpurun sharded checkpoint (no '{FORMAT}' mark)."
         )
     if int(saved.get("version", 0)) > VERSION:
-        raise ModelError(f"{source}: {name} was written by a newer tpurun (sharded format "
-                         f"{saved['version']}); upgrade tpurun to resume from it.")  # fmt: skip
+        raise ModelError(
+            f"{source}: {name} was written by a newer tpurun (sharded format "
+            f"{saved['version']}); upgrade tpurun to resume from it."
+        )
     problems = misfits(saved, model, weights_only)
     if problems:
         more = f" and {len(problems) - 4} more" if len(problems) > 4 else ""
@@ -257,9 +260,10 @@ def load(model: Any, path: str, source: str, weights_only: bool = False) -> None
     }
     if weights_only:  # the optimizer's group stays on disk
         restore = ocp.args.PyTreeRestore(
-            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+            item=target,
+            restore_args=ocp.checkpoint_utils.construct_restore_args(target),
             partial_restore=True,
-        )  # fmt: skip
+        )
     else:
         restore = ocp.args.StandardRestore(target)
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as reader:
