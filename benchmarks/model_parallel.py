@@ -138,7 +138,7 @@ def load_memory(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(ROOT))
     from tpurun.config import load_config
     from tpurun.hub import mesh_layout
-    from tpurun.hub.model import build_task
+    from tpurun.hub.task_model import build_task
     from tpurun.plan.prepare import choose_for
     from tpurun.runtime.activate import activate
     from tpurun.runtime.machine import probe

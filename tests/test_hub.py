@@ -28,7 +28,7 @@ import tpurun
 from tpurun.cli.app import app
 from tpurun.errors import ConfigError, EnvironmentSetupError, ModelError
 from tpurun.hub import preset as presets
-from tpurun.hub.model import build_preprocessor, build_task, lora_layers, parameter_counts
+from tpurun.hub.task_model import build_preprocessor, build_task, lora_layers, parameter_counts
 from tpurun.training.model import build_model, compile_model
 
 runner = CliRunner()

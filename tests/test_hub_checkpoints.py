@@ -33,7 +33,7 @@ import tpurun
 from tpurun import frameworks
 from tpurun.cli.app import app
 from tpurun.errors import Interrupted, ModelError
-from tpurun.hub.model import enable_lora
+from tpurun.hub.task_model import enable_lora
 from tpurun.training.checkpoints import adapter
 
 HERE = Path(__file__).resolve()

@@ -23,7 +23,7 @@ from tpurun.data.resolve import preset_refs
 from tpurun.data.statistics import Statistics
 from tpurun.errors import DataError
 from tpurun.hub import batches
-from tpurun.hub.model import build_preprocessor
+from tpurun.hub.task_model import build_preprocessor
 from tpurun.plan.prepare import prepare_here
 
 runner = CliRunner()

@@ -19,7 +19,7 @@ from tpurun.data import pipeline
 from tpurun.data.resolve import preset_refs
 from tpurun.errors import ConfigError
 from tpurun.hub import batches
-from tpurun.hub.model import enable_lora, lora_layers
+from tpurun.hub.task_model import enable_lora, lora_layers
 from tpurun.training.checkpoints import adapter
 
 runner = CliRunner()

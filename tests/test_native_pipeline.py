@@ -578,7 +578,7 @@ def test_a_presets_tokenised_records_make_the_same_batches_on_either_reader(tiny
     import tpurun
     from tpurun import frameworks
     from tpurun.hub import batches
-    from tpurun.hub.model import build_preprocessor
+    from tpurun.hub.task_model import build_preprocessor
     from tpurun.plan.prepare import prepare_here
 
     write(tmp_path, chat_rows(30), "tok", "--tokenize", str(tiny_presets.gemma),

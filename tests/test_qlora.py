@@ -22,7 +22,7 @@ from tpurun import frameworks
 from tpurun.cli.app import app
 from tpurun.errors import ConfigError, EnvironmentSetupError, ModelError
 from tpurun.hub import quantize
-from tpurun.hub.model import build_task, lora_layers, parameter_counts
+from tpurun.hub.task_model import build_task, lora_layers, parameter_counts
 from tpurun.infer import preset_task as infer_preset
 from tpurun.runtime.memory import entries_of
 from tpurun.training.checkpoints import adapter

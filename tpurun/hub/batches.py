@@ -35,8 +35,8 @@ from tpurun.config import Config, DataConfig
 from tpurun.data import schema_file
 from tpurun.errors import ConfigError
 from tpurun.hub import tokenize
-from tpurun.hub.model import build_preprocessor
 from tpurun.hub.report import set_up_cpu
+from tpurun.hub.task_model import build_preprocessor
 
 #: The task's methods that take batches: plain Keras' while the preprocessor is detached.
 _BATCH_METHODS = ("fit", "evaluate", "predict")
@@ -199,7 +199,7 @@ def pipeline_preprocessing(config: Config) -> Callable[[DataConfig, dict | None]
     weights).
 
     Raises:
-        ModelError: as :func:`tpurun.hub.model.build_preprocessor`.
+        ModelError: as :func:`tpurun.hub.task_model.build_preprocessor`.
     """
     import functools
 

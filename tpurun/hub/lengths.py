@@ -30,8 +30,8 @@ from tpurun.data.native import example, framing
 from tpurun.data.resolve import preset_refs
 from tpurun.errors import ConfigError, DataError, ModelError
 from tpurun.hub import tokenize
-from tpurun.hub.model import longest_sequence
 from tpurun.hub.report import set_up_cpu
+from tpurun.hub.task_model import longest_sequence
 
 #: Records sampled at most, and files they are read from (the first records of each).
 SAMPLE, FILES = 512, 8

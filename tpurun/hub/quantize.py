@@ -1,6 +1,6 @@
 """A quantized base under LoRA (QLoRA): ``model.quantize: int8 | int4`` on a preset's backbone.
 
-:func:`quantize` runs between loading and ``enable_lora`` (:func:`tpurun.hub.model.build_task`):
+:func:`quantize` runs between loading and ``enable_lora`` (:func:`tpurun.hub.task_model.build_task`):
 Keras' ``quantize`` replaces each Dense, EinsumDense and Embedding kernel of the backbone with
 integers and float32 scales (int8: one byte an element; int4: two elements a byte, scales per
 block of 128 inputs), all frozen; ``enable_lora`` then adds float32 adapters beside the integer

@@ -18,8 +18,8 @@ from typing import Any
 from tpurun import frameworks
 from tpurun.config import Config
 from tpurun.hub.mesh_layout import plan_placer
-from tpurun.hub.model import build_task, longest_sequence, parameter_counts
 from tpurun.hub.preset import location
+from tpurun.hub.task_model import build_task, longest_sequence, parameter_counts
 from tpurun.runtime.activate import activate
 from tpurun.runtime.choice import Choice
 from tpurun.runtime.memory_check import device_limit, estimate_for_model, fixes
@@ -89,7 +89,7 @@ def describe(
             config's ``runtime.device_memory``, if set.
 
     Raises:
-        ModelError: as :func:`tpurun.hub.model.build_task`.
+        ModelError: as :func:`tpurun.hub.task_model.build_task`.
     """
     set_up_cpu(backend)
     with shapes_only():

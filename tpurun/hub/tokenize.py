@@ -38,10 +38,10 @@ from tpurun.data.schema_file import TOKEN_INPUTS, TOKENIZED
 from tpurun.data.sources.base import OVERHEAD_PER_FEATURE, MappedSource, Source
 from tpurun.errors import ConfigError, DataError, EnvironmentSetupError, ModelError
 from tpurun.hub import chat
-from tpurun.hub.model import preprocessor_from_preset
 from tpurun.hub.preset import check_sequence_length, is_handle, read_folder, read_handle
 from tpurun.hub.report import set_up_cpu
 from tpurun.hub.task import concrete, task_class
+from tpurun.hub.task_model import preprocessor_from_preset
 
 #: The features a tokenised causal LM record holds, in order.
 CAUSAL_FEATURES = ("token_ids", "padding_mask", "weights")

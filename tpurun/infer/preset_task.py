@@ -6,7 +6,7 @@ What a preset run keeps as its model:
   (with tpurun's group beside it: the other trainable weights, a classifier's head;
   :func:`tpurun.training.checkpoints.adapter.save_lora`). The task is rebuilt from the preset the
   run names (``from_preset`` under the run's precision, its sequence length), LoRA is enabled
-  with the run's rank and alpha (:func:`tpurun.hub.model.enable_lora`), then the adapter's values
+  with the run's rank and alpha (:func:`tpurun.hub.task_model.enable_lora`), then the adapter's values
   are loaded. LoRA is enabled first on purpose: ``Backbone.load_lora_weights`` on a backbone
   without LoRA enables it itself, with alpha = rank, and the run's alpha would be lost
   (keras_hub/src/models/backbone.py); with LoRA on, it only checks the rank and assigns.
@@ -33,7 +33,7 @@ from tpurun.config import DataConfig
 from tpurun.data import schema_file
 from tpurun.errors import ModelError, describe
 from tpurun.hub import batches
-from tpurun.hub.model import build_preprocessor, build_task, lora_layers, set_sequence_length
+from tpurun.hub.task_model import build_preprocessor, build_task, lora_layers, set_sequence_length
 from tpurun.storage import fileio
 from tpurun.storage.rundir import ADAPTER_SUFFIX, LORA_SUFFIX, SHARDED_SUFFIX
 from tpurun.training.checkpoints import adapter, sharded

@@ -13,7 +13,7 @@ from typing import Any
 from tpurun import frameworks
 from tpurun.config import Config
 from tpurun.errors import ModelError, TpurunError
-from tpurun.hub.model import build_task
+from tpurun.hub.task_model import build_task
 from tpurun.multihost.collectives import lost_peer
 from tpurun.plan.plan import Plan
 from tpurun.training import data_facts, normalize, remat
@@ -36,7 +36,7 @@ def build_model(
     ``data_files`` says what the records hold when they do not); put a Normalization layer in
     front of each input whose feature has ``normalize: true`` (:func:`tpurun.training.normalize.wrap`,
     with ``normalization``'s numbers: None takes the schema file's). A ``model.preset`` is built
-    by :func:`tpurun.hub.model.build_task`. With ``train.remat``, its blocks are recomputed in
+    by :func:`tpurun.hub.task_model.build_task`. With ``train.remat``, its blocks are recomputed in
     the backward pass (:mod:`tpurun.training.remat`)."""
     if config.model.preset is not None:
         return remat.as_configured(build_task(config), config)

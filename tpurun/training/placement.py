@@ -15,8 +15,8 @@ from typing import Any
 
 from tpurun.config import Config
 from tpurun.hub.mesh_layout import plan_placer
-from tpurun.hub.model import build_task
 from tpurun.hub.report import set_up_cpu, shapes_only
+from tpurun.hub.task_model import build_task
 from tpurun.runtime.layout import check_rules_match
 from tpurun.runtime.memory_check import run_mesh
 from tpurun.runtime.sizes import itemsize

@@ -46,8 +46,8 @@ import numpy as np
 from tpurun import frameworks
 from tpurun.errors import ModelError, describe
 from tpurun.hub import quantize
-from tpurun.hub.model import lora_layers
 from tpurun.hub.preset import CONFIG, is_handle
+from tpurun.hub.task_model import lora_layers
 from tpurun.storage import fileio
 from tpurun.storage.rundir import ADAPTER_SUFFIX, LORA_SUFFIX, WEIGHTS_SUFFIX
 
