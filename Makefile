@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 # A second environment, without tpurun or TensorFlow, for the IPython kernel the notebook test
-# (tests/test_notebook.py) runs: a user's notebook kernel is rarely tpurun's own Python.
+# (tests/display/test_notebook.py) runs: a user's notebook kernel is rarely tpurun's own Python.
 KERNEL_VENV := .venv-kernel
 # The combination checked in ../shared/FIELD-NOTES.md (late 2026). Pinned here, not in
 # pyproject.toml, so that `pip install tpurun` on Kaggle or Colab keeps the image's own builds.
@@ -15,7 +15,7 @@ JAX_VENV := .venv-jax
 JAX_PINS := keras==3.15.1 jax==0.10.2
 # A fourth, for checking `tpurun export --format huggingface` with the real client: transformers
 # on PyTorch, loading the export in a fresh process as a user's serving code would
-# (tests/test_hf_export.py). Kept apart so that torch never enters the training environments.
+# (tests/infer/test_hf_export.py). Kept apart so that torch never enters the training environments.
 # torch==2.13.0 is the CPU build this kind of machine keeps on disk (pip's find-links): 1.2 GB and
 # about 45 s in all here; a version pip must download is a CUDA build of several GB.
 HF_VENV := .venv-hf
@@ -72,9 +72,9 @@ PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 # with TensorFlow skip there): the reader, the events writer, gs:// through gcsfs. The commands
 # themselves run there from the main suite: tests/test_without_tensorflow.py uses .venv-jax's
 # console script for every command.
-JAX_TESTS := tests/test_native_records.py tests/test_native_pipeline.py \
-	tests/test_native_fast_parse.py tests/test_tensorboard_events.py tests/test_storage_remote.py \
-	tests/test_gcs_fileio.py
+JAX_TESTS := tests/data/test_native_records.py tests/data/test_native_pipeline.py \
+	tests/data/test_native_fast_parse.py tests/observe/test_tensorboard_events.py tests/storage/test_storage_remote.py \
+	tests/storage/test_gcs_fileio.py
 
 test: install
 	$(PYTEST) -q -ra --durations=15

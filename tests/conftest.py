@@ -39,6 +39,11 @@ os.environ.setdefault(
 )
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# The tests are grouped by the package's folders (tests/training/ for tpurun/training/, ...). A test
+# module may import another's helpers by name (read_events from test_tensorboard, ...), wherever the
+# two live: every group's folder is importable, as this one is (pytest puts it first on sys.path).
+sys.path.extend(str(group) for group in sorted(Path(__file__).resolve().parent.iterdir())
+                if group.is_dir() and any(group.glob("test_*.py")))  # fmt: skip
 
 import pytest  # noqa: E402
 

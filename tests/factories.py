@@ -12,7 +12,7 @@ def mlp(units: int = 16) -> keras.Model:
 
 def mlp_after_a_signal(signal: str = "SIGTERM") -> keras.Model:
     """The toy MLP, built after sending this process ``signal``: a signal during start-up, before
-    any step, wherever the machine's speed puts the first step (tests/test_boundary.py)."""
+    any step, wherever the machine's speed puts the first step (tests/cli/test_boundary.py)."""
     import os
     import signal as signals
 
@@ -216,7 +216,7 @@ def residual_blocks(units: int = 16, blocks: int = 2) -> keras.Model:
 class FillDisk(keras.callbacks.Callback):
     """At the end of epoch ``epoch`` (1-based), before tpurun's own epoch-end writes (user
     callbacks run first), fills the disk holding ``folder`` with one file, leaving ``leave``
-    bytes free (tests/test_disk_full.py)."""
+    bytes free (tests/storage/test_disk_full.py)."""
 
     def __init__(self, folder: str, epoch: int, leave: int = 0):
         super().__init__()

@@ -114,7 +114,7 @@ def _sentencepiece_proto(text: list[str], symbols: tuple[str, ...] = ()) -> byte
         vocab_size=GEMMA_VOCABULARY,
         # Gemma's own settings (BPE, no normalisation, no dummy prefix, whitespace kept): Hugging
         # Face's GemmaTokenizer reads tokenizer.model so, and a vocabulary trained otherwise splits
-        # text differently there (tests/test_hf_export.py compares the ids).
+        # text differently there (tests/infer/test_hf_export.py compares the ids).
         model_type="bpe", add_dummy_prefix=False, normalization_rule_name="identity",
         remove_extra_whitespaces=False, split_digits=True, allow_whitespace_only_pieces=True,
         # Gemma's own ids; GemmaTokenizer checks that the pieces <bos>, <eos> and <pad> exist.

@@ -2,7 +2,7 @@
 TensorBoard's events. The process kills itself (SIGKILL) with the file half written; the rerun
 must resume from a whole resume point and end where the unbroken run does: its whole log, its
 final weights and its TensorBoard curves. (The weights file and ``latest.json`` are
-tests/test_faults.py's; a sharded save in flight, tests/test_sharded_checkpoints.py's.)"""
+tests/training/test_faults.py's; a sharded save in flight, tests/training/test_sharded_checkpoints.py's.)"""
 
 from __future__ import annotations
 

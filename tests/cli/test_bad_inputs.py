@@ -25,7 +25,7 @@ SLOW = pytest.mark.slow
 
 # An earlier run's files, which no failed attempt may change. It kept no resume point (a run
 # that saved none), so every row starts the run as new. (A latest.json naming weights that are
-# gone is a damaged resume point, refused before anything else: tests/test_resume_safety.py.)
+# gone is a damaged resume point, refused before anything else: tests/training/test_resume_safety.py.)
 EARLIER_RUN = {
     "log.csv": b"epoch,accuracy,loss\n0,0.71,0.58\n1,0.83,0.41\n",
     "checkpoints/notes.txt": b"the earlier run's notes\n",

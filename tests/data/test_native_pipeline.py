@@ -36,7 +36,7 @@ from tpurun.data.native.framing import DamagedRecord, iter_records
 from tpurun.data.write import write_shards
 from tpurun.errors import DataError, EnvironmentSetupError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 JAX_VENV = ROOT / ".venv-jax" / "bin"
 TF = importlib.util.find_spec("tensorflow") is not None
 

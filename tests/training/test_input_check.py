@@ -1,6 +1,6 @@
 """The features against the model's inputs, checked before compiling (tpurun/training/input_check.py).
 
-The rows of tests/test_bad_inputs.py cover the toy data's mismatches through the CLI (a vector of
+The rows of tests/cli/test_bad_inputs.py cover the toy data's mismatches through the CLI (a vector of
 another length or rank, fewer features than inputs, a mapping naming an input the model lacks);
 these cover images as the records hold them and the cases Keras itself accepts.
 """

@@ -19,7 +19,9 @@ def config_for(toy_data, tmp_path, name, **train) -> dict:
     return toy_config(toy_data, tmp_path / "runs", name=name, train=train)
 
 
-POISON = Path(__file__).resolve().parent / "test_hub_checkpoints.py"  # its PoisonAt callback
+POISON = (
+    Path(__file__).resolve().parents[1] / "hub" / "test_hub_checkpoints.py"
+)  # its PoisonAt callback
 
 
 def poisoned(toy_data, tmp_path, name: str, **callbacks) -> dict:

@@ -29,7 +29,7 @@ from typer.testing import CliRunner
 from tpurun.cli.app import app
 
 runner = CliRunner()
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HF_PYTHON = ROOT / ".venv-hf" / "bin" / "python"
 PROMPTS = (
     "question: what builds a fox?",

@@ -124,7 +124,7 @@ def test_unknown_key_lists_what_is_allowed_in_every_section(tmp_path, key, allow
 
 
 def test_a_feature_without_type_takes_options_only(tmp_path):
-    """Its type comes from the schema file when the data is resolved (tests/test_categories.py);
+    """Its type comes from the schema file when the data is resolved (tests/data/test_categories.py);
     here only its keys are checked, and a wrong one lists the options."""
     [problem] = problems(tmp_path, GOOD, ["data.features.z={normalize: true, zzz: 1}"])
     assert problem == (

@@ -32,7 +32,9 @@ from tpurun import frameworks
 from tpurun.errors import Interrupted, ModelError
 from tpurun.training.checkpoints import sharded
 
-POISON = Path(__file__).resolve().parent / "test_hub_checkpoints.py"  # its PoisonAt callback
+POISON = (
+    Path(__file__).resolve().parents[1] / "hub" / "test_hub_checkpoints.py"
+)  # its PoisonAt callback
 
 
 @contextlib.contextmanager

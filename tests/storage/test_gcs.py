@@ -21,7 +21,10 @@ from helpers import toy_config, write_config, write_toy_data
 pytestmark = [pytest.mark.gcs, pytest.mark.slow]
 READERS = _readers()
 
-SLOW = {"name": str(Path(__file__).parent / "gcs_server.py") + ":SlowBatches", "seconds": 0.04}
+SLOW = {
+    "name": str(Path(__file__).resolve().parents[1] / "gcs_server.py") + ":SlowBatches",
+    "seconds": 0.04,
+}
 
 
 def setup_run(
