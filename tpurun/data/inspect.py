@@ -22,7 +22,6 @@ from tpurun.data.native import framing
 from tpurun.errors import DataError
 
 VERSION = 1
-_MAX_RECORD_BYTES = 2**31 - 1  # protobuf cannot parse a message larger than this
 
 
 @dataclass
@@ -204,6 +203,3 @@ def features_yaml(features: Sequence[FeatureInfo]) -> str:
     return yaml.dump(
         {"features": block}, Dumper=_Dumper, sort_keys=False, width=float("inf"), indent=2
     )
-
-
-# ------------------------------------------------------------------------------------ advice

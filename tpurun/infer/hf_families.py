@@ -9,7 +9,7 @@ wrong for any Gemma with more (transformers refuses the shapes). Here every kern
 ``layer.kernel`` (the adapter merged in, where LoRA is on), and reshaped head by head.
 
 Claimed: Gemma (v1, ``GemmaBackbone``), mapped here, and Llama 3, Qwen 2 and Mistral
-(:mod:`tpurun.infer.hf_llama`), each the family tests/test_hf_export.py checks with transformers
+(:mod:`tpurun.infer.hf_llama`), each the family tests/infer/test_hf_export.py checks with transformers
 (Gemma with one and with several key/value heads, the others with grouped-query attention).
 KerasHub builds Gemma 2 with the same backbone class and other settings (post-norms, soft caps,
 sliding windows), which transformers' ``gemma`` does not have: such a backbone is refused, naming
