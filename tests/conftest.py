@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import weakref
 from dataclasses import dataclass
@@ -44,6 +45,12 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # two live: every group's folder is importable, as this one is (pytest puts it first on sys.path).
 sys.path.extend(str(group) for group in sorted(Path(__file__).resolve().parent.iterdir())
                 if group.is_dir() and any(group.glob("test_*.py")))  # fmt: skip
+
+# A suite started from a background job (`make test &`, nohup) inherits SIGINT ignored, and Python
+# then installs no KeyboardInterrupt handler: the signal tests need the one an interactive or CI
+# shell gives, and the subprocesses they start inherit it from here.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import pytest  # noqa: E402
 

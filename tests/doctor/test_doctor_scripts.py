@@ -88,7 +88,8 @@ def test_importing_the_scripts_starts_no_framework():
     assert frameworks == []
     # (tpurun.frameworks, the door, imports none of them itself: the children's TF log level)
     assert set(loaded) <= {"tpurun", "tpurun._version", "tpurun.doctor", "tpurun.doctor.check",
-                           "tpurun.doctor.child", "tpurun.doctor.scripts", "tpurun.frameworks",
+                           "tpurun.doctor.child", "tpurun.doctor.scripts", "tpurun.errors",
+                           "tpurun.frameworks",
                            *(f"tpurun.doctor.scripts.{n}" for n in SCRIPTS)}  # fmt: skip
 
 
