@@ -13,7 +13,27 @@ from typing import Any
 from tpurun import frameworks
 from tpurun.errors import TpurunError
 
-_SCRIPTS = Path(__file__).resolve().parent / "scripts"  # run without tpurun
+#: The standalone scripts (run in a fresh ``python -I``, without tpurun) that check an artifact.
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+def run_script(
+    python: str, script: str, args: list[str], env: dict[str, str], failure: str
+) -> dict:
+    """Run ``SCRIPTS/script`` in a fresh ``python -I`` with ``env`` added to this process'
+    environment less PYTHONPATH and XLA_FLAGS; its report, the JSON of its last stdout line.
+
+    Raises:
+        TpurunError: the script fails: ``failure``, then its last line on stderr.
+    """
+    base = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
+    command = [python, "-I", "-B", str(SCRIPTS / script), *args]
+    done = subprocess.run(command, capture_output=True, text=True, env={**base, **env}, timeout=900)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+        last = lines[-1] if lines else f"exit code {done.returncode}"
+        raise TpurunError(failure.replace("{last}", last))
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _structure(model_inputs: Any) -> dict:
@@ -51,25 +71,18 @@ def check(
     Path(paths["structure.json"]).write_text(
         json.dumps({**_structure(inputs), "loader": loader, "hub": hub})
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "PYTHONPATH")}
     # On the CPU, where the check is meant to run (a TPU stays with this process), with the
     # backend a user without tpurun would pick.
-    env.update(
-        KERAS_BACKEND="tensorflow" if fmt == "saved_model" else backend,
-        JAX_PLATFORMS="cpu",
-        CUDA_VISIBLE_DEVICES="-1",
-        TF_CPP_MIN_LOG_LEVEL="3",
-    )
-    command = [sys.executable, "-I", "-B", str(_SCRIPTS / "run_artifact.py"), fmt, artifact,
-               paths["in.npz"], paths["out.npz"], paths["structure.json"]]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
-    if done.returncode != 0:
-        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        raise TpurunError(
-            f"export: the {fmt} artifact does not load and run in a fresh Python process: "
-            f"{lines[-1] if lines else f'exit code {done.returncode}'}. Nothing was written."
-        )
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    env = {
+        "KERAS_BACKEND": "tensorflow" if fmt == "saved_model" else backend,
+        "JAX_PLATFORMS": "cpu",
+        "CUDA_VISIBLE_DEVICES": "-1",
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+    }
+    args = [fmt, artifact, paths["in.npz"], paths["out.npz"], paths["structure.json"]]
+    failure = (f"export: the {fmt} artifact does not load and run in a fresh Python process: "
+               "{last}. Nothing was written.")  # fmt: skip
+    report = run_script(sys.executable, "run_artifact.py", args, env, failure)
     with np.load(paths["out.npz"]) as saved:
         got = [saved[f"out_{i}"] for i in range(len(saved.files))]
     if len(got) != len(expected):

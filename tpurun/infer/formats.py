@@ -19,9 +19,8 @@ from typing import Any
 
 from tpurun import frameworks
 from tpurun.errors import TpurunError
+from tpurun.infer.artifact_check import SCRIPTS
 from tpurun.training.final_model import inference_saver
-
-_SCRIPTS = Path(__file__).resolve().parent / "scripts"  # run without tpurun
 
 
 def _input_signature(model: Any) -> Any:
@@ -150,5 +149,5 @@ def write_keras(model: Any, path: str, config: Any) -> str | None:
             modules.append(module)
     Path(code, "modules.txt").write_text("".join(f"{m}\n" for m in modules))
     loader = os.path.join(folder, f"{stem}_loader.py")
-    shutil.copy2(_SCRIPTS / "keras_loader.py", loader)
+    shutil.copy2(SCRIPTS / "keras_loader.py", loader)
     return loader

@@ -32,7 +32,6 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,12 +44,11 @@ from tpurun.data import schema_file
 from tpurun.errors import TpurunError
 from tpurun.hub import batches
 from tpurun.hub import preset as hub_preset
-from tpurun.infer import hf_families, hf_llama, preset_task, trained_run
+from tpurun.infer import artifact_check, hf_families, hf_llama, preset_task, trained_run
 from tpurun.storage.rundir import now_iso
 
 FORMAT = "huggingface"
 CHECK_PROMPTS = 8
-_SCRIPTS = Path(__file__).resolve().parent / "scripts"  # run without tpurun
 #: What a previous export left in DIR: only such a folder (or an empty one) is replaced.
 _OURS = ("config.json", "model.safetensors")
 
@@ -328,24 +326,16 @@ def _check(
 
     check, out = os.path.join(work, "check.json"), os.path.join(work, "logits.npz")
     Path(check).write_text(json.dumps({"prompts": prompts, "token_ids": ids}))
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "XLA_FLAGS")}
-    env.update(
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_VERBOSITY="error",
-        TOKENIZERS_PARALLELISM="false",
-        CUDA_VISIBLE_DEVICES="-1",
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error",
+           "TOKENIZERS_PARALLELISM": "false", "CUDA_VISIBLE_DEVICES": "-1"}  # fmt: skip
+    failure = (
+        f"export: transformers does not load the Hugging Face folder in {python}: {{last}}. "
+        "Nothing was written. Check that Python has transformers and torch (python -m pip "
+        "install transformers torch), or give --check-python another one."
     )
-    command = [python, "-I", "-B", str(_SCRIPTS / "run_huggingface.py"), folder, check, out]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
-    if done.returncode != 0:
-        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        raise TpurunError(
-            f"export: transformers does not load the Hugging Face folder in {python}: "
-            f"{lines[-1] if lines else f'exit code {done.returncode}'}. Nothing was written. "
-            "Check that Python has transformers and torch (python -m pip install transformers "
-            "torch), or give --check-python another one."
-        )
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = artifact_check.run_script(
+        python, "run_huggingface.py", [folder, check, out], env, failure
+    )
     for prompt, want, got in zip(prompts, ids, report["token_ids"], strict=True):
         if got != want:
             raise TpurunError(
