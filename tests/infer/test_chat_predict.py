@@ -7,10 +7,12 @@ conversation that does not end with the user's turn is refused by its line."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from hub_presets import conversations
 from test_chat import TWO_TURNS, read_records, write_chat
 from typer.testing import CliRunner
@@ -177,3 +179,35 @@ def test_a_chat_run_refuses_a_conversation_ending_with_an_answer_and_token_recor
     assert result.exit_code == 2, result.output
     assert "fine-tuned a causal LM on chat records" in " ".join(result.output.split())
     assert not (tmp_path / "out.csv").exists()
+
+
+@pytest.mark.slow  # chat_run trains
+def test_the_run_keeps_its_chat_format_when_its_data_has_moved(
+    chat_run, chat_preset, tmp_path, monkeypatch
+):
+    """train records the data's chat format in config.yaml (derived.chat); predict renders in it
+    with the data folder gone, as it did with the data in place."""
+    config = yaml.safe_load((chat_run / "config.yaml").read_text())
+    schema = json.loads(next((chat_run.parent.parent / "data").glob("*schema*.json")).read_text())
+    assert config["derived"]["chat"] == schema["tokenized"]["chat"]
+    moved = tmp_path / "run"
+    shutil.copytree(chat_run, moved)
+    config["data"]["train"] = str(tmp_path / "gone" / "chat-train-*")  # moved: no schema to read
+    config["data"]["validation"] = str(tmp_path / "gone" / "chat-validation-*")
+    (moved / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+    keras_hub = tpurun.frameworks.keras_hub()
+    calls = []
+    real = keras_hub.models.GemmaCausalLM.generate
+
+    def spy(model, inputs, **kwargs):
+        calls.append(np.array(inputs["token_ids"][0])[np.array(inputs["padding_mask"][0])])
+        return real(model, inputs, **kwargs)
+
+    monkeypatch.setattr(keras_hub.models.GemmaCausalLM, "generate", spy)
+    asked = tmp_path / "ask.jsonl"
+    asked.write_text(json.dumps({"messages": ASKED}) + "\n")
+    result = runner.invoke(app, ["predict", str(moved), "--data", str(asked), "--output",
+                                 str(tmp_path / "answers.jsonl")])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert calls[0].tolist() == written_ids(tmp_path / "write", TWO_TURNS, chat_preset)

@@ -2,7 +2,9 @@
 the run trained with, and the assistant's answer, up to its end-of-turn marker.
 
 The format is the one ``data write`` recorded in the training data's schema file (its
-``tokenized.chat`` entry: the family's turns, or a template by hand). ``--data`` is a JSONL file of
+``tokenized.chat`` entry: the family's turns, or a template by hand), which ``train`` keeps in the
+run's ``config.yaml`` (``derived.chat``) so that a moved data folder changes nothing; a run from
+before that reads the schema file. ``--data`` is a JSONL file of
 conversations, ``{"messages": [...]}`` a line whose last turn is the user's (an id beside it for
 ``--id-feature``), or plain prompts (a text file of one a line, or JSONL ``{"prompt": "..."}``),
 each taken as one user turn. A conversation is laid out token for token as ``data write`` lays it
@@ -249,7 +251,9 @@ def for_run(trained: Any, found: prompts.PromptFiles | None) -> chat.ChatFormat 
     ``--data`` checked against it (:func:`check`)."""
     form = None
     if preset_task.is_causal_tokens(trained.config):
-        form = trained_format(trained_run.training_schema(trained.config))
+        recorded = trained.derived.get("chat")  # config.yaml's, where the run recorded it
+        schema = {"tokenized": {"chat": recorded}} if recorded else None
+        form = trained_format(schema or trained_run.training_schema(trained.config))
     check(trained.run.path, form, found)
     return form
 

@@ -54,6 +54,9 @@ class Prepared:
             # Where predict and export find them: the label's class names, from the schema file.
             "class_names": data.class_names,
             **({"normalization": self.normalization} if self.normalization else {}),
+            # The chat format the records were written in (predict renders prompts in it), kept
+            # with the run: its data folder may be moved or deleted after training.
+            **({"chat": chat} if (chat := (data.tokenized or {}).get("chat")) else {}),
         }
 
     def effective(self) -> dict[str, Any]:
