@@ -265,3 +265,32 @@ def test_mlflows_default_sqlite_store_without_sqlalchemy_names_the_fix(
                        r"observe\.mlflow\.tracking_uri to a folder"):  # fmt: skip
         MlflowTracker(MlflowConfig()).start(None, name="x", run_dir=str(tmp_path))
     assert list(tmp_path.iterdir()) == []  # no mlflow.db left behind
+
+
+def test_a_damaged_trackers_file_is_named_and_new_tracker_runs_start(tracker_env, tmp_path):
+    from tpurun.config import Config
+    from tpurun.display.reporter import Reporter
+    from tpurun.observe.tracker_log import STATE, TrackerLog
+    from tpurun.storage.rundir import RunDir
+
+    store = tmp_path / "mlruns"
+    config = Config.model_validate(small_config(
+        tmp_path, "torn", observe={"trackers": ["mlflow"], "mlflow": {"tracking_uri": str(store)}}
+    ))  # fmt: skip
+    run = RunDir(str(tmp_path / "runs" / "torn"))
+    run.create()
+    first = TrackerLog(config, run, Reporter(), steps_per_epoch=4)
+    first.on_train_begin()
+    first.close()
+    state = tmp_path / "runs" / "torn" / STATE
+    state.write_text(state.read_text()[:10])  # cut short, as by a crash mid-write
+    said = []
+
+    class Said(Reporter):
+        def message(self, text, level="info"):
+            said.append((level, text))
+
+    TrackerLog(config, run, Said(), steps_per_epoch=4).close()
+    assert said[0] == ("warn", f"observe.trackers: {state} is not valid JSON (truncated, or "
+                       "edited): its tracker runs cannot be continued; new ones start")  # fmt: skip
+    assert len(mlflow_client(store).search_runs(["0"])) == 2

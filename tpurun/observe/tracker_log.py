@@ -59,7 +59,7 @@ class TrackerLog(keras.callbacks.Callback):
         self.steps_per_epoch = steps_per_epoch
         self.watch_nan = config.callbacks.on_nan != "ignore"
         self.progress, self.input_wait = progress, input_wait
-        self.state: dict[str, dict] = _read_state(run)
+        self.state: dict[str, dict] = self._read_state()
         self.required = {name: getattr(config.observe, name).required
                          for name in config.observe.trackers}  # fmt: skip
         self.trackers = [make(name, config.observe) for name in config.observe.trackers]
@@ -136,6 +136,15 @@ class TrackerLog(keras.callbacks.Callback):
         return True
 
     # ------------------------------------------------------------------ state
+    def _read_state(self) -> dict[str, dict]:
+        """``trackers.json``'s content, empty where it is missing. A damaged one is named: the
+        tracker runs it held cannot be continued, and new ones start."""
+        path = self.run.file(STATE)
+        data, problem = damaged.read_json(path)
+        if problem:
+            self._say(f"{path} is {problem}: its tracker runs cannot be continued; new ones start")
+        return data if isinstance(data, dict) else {}
+
     def _write_state(self) -> None:
         if not self.state:
             return
@@ -203,9 +212,3 @@ def _scalars(logs: Mapping[str, Any]) -> dict[str, float]:
         except (TypeError, ValueError):
             continue  # a metric with several values
     return out
-
-
-def _read_state(run: RunDir) -> dict[str, dict]:
-    """``trackers.json``'s content; empty when it is missing or damaged (new tracker runs)."""
-    data, _ = damaged.read_json(run.file(STATE))
-    return data if isinstance(data, dict) else {}
