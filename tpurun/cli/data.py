@@ -11,6 +11,7 @@ import typer
 
 from tpurun.cli.args import ConfigArg, SetOpt
 from tpurun.cli.boundary import SetCommand, exit_codes, fail
+from tpurun.cli.tokenizing import Tokenizing
 from tpurun.errors import TpurunError
 
 data_app = typer.Typer(
@@ -191,6 +192,16 @@ def data_write(
             "sequences (first-fit, in order); the validation split stays one example a record.",
         ),
     ] = False,
+    config: Annotated[
+        str | None,
+        typer.Option(
+            "--config",
+            help="Tokenise as this preset config trains: model.preset, model.sequence_length, "
+            "data.packing and data.chat_template from it, in place of --tokenize, "
+            "--sequence-length, --packing and --chat-template.",
+            metavar="CONFIG",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     plain: Annotated[
         bool, typer.Option("--plain", help="Plain lines instead of a live view.")
@@ -203,39 +214,14 @@ def data_write(
 
     if compression not in ("none", "gzip"):
         raise fail(TpurunError(f"--compression: expected none or gzip, got {compression!r}."))
-    if sequence_length is not None and tokenize is None:
-        raise fail(
-            TpurunError(
-                "--sequence-length: applies with --tokenize PRESET (the preset's tokenizer packs "
-                "that many tokens); without it the text is stored as it is: leave it out."
-            )
-        )
-    for given, option in ((chat_template, "--chat-template"), (packing or None, "--packing")):
-        if given is not None and tokenize is None:
-            raise fail(
-                TpurunError(
-                    f"{option}: applies with --tokenize PRESET --sequence-length N (it works on "
-                    "the preset's tokens); add them, or leave it out."
-                )
-            )
     plain = want_plain(plain)
     progress = TaskProgress("writing", "records", plain=plain or as_json, closing=False)
     with exit_codes(interrupted="interrupted: nothing was left half-written"):
         from tpurun.data.write import write_dataset
         from tpurun.display import data_reports
 
-        map_source = None
-        if tokenize is not None:
-            # KerasHub's tokenizer (on the CPU) is loaded before the source is read: data/ never
-            # imports hub/, the command wires them.
-            from tpurun.hub.tokenize import mapper
-
-            template = None
-            if chat_template is not None:
-                from tpurun.config.chat_config import load_template
-
-                template = load_template(chat_template)
-            map_source = mapper(tokenize, sequence_length, template, packing)
+        tokenizing = Tokenizing(tokenize, sequence_length, chat_template, packing, config)
+        map_source = tokenizing.mapper()
         with progress:
             report = write_dataset(
                 source,
@@ -255,6 +241,7 @@ def data_write(
                 text=text,
                 map_source=map_source,
             )
+        report.warnings.extend(tokenizing.unnamed(report))
         data_reports.show_written(report, source, as_json=as_json, plain=plain)
 
 

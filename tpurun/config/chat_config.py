@@ -1,5 +1,6 @@
 """A chat template given by hand, for a preset whose family has no chat format in tpurun:
-``tpurun data write CHAT.jsonl OUT --tokenize PRESET --chat-template TEMPLATE.yaml``.
+``tpurun data write CHAT.jsonl OUT --tokenize PRESET --chat-template TEMPLATE.yaml``, or a
+config's ``data.chat_template`` (the file, or the mapping inline).
 
 The file is three strings, each with one ``{content}``, the turn's text::
 
@@ -16,6 +17,7 @@ control token). The loss counts an assistant turn's content and the rest of its 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import Field, ValidationError, field_validator
@@ -49,14 +51,14 @@ class ChatTemplate(Section):
         return value
 
 
-def load_template(path: str) -> ChatTemplate:
-    """The template file at ``path``.
+def load_template(path: str, where: str | None = None) -> ChatTemplate:
+    """The template file at ``path``; ``where`` names it in messages (``--chat-template PATH``).
 
     Raises:
         ConfigError: a file that cannot be read, is not a YAML mapping, or is not a template
             (each problem with its key).
     """
-    where = f"--chat-template {path}"
+    where = where or f"--chat-template {path}"
     try:
         found = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except OSError as exc:
@@ -79,3 +81,16 @@ def load_template(path: str) -> ChatTemplate:
                 for e in exc.errors()
             ]
         ) from None
+
+
+def config_template(config: Any) -> ChatTemplate | None:
+    """A config's ``data.chat_template``: the file it names (relative to the config's folder)
+    read, or the mapping given inline; None where it has none.
+
+    Raises:
+        ConfigError: as :func:`load_template`, naming the key.
+    """
+    given = config.data.chat_template
+    if isinstance(given, str):
+        return load_template(config.resolve_path(given), f"data.chat_template: {given}")
+    return given

@@ -20,6 +20,7 @@ from pydantic import (
 
 from tpurun.config.base import NamedObject, Section
 from tpurun.config.callbacks_config import CallbacksConfig
+from tpurun.config.chat_config import ChatTemplate
 from tpurun.config.features import Feature, FeatureRef
 from tpurun.config.mesh_config import (
     DEVICE_MEMORY_DESCRIPTION,
@@ -290,6 +291,23 @@ class DataConfig(Section):
         description="A corrupt or truncated shard is skipped, counted, warned about and recorded in "
         "`summary.json`, instead of stopping with exit 2 (which names the file and the record "
         "offset).",
+    )
+    packing: bool | None = Field(
+        None,
+        description="For a causal LM's token records: `true`, several short train examples are "
+        "packed one after another in each record, so a batch is not mostly padding. Packing is "
+        "done when the records are written (`tpurun data write SOURCE OUT_PREFIX --config "
+        "CONFIG` packs as this says), so steps per epoch and a resume stay exact; train refuses "
+        "records written otherwise than this says. Validation is never packed. Left out: the "
+        "records as written.",
+    )
+    chat_template: str | ChatTemplate | None = Field(
+        None,
+        description="For chat data of a preset whose family has no chat format in tpurun (Gemma, "
+        "Llama 3 and Qwen have theirs): a YAML file (relative to the config file's folder) or a "
+        "mapping of `user`, `assistant` and optionally `system` turn templates, each with one "
+        "`{content}`. `tpurun data write SOURCE OUT_PREFIX --config CONFIG` writes with it; "
+        "train refuses records written in another format.",
     )
     reader: Literal["auto", "native", "tf_data"] = Field(
         "auto",

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpurun.config import Config
+from tpurun.config.chat_config import config_template
 from tpurun.data import reader as readers
 from tpurun.data.resolve import ResolvedData, resolve
 from tpurun.data.statistics import normalization
 from tpurun.multihost.shares import Share, share_warning, shares
+from tpurun.plan import records_check
 from tpurun.plan.plan import Plan, make_plan
 from tpurun.runtime.choice import Choice, choose
 from tpurun.runtime.machine import Machine, probe
@@ -78,6 +80,8 @@ class Prepared:
             config[key] = _absolute_imports(config[key], self.config)
         if config["model"].get("preset"):  # a folder, as the factory's file (a handle stays)
             config["model"]["preset"] = self.config.resolve_path(config["model"]["preset"])
+        if isinstance(data.get("chat_template"), str):  # kept whole: the file may move
+            data["chat_template"] = config_template(self.config).model_dump()
         return {**config, "derived": self.derived()}
 
 
@@ -124,6 +128,7 @@ def prepare(config: Config, choice: Choice, replicas: int) -> Prepared:
     """
     resolved = resolve(config)
     effective = config.model_copy(update={"data": resolved.data})
+    records_check.check(effective, resolved.tokenized)
     reader = readers.for_config(effective, choice)
     numbers, constant = normalization(effective.data, resolved.train_files)
     n = choice.cluster.num_processes
