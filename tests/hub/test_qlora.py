@@ -1,6 +1,6 @@
 """A quantized base under LoRA (``model.quantize: int8 | int4``, QLoRA) on the tiny Gemma: what the
 base stores and what trains, the gradient the adapters get, the loss falling, checkpoints of the
-adapter alone with the quantized base's fingerprint, evaluate on the quantized base, export merged
+adapter alone with the quantized base's fingerprint, evaluate and predict on the quantized base, export merged
 into the preset's float weights, a resume onto another quantized base refused, the memory fix, a
 2x4 mesh, the refusals, and (slow) a SIGKILL resume that ends on the unbroken run's bits."""
 
@@ -360,3 +360,22 @@ def test_sigkill_mid_epoch_then_resume_is_bit_exact(tiny_presets, chat, tmp_path
         assert sorted(mine[group]) == sorted(theirs[group])
         for key in mine[group]:
             np.testing.assert_array_equal(mine[group][key], theirs[group][key], err_msg=key)
+
+
+def test_predict_completes_on_the_quantized_base(qlora_run, tmp_path):
+    """predict's completions are the loaded QLoRA task's own greedy generations (its int8 base
+    and adapter), prompt for prompt."""
+    run_dir, _ = qlora_run
+    prompts = ["question: what eats the cat?", "question: what likes a farmer?",
+               "question: what builds my friend?"]  # fmt: skip
+    source = tmp_path / "prompts.txt"
+    source.write_text("".join(f"{p}\n" for p in prompts))
+    result = tpurun.predict(str(run_dir), str(source), str(tmp_path / "out.jsonl"))
+    assert result["rows"] == 3
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    task, _ = tpurun.load(str(run_dir))
+    assert {layer.quantization_mode for layer in lora_layers(task.backbone)} == {"int8"}
+    task.compile(sampler="greedy")
+    expected = task.generate(prompts, max_length=16, strip_prompt=True)
+    assert [row["prompt"] for row in rows] == prompts
+    assert [row["completion"] for row in rows] == [str(text) for text in expected]
