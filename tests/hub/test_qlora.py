@@ -1,8 +1,9 @@
 """A quantized base under LoRA (``model.quantize: int8 | int4``, QLoRA) on the tiny Gemma: what the
 base stores and what trains, the gradient the adapters get, the loss falling, checkpoints of the
-adapter alone with the quantized base's fingerprint, evaluate and predict on the quantized base, export merged
-into the preset's float weights, a resume onto another quantized base refused, the memory fix, a
-2x4 mesh, the refusals, and (slow) a SIGKILL resume that ends on the unbroken run's bits."""
+adapter alone with the quantized base's fingerprint, evaluate and predict on the quantized base,
+export merged into the preset's float weights, a resume onto another quantized base refused, the
+memory fix, a 2x4 mesh, the refusals, and (slow) a SIGKILL resume that ends on the unbroken run's
+bits."""
 
 from __future__ import annotations
 
