@@ -174,3 +174,16 @@ def test_config_option_refusals_and_the_note_for_records_the_config_does_not_nam
         f"written here: set data.train: {Path('..') / tmp_path.name / 'elsewhere-train'}"
         in " ".join(result.output.split())
     )
+
+
+@pytest.mark.slow
+def test_doctor_fails_the_plan_check_with_the_fix(folder):
+    result = runner.invoke(app, ["doctor", str(folder / "data-talk.yaml"), "--json",
+                                 "--set", "data.packing=false"])  # fmt: skip
+    assert result.exit_code == 1, result.output
+    checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
+    assert checks["plan"]["status"] == "fail"
+    assert checks["plan"]["finding"].startswith("data.packing: false, and the records of ")
+    assert checks["plan"]["fix"] == (
+        "write the records as data.packing says (the command above), or change data.packing"
+    )

@@ -61,6 +61,9 @@ def _plan_fix(exc: TpurunError) -> str:
     for key in ("data.reader", "model.preset"):
         if exc.message.startswith(key):
             return f"change {key} or the environment as the message says"
+    for key in ("data.packing", "data.chat_template"):  # the records' write (records_check)
+        if exc.message.startswith(key):
+            return f"write the records as {key} says (the command above), or change {key}"
     return "fix the train section"
 
 
