@@ -9,6 +9,10 @@ attention, the case users meet), each with a tokenizer of its family's kind made
   reads ``tokenizer.model``.
 * ``qwen``: ``QwenBackbone`` (Qwen 2: biases on query, key and value) with the same kind of
   vocabulary and Qwen's ``<|endoftext|>``.
+* ``gemma3``: ``Gemma3Backbone``, text only, with Gemma 3's own settings and tests/hub_presets.py's
+  Gemma vocabulary.
+* ``gpt2``: ``GPT2Backbone`` (4 heads, no grouping: GPT-2 has none) with a byte-level BPE
+  vocabulary and ``<|endoftext|>``.
 
 Each is written with ``save_to_preset``, as Kaggle serves one; Keras must be importable (the
 process set up, as tests/conftest.py does).
@@ -122,4 +126,52 @@ def mistral(folder: Path) -> Path:
         vocabulary_size=tokenizer.vocabulary_size(), head_dim=24, sliding_window=16, **SIZES
     )
     keras_hub.models.MistralCausalLM(backbone, preprocessor).save_to_preset(str(folder))
+    return folder
+
+
+def gemma3(folder: Path) -> Path:
+    """A tiny text-only ``Gemma3CausalLM`` at ``folder`` with Gemma 3's settings: norms after
+    attention and feed-forward, query/key norms, five sliding-window layers (a window of 4 keys,
+    shorter than the test prompts) then a global one whose rotary positions are scaled by 8 (as
+    Gemma 3 4B's and up), and ``query_head_dim_normalize=False`` with a head size apart from
+    hidden / heads (as Gemma 3 27B's)."""
+    from hub_presets import GEMMA_SEQUENCE_LENGTH, _sentencepiece_proto
+
+    from tpurun import frameworks
+
+    keras_hub = frameworks.keras_hub()
+    frameworks.keras().utils.set_random_seed(0)
+    tokenizer = keras_hub.models.Gemma3Tokenizer(
+        proto=_sentencepiece_proto(corpus()), has_vision_tokens=False
+    )
+    preprocessor = keras_hub.models.Gemma3CausalLMPreprocessor(
+        tokenizer, sequence_length=GEMMA_SEQUENCE_LENGTH
+    )
+    backbone = keras_hub.models.Gemma3Backbone(
+        vocabulary_size=tokenizer.vocabulary_size(), image_size=None, num_layers=6,
+        num_query_heads=4, num_key_value_heads=2, hidden_dim=64, intermediate_dim=96, head_dim=24,
+        query_head_dim_normalize=False, use_post_ffw_norm=True, use_post_attention_norm=True,
+        use_sliding_window_attention=True, sliding_window_size=4, global_rope_scaling_factor=8.0,
+    )  # fmt: skip
+    task = keras_hub.models.Gemma3CausalLM(backbone=backbone, preprocessor=preprocessor)
+    task.save_to_preset(str(folder))
+    return folder
+
+
+def gpt2(folder: Path) -> Path:
+    """A tiny ``GPT2CausalLM`` at ``folder`` (position embeddings for 64 tokens)."""
+    from tpurun import frameworks
+
+    keras_hub = frameworks.keras_hub()
+    frameworks.keras().utils.set_random_seed(0)
+    tokenizer = keras_hub.models.GPT2Tokenizer(*byte_level_bpe(("<|endoftext|>",)))
+    preprocessor = keras_hub.models.GPT2CausalLMPreprocessor(
+        tokenizer, sequence_length=SEQUENCE_LENGTH
+    )
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=tokenizer.vocabulary_size(), num_layers=2, num_heads=4, hidden_dim=64,
+        intermediate_dim=96, max_sequence_length=64,
+    )  # fmt: skip
+    task = keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=preprocessor)
+    task.save_to_preset(str(folder))
     return folder

@@ -2,10 +2,11 @@
 adapter merged, loads in transformers (``.venv-hf``: torch and transformers, no tpurun, no Keras)
 and gives the trained model's logits and the preset tokenizer's ids; the untouched base's logits
 it does not give. Gemma with one key/value head (conftest's chat_lora_run) and with four
-(``gemma_mesh``, trained here), the case keras-hub 0.32's own exporter writes wrong. Llama 3, Qwen 2
-and Mistral (tests/hf_presets.py, 2 key/value heads each) are written from their preset with the
-LoRA B matrices set to random values, not trained: what is family-specific is the mapping and the
-tokenizer files, which the same transformers process checks.
+(``gemma_mesh``, trained here), the case keras-hub 0.32's own exporter writes wrong. QLoRA runs
+(int8 and int4 bases, 2 steps each) give the preset's *float* weights with the adapter merged in,
+not their quantized model. Llama 3, Qwen 2, Mistral, Gemma 3 and GPT-2 (tests/hf_presets.py) are
+written from their preset with the LoRA B matrices set to random values, not trained: what is
+family-specific is the mapping and the tokenizer files, which the same transformers process checks.
 
 This process (.venv) has no transformers, so an export is written unchecked, with the note that
 says how to check it; the other is checked with ``--check-python .venv-hf/bin/python``, as the note
@@ -14,6 +15,7 @@ says. Then one .venv-hf process loads both and the test compares. What cannot be
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -127,9 +129,74 @@ def _keras_side(run: Path) -> tuple[list[list[int]], list[np.ndarray], list[np.n
     return ids, *([o[i, : len(row)] for i, row in enumerate(ids)] for o in out)
 
 
+@pytest.fixture(scope="module")
+def qlora_exports(tiny_presets, chat_records, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """QLoRA fine-tunes of the tiny Gemma (tests/hub/test_qlora.py's config: rank 4, alpha 8) on
+    an int8 and an int4 base, one epoch of 2 steps each, exported in-process as a user would
+    (unchecked here): ``{"int8": (run, folder), "int4": (run, folder)}``."""
+    from test_qlora import qlora_config
+
+    import tpurun
+
+    root, data, out = tmp_path_factory.mktemp("hf-qlora"), chat_records(16), {}
+    for mode in ("int8", "int4"):
+        train = {"epochs": 1, "per_core_batch_size": 3, "learning_rate": {"base": 3e-2}}
+        run, folder = root / "runs" / mode, root / f"hf-{mode}"
+        with without_full_collections():
+            tpurun.train(qlora_config(root, tiny_presets.gemma, data, mode, mode, train=train),
+                         verbose=False)  # fmt: skip
+            result = runner.invoke(app, ["export", str(run), "--format", "huggingface",
+                                         "--output", str(folder)])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        out[mode] = (run, folder)
+    return out
+
+
+@contextlib.contextmanager
+def without_full_collections():
+    """Keras' ``quantize`` runs a full ``gc.collect()`` after each float kernel it replaces
+    (keras/src/layers/layer.py, ``Layer.__delattr__``): about 0.26 s each in a test process, 15
+    a quantize of the tiny Gemma, two thirds of a 2-step QLoRA run and its export. Switched off
+    where this file quantizes: it frees memory sooner and changes no value."""
+    import gc
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gc, "collect", lambda generation=2: 0)
+        yield
+
+
+def _qlora_side(run: Path) -> tuple[list[list[int]], list[np.ndarray], ...]:
+    """The preset tokenizer's ids of each prompt; the logits of the preset's float weights with
+    each adapter added (alpha / rank * A @ B, computed here from the trained adapter); of the
+    run's own quantized model (what it trained and evaluates); of the untouched preset."""
+    import tpurun
+    from tpurun import frameworks
+
+    with without_full_collections():
+        quantized, _ = tpurun.load(str(run))
+    tokenizer = quantized.preprocessor.tokenizer
+    ids = [[tokenizer.start_token_id, *map(int, np.asarray(tokenizer(p)))] for p in PROMPTS]
+    float_merged = frameworks.keras_hub().models.GemmaCausalLM.from_preset(
+        yaml.safe_load((run / "config.yaml").read_text())["model"]["preset"]
+    )
+    kernels = {layer.path: layer for layer in float_merged.backbone._flatten_layers()}
+    adapted = [layer for layer in quantized.backbone._flatten_layers()
+               if getattr(layer, "lora_enabled", False)]  # fmt: skip
+    assert {layer.quantization_mode for layer in adapted} == {run.name}
+    base = _eager_logits(float_merged, ids)
+    for layer in adapted:
+        a, b = np.asarray(layer.lora_kernel_a), np.asarray(layer.lora_kernel_b)
+        kernel = kernels[layer.path].kernel
+        kernel.assign(np.asarray(kernel) + 8.0 / 4 * (a @ b))
+    return ids, _eager_logits(float_merged, ids), _eager_logits(quantized, ids), base
+
+
 #: The families beside Gemma: tests/hf_presets.py's builder of each, transformers' class.
 FAMILIES = {"llama3": "LlamaForCausalLM", "qwen": "Qwen2ForCausalLM",
-            "mistral": "MistralForCausalLM"}  # fmt: skip
+            "mistral": "MistralForCausalLM", "gemma3": "Gemma3ForCausalLM",
+            "gpt2": "GPT2LMHeadModel"}  # fmt: skip
+#: Each family's key/value heads in config.json (GPT-2's are its 4 heads, under n_head).
+KV_HEADS = {"llama3": 2, "qwen": 2, "mistral": 2, "gemma3": 2, "gpt2": None}
 
 
 @pytest.fixture(scope="module")
@@ -175,13 +242,14 @@ def _eager_logits(task, ids: list[list[int]]) -> list[np.ndarray]:
 
 @pytest.mark.slow
 def test_transformers_loads_the_export_and_gives_the_trained_models_logits(
-    exported, family_exports, tmp_path
+    exported, family_exports, qlora_exports, tmp_path
 ):
-    """One .venv-hf process loads every folder (the Gemma runs' and each family's); the
-    tokenizer splits every prompt as the preset's does, and the logits match the merged task's
-    to float32's rounding, not the base's."""
+    """One .venv-hf process loads every folder (the Gemma runs', the QLoRA runs' and each
+    family's); the tokenizer splits every prompt as the preset's does, and the logits match the
+    merged task's to float32's rounding, not the base's."""
     folders = {name: str(folder) for name, (_, folder) in exported.items()}
     folders.update({name: str(found[0]) for name, found in family_exports.items()})
+    folders.update({name: str(folder) for name, (_, folder) in qlora_exports.items()})
     done = subprocess.run(
         [str(_hf_python()), "-I", "-c", HF_SCRIPT, json.dumps(folders), json.dumps(PROMPTS),
          str(tmp_path / "hf.npz")],
@@ -205,9 +273,11 @@ def test_transformers_loads_the_export_and_gives_the_trained_models_logits(
             # The adapter is in: the fine-tune moved every prompt's logits away from the base's.
             assert np.max(np.abs(got - untouched)) > 1e-2
         print(f"{name}: max |transformers - tpurun| {max(diffs):.3g} over {len(PROMPTS)} prompts")
+    _check_qlora(qlora_exports, report, hf)
     for name, (folder, ids, merged, base) in family_exports.items():
         config = json.loads((folder / "config.json").read_text())
-        assert (config["architectures"], config["num_key_value_heads"]) == ([FAMILIES[name]], 2)
+        assert config["architectures"] == [FAMILIES[name]]
+        assert config.get("num_key_value_heads") == KV_HEADS[name]
         assert report["models"][name] == FAMILIES[name]
         assert report["ids"][name] == ids, name
         diffs = []
@@ -217,6 +287,27 @@ def test_transformers_loads_the_export_and_gives_the_trained_models_logits(
             diffs.append(float(np.max(np.abs(got - want))))
             assert np.max(np.abs(got - untouched)) > 1e-2, name  # the adapter is in
         print(f"{name}: max |transformers - tpurun| {max(diffs):.3g} over {len(PROMPTS)} prompts")
+
+
+def _check_qlora(qlora_exports, report: dict, hf: dict) -> None:
+    """A QLoRA run's folder is the preset's *float* weights with the adapter merged in: float32
+    both sides, so to float32's rounding (1e-5, as the other folders; 2e-6 seen). The run's own
+    quantized model is another: its logits are 3e-2 (int8) and 0.4 (int4) away."""
+    for mode, (run, folder) in qlora_exports.items():
+        header = json.loads((folder / "config.json").read_text())
+        assert (header["architectures"], header["dtype"]) == (["GemmaForCausalLM"], "float32")
+        assert report["models"][mode] == "GemmaForCausalLM"
+        ids, float_merged, quantized, base = _qlora_side(run)
+        assert report["ids"][mode] == ids
+        diffs = []
+        for i, want in enumerate(float_merged):
+            got = hf[f"{mode}_{i}"]
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=mode)
+            diffs.append(float(np.max(np.abs(got - want))))
+            assert np.max(np.abs(got - quantized[i])) > 1e-2, mode  # not the quantized model
+            assert np.max(np.abs(got - base[i])) > 1e-1, mode  # the adapter is in
+        print(f"QLoRA {mode}: max |transformers - float merged| {max(diffs):.3g} over "
+              f"{len(PROMPTS)} prompts")  # fmt: skip
 
 
 @pytest.mark.slow  # its fixture checks an export with .venv-hf
@@ -281,10 +372,9 @@ def test_what_cannot_be_exported_exits_2_before_anything_is_loaded(
     result = _export(bert, tmp_path / "out")
     assert result.exit_code == 2
     assert f"{bert} fine-tuned BertTextClassifier (model.task), not a causal LM" in result.output
-    assert (
-        "causal LMs of Gemma (GemmaBackbone), Llama 3 (Llama3Backbone), Qwen 2 (QwenBackbone), "
-        "Mistral (MistralBackbone) for transformers" in result.output
-    )
+    claimed = ("Gemma (GemmaBackbone), Llama 3 (Llama3Backbone), Qwen 2 (QwenBackbone), Mistral "
+               "(MistralBackbone), Gemma 3 (Gemma3Backbone), GPT-2 (GPT2Backbone)")  # fmt: skip
+    assert f"causal LMs of {claimed} for transformers" in " ".join(result.output.split())
     # A GemmaBackbone with Gemma 2's settings is another model in transformers.
     gemma2 = tmp_path / "gemma2"
     shutil.copytree(tiny_presets.gemma, gemma2)
@@ -299,14 +389,28 @@ def test_what_cannot_be_exported_exits_2_before_anything_is_loaded(
         "final_logit_soft_cap=30.0); tpurun exports Gemma (v1) only" in result.output
     )
     # Another family.
-    config["class_name"], config["registered_name"] = "GPT2Backbone", "keras_hub>GPT2Backbone"
+    config["class_name"], config["registered_name"] = "Phi3Backbone", "keras_hub>Phi3Backbone"
+    (gemma2 / "config.json").write_text(json.dumps(config))
+    result = _export(run, tmp_path / "out")
+    assert result.exit_code == 2
+    assert f"is a Phi3Backbone, and tpurun exports only {claimed} to Hugging Face" in " ".join(
+        result.output.split()
+    )
+    # Gemma 3 with its vision encoder, without the post-norms transformers' Gemma 3 has, or with
+    # a soft cap (this config's Gemma 2 settings stay).
+    config["class_name"], config["registered_name"] = "Gemma3Backbone", "keras_hub>Gemma3Backbone"
+    config["config"].update(vision_encoder={"class_name": "Gemma3VisionEncoder", "config": {}},
+                            use_post_ffw_norm=False)  # fmt: skip
     (gemma2 / "config.json").write_text(json.dumps(config))
     result = _export(run, tmp_path / "out")
     assert result.exit_code == 2
     assert (
-        "is a GPT2Backbone, and tpurun exports only Gemma (GemmaBackbone), Llama 3 "
-        "(Llama3Backbone), Qwen 2 (QwenBackbone), Mistral (MistralBackbone) to Hugging Face"
-        in result.output
+        "is a Gemma3Backbone with vision_encoder=a Gemma3VisionEncoder, "
+        "use_post_attention_norm=False, use_post_ffw_norm=False, final_logit_soft_cap=30.0; "
+        "tpurun exports Gemma 3 with vision_encoder=None, use_query_key_norm=True, "
+        "use_post_attention_norm=True, use_post_ffw_norm=True, attention_logit_soft_cap=None, "
+        "final_logit_soft_cap=None, use_bidirectional_attention=False, is_embedding_model=False, "
+        "layer_norm_epsilon=1e-06 only" in " ".join(result.output.split())
     )
     # A claimed family with a setting its transformers model is not checked with.
     config["class_name"], config["registered_name"] = "QwenBackbone", "keras_hub>QwenBackbone"

@@ -8,9 +8,11 @@ frozen kernel of a LoRA layer, dropping the adapter; and it reads Gemma's key an
 wrong for any Gemma with more (transformers refuses the shapes). Here every kernel is read whole, as
 ``layer.kernel`` (the adapter merged in, where LoRA is on), and reshaped head by head.
 
-Claimed: Gemma (v1, ``GemmaBackbone``), mapped here, and Llama 3, Qwen 2 and Mistral
-(:mod:`tpurun.infer.hf_llama`), each the family tests/infer/test_hf_export.py checks with transformers
-(Gemma with one and with several key/value heads, the others with grouped-query attention).
+Claimed: Gemma (v1, ``GemmaBackbone``), mapped here; Llama 3, Qwen 2 and Mistral
+(:mod:`tpurun.infer.hf_llama`); Gemma 3, text only (:mod:`tpurun.infer.hf_gemma3`); GPT-2
+(:mod:`tpurun.infer.hf_gpt2`). Each is a family tests/infer/test_hf_export.py checks with
+transformers (Gemma with one and with several key/value heads, the others with grouped-query
+attention, GPT-2 with multi-head).
 KerasHub builds Gemma 2 with the same backbone class and other settings (post-norms, soft caps,
 sliding windows), which transformers' ``gemma`` does not have: such a backbone is refused, naming
 the settings; so is a claimed family's backbone with a setting tpurun does not map.
@@ -21,16 +23,26 @@ from __future__ import annotations
 from typing import Any
 
 from tpurun.errors import ModelError
-from tpurun.infer import hf_llama
+from tpurun.infer import hf_gemma3, hf_gpt2, hf_llama
 
 #: Backbone class -> the family name users know, for each family mapped here or in
-#: :mod:`tpurun.infer.hf_llama`.
+#: :mod:`tpurun.infer.hf_llama`, :mod:`tpurun.infer.hf_gemma3`, :mod:`tpurun.infer.hf_gpt2`.
 FAMILIES = {
     "GemmaBackbone": "Gemma",
     "Llama3Backbone": "Llama 3",
     "QwenBackbone": "Qwen 2",
     "MistralBackbone": "Mistral",
+    "Gemma3Backbone": "Gemma 3",
+    "GPT2Backbone": "GPT-2",
 }
+#: Backbone class -> the module that maps it (Gemma's is this one).
+_MODULES = {
+    **dict.fromkeys(hf_llama.ARCHITECTURES, hf_llama),
+    "Gemma3Backbone": hf_gemma3,
+    "GPT2Backbone": hf_gpt2,
+}
+#: The settings each family's transformers model must have, by backbone class (Gemma's below).
+_UNMAPPED = {**hf_llama.UNMAPPED, **hf_gemma3.UNMAPPED, **hf_gpt2.UNMAPPED}
 
 #: GemmaBackbone's settings as Gemma (v1) has them; KerasHub's Gemma 2 differs in these.
 _GEMMA_V1 = {
@@ -60,7 +72,7 @@ def check_backbone(backbone: str | None, backbone_config: dict[str, Any], where:
             f"tpurun exports only {claimed()} to Hugging Face, each checked with transformers. "
             "Export --format keras (the merged task) or lora (the adapter) instead."
         )
-    if backbone in hf_llama.UNMAPPED:
+    if backbone in _UNMAPPED:
         _check_unmapped(backbone, backbone_config, where)
         return FAMILIES[backbone]
     differ = {k: backbone_config[k] for k, v in _GEMMA_V1.items()
@@ -76,11 +88,11 @@ def check_backbone(backbone: str | None, backbone_config: dict[str, Any], where:
 
 
 def _check_unmapped(backbone: str, backbone_config: dict[str, Any], where: str) -> None:
-    differ = {k: backbone_config[k] for k, v in hf_llama.UNMAPPED[backbone].items()
+    differ = {k: backbone_config[k] for k, v in _UNMAPPED[backbone].items()
               if backbone_config.get(k, v) != v}  # fmt: skip
     if differ:
-        said = ", ".join(f"{k}={v}" for k, v in differ.items())
-        wanted = ", ".join(f"{k}={v}" for k, v in hf_llama.UNMAPPED[backbone].items())
+        said = ", ".join(f"{k}={_said(v)}" for k, v in differ.items())
+        wanted = ", ".join(f"{k}={v}" for k, v in _UNMAPPED[backbone].items())
         raise ModelError(
             f"--format huggingface: {where} is a {backbone} with {said}; tpurun exports "
             f"{FAMILIES[backbone]} with {wanted} only, the settings it checks with transformers. "
@@ -88,11 +100,18 @@ def _check_unmapped(backbone: str, backbone_config: dict[str, Any], where: str) 
         )
 
 
+def _said(value: Any) -> str:
+    """A setting's value in a message: a nested layer's config (a vision encoder) by its class."""
+    if isinstance(value, dict):
+        return f"a {value.get('class_name', 'layer')}"
+    return str(value)
+
+
 def hf_config(backbone: Any, tokenizer: Any, dtype: str) -> dict[str, Any]:
     """``config.json`` for the backbone's transformers model, every value read from the
     backbone (transformers' defaults are not relied on)."""
-    if type(backbone).__name__ in hf_llama.ARCHITECTURES:
-        return hf_llama.hf_config(backbone, tokenizer, dtype)
+    if type(backbone).__name__ in _MODULES:
+        return _MODULES[type(backbone).__name__].hf_config(backbone, tokenizer, dtype)
     ids = {name: tokenizer.token_to_id(piece) for name, piece in
            (("pad_token_id", "<pad>"), ("bos_token_id", "<bos>"), ("eos_token_id", "<eos>"))}  # fmt: skip
     return {
@@ -120,7 +139,7 @@ def hf_config(backbone: Any, tokenizer: Any, dtype: str) -> dict[str, Any]:
 
 def weights(backbone: Any) -> dict[str, Any]:
     """Every weight under transformers' names, as numpy arrays in the backbone's dtype: Gemma's
-    here, the Llama-shaped families' in :mod:`tpurun.infer.hf_llama`.
+    here, the other families' in their modules (:data:`_MODULES`).
 
     KerasHub's attention kernels are per head: query ``(heads, hidden, head_dim)``, key and value
     ``(kv_heads, hidden, head_dim)``, output ``(heads, head_dim, hidden)``; transformers' are
@@ -129,8 +148,8 @@ def weights(backbone: Any) -> dict[str, Any]:
     Raises:
         ModelError: a kernel that is not floating point (a quantized layer).
     """
-    if type(backbone).__name__ in hf_llama.ARCHITECTURES:
-        return hf_llama.weights(backbone, _array)
+    if type(backbone).__name__ in _MODULES:
+        return _MODULES[type(backbone).__name__].weights(backbone, _array)
     out = {"model.embed_tokens.weight": _array(backbone.token_embedding.embeddings)}
     for i in range(backbone.num_layers):
         block = backbone.get_layer(f"decoder_block_{i}")
