@@ -336,21 +336,18 @@ def test_a_backbone_with_no_layer_keras_quantizes_is_refused(tiny_presets, tmp_p
 
 # ------------------------------------------------------------------ exact resume, export
 @pytest.mark.slow
-def test_sigkill_mid_epoch_then_resume_is_bit_exact(tiny_presets, chat, tmp_path):
-    """int4: SIGKILL after step 4 of epoch 2 (saves every 2 steps), then resume: the log and the
-    adapter checkpoint are the unbroken run's, bit for bit. (What export writes of it, the float
-    preset plus the adapter, is test_the_merge_is_the_presets_float_weights_plus_the_adapter's.)"""
-
-    def config(name: str, kill: bool) -> dict:
-        extra = [signal_at(tmp_path / "fired", 2, 5, "SIGKILL")] if kill else []
-        return qlora_config(tmp_path, tiny_presets.gemma, chat, name, "int4",
-                            callbacks={"checkpoint": {"every_steps": 2}, "extra": extra})  # fmt: skip
-
-    tpurun.train(config("unbroken", False), verbose=False)  # in this process: one fewer start
-    path = write_config(tmp_path, config("killed", True), "killed")
+def test_sigkill_mid_epoch_then_resume_is_bit_exact(qlora_run, tiny_presets, chat, tmp_path):
+    """int8: SIGKILL after step 4 of epoch 2 (saves every 2 steps), then resume: the log and the
+    adapter checkpoint are the unbroken run's (qlora_run, the same config but its saves), bit for
+    bit. (What export writes of it, the float preset plus the adapter, is
+    test_the_merge_is_the_presets_float_weights_plus_the_adapter's.)"""
+    extra = [signal_at(tmp_path / "fired", 2, 5, "SIGKILL")]
+    config = qlora_config(tmp_path, tiny_presets.gemma, chat, "killed", "int8",
+                          callbacks={"checkpoint": {"every_steps": 2}, "extra": extra})  # fmt: skip
+    path = write_config(tmp_path, config, "killed")
     killed = run_cli("train", str(path))
     assert killed.returncode == -9, killed.stderr
-    run_dir, reference = tmp_path / "runs" / "killed", tmp_path / "runs" / "unbroken"
+    run_dir, reference = tmp_path / "runs" / "killed", qlora_run[0]
     assert (read_latest(run_dir)["epoch"], read_latest(run_dir)["step"]) == (1, 4)
     tpurun.train(str(path), verbose=False)
     assert read_summary(run_dir)["resumes"][-1]["step"] == 4
