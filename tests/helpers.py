@@ -8,6 +8,7 @@ imports a framework at import time: conftest.py sets the test process up first.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib.util
 import io
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FACTORIES = Path(__file__).resolve().parent / "factories.py"
@@ -396,3 +398,18 @@ def schema_config(folder: Path, out: Path, **data) -> dict:
                       "validation": str(validation) if list(folder.glob(validation.name)) else None,
                       "inputs": "x", "targets": "y", **data}  # fmt: skip
     return config
+
+
+@contextlib.contextmanager
+def without_full_collections():
+    """Keras' ``quantize`` runs a full ``gc.collect()`` after each float kernel it replaces
+    (keras/src/layers/layer.py, ``Layer.__delattr__``, so a device frees each float buffer before
+    the next is quantized): about 0.26 s each in a test process, whose heap is large, 15 a
+    quantize of the tiny Gemma. Switched off where tests quantize: the float buffers are freed
+    later, by reference counts, and no value changes. tpurun itself keeps Keras' collections (they
+    bound the peak memory of quantizing a model that fits only quantized)."""
+    import gc
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gc, "collect", lambda generation=2: 0)
+        yield

@@ -15,7 +15,15 @@ import h5py
 import keras
 import numpy as np
 import pytest
-from helpers import read_latest, read_log, read_summary, run_cli, signal_at, write_config
+from helpers import (
+    read_latest,
+    read_log,
+    read_summary,
+    run_cli,
+    signal_at,
+    without_full_collections,
+    write_config,
+)
 from typer.testing import CliRunner
 
 import tpurun
@@ -32,6 +40,13 @@ from tpurun.training.checkpoints import adapter
 @pytest.fixture(scope="module")
 def chat(chat_records) -> Path:
     return chat_records(64)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _quantize_without_full_collections():
+    """Keras' per-kernel ``gc.collect()`` off while this module quantizes (helpers' docstring)."""
+    with without_full_collections():
+        yield
 
 
 def qlora_config(root: Path, preset: Path, data: Path, name: str, mode: str | None = "int8",

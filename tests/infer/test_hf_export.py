@@ -15,7 +15,6 @@ says. Then one .venv-hf process loads both and the test compares. What cannot be
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import subprocess
@@ -25,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from helpers import write_config
+from helpers import without_full_collections, write_config
 from typer.testing import CliRunner
 
 from tpurun.cli.app import app
@@ -150,19 +149,6 @@ def qlora_exports(tiny_presets, chat_records, tmp_path_factory) -> dict[str, tup
         assert result.exit_code == 0, result.output
         out[mode] = (run, folder)
     return out
-
-
-@contextlib.contextmanager
-def without_full_collections():
-    """Keras' ``quantize`` runs a full ``gc.collect()`` after each float kernel it replaces
-    (keras/src/layers/layer.py, ``Layer.__delattr__``): about 0.26 s each in a test process, 15
-    a quantize of the tiny Gemma, two thirds of a 2-step QLoRA run and its export. Switched off
-    where this file quantizes: it frees memory sooner and changes no value."""
-    import gc
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(gc, "collect", lambda generation=2: 0)
-        yield
 
 
 def _qlora_side(run: Path) -> tuple[list[list[int]], list[np.ndarray], ...]:
