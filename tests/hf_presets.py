@@ -11,6 +11,8 @@ attention, the case users meet), each with a tokenizer of its family's kind made
   vocabulary and Qwen's ``<|endoftext|>``.
 * ``gemma3``: ``Gemma3Backbone``, text only, with Gemma 3's own settings and tests/hub_presets.py's
   Gemma vocabulary.
+* ``gemma4``: ``Gemma4Backbone``, text only and dense, with what Gemma 4 adds over Gemma 3 (per-layer
+  embeddings, key/value sharing, keys as values, partial rotary) and the same vocabulary.
 * ``gpt2``: ``GPT2Backbone`` (4 heads, no grouping: GPT-2 has none) with a byte-level BPE
   vocabulary and ``<|endoftext|>``.
 
@@ -156,6 +158,69 @@ def gemma3(folder: Path) -> Path:
     task = keras_hub.models.Gemma3CausalLM(backbone=backbone, preprocessor=preprocessor)
     task.save_to_preset(str(folder))
     return folder
+
+
+#: The tiny Gemma 4's decoder layers: sliding-window ones with a global one after every two, the
+#: last global (transformers makes it so); the last two share the key/value of layers 3 and 2.
+GEMMA4_LAYER_TYPES = ["sliding_attention", "sliding_attention", "full_attention"] * 2
+
+
+def gemma4(folder: Path) -> Path:
+    """A tiny text-only ``Gemma4CausalLM`` at ``folder`` with what Gemma 4 adds over Gemma 3:
+    per-layer embeddings and key/value sharing in the last layers with double-wide feed-forwards
+    there (as E2B), global layers with a larger head size, a quarter of it rotated (partial
+    rotary), one key/value head and keys as values (as 31B), value norms, each layer's output
+    scalar (set apart from 1 here, as a checkpoint's are), a window of 4 keys (shorter than the
+    test prompts) and a final logit soft cap of 2 (Gemma 4's 30 barely bends the tiny model's
+    logits; this one moves them). Head sizes of 24 and 48 and feed-forwards of 48 and 96: the
+    tiny Gemma 3's shapes, whose compiled operations the test process reuses (3 CPU-seconds)."""
+    from hub_presets import GEMMA_SEQUENCE_LENGTH, _sentencepiece_proto
+
+    from tpurun import frameworks
+
+    keras_hub = frameworks.keras_hub()
+    frameworks.keras().utils.set_random_seed(0)
+    tokenizer = keras_hub.models.Gemma4Tokenizer(
+        proto=_sentencepiece_proto(corpus()), has_vision_tokens=False, has_video_tokens=False
+    )
+    preprocessor = keras_hub.models.Gemma4CausalLMPreprocessor(
+        tokenizer, sequence_length=GEMMA_SEQUENCE_LENGTH
+    )
+    backbone = keras_hub.models.Gemma4Backbone(
+        vocabulary_size=tokenizer.vocabulary_size(), image_size=None, num_layers=6,
+        num_query_heads=4, num_key_value_heads=2, hidden_dim=64, intermediate_dim=48, head_dim=24,
+        global_head_dim=48, layer_types=GEMMA4_LAYER_TYPES, sliding_window_size=4,
+        global_rope_partial_rotary_factor=0.25, final_logit_soft_cap=2.0,
+        num_kv_shared_layers=2, use_double_wide_mlp=True, num_global_key_value_heads=1,
+        hidden_size_per_layer_input=8, vocab_size_per_layer_input=tokenizer.vocabulary_size(),
+    )  # fmt: skip
+    _scales_apart_from_one(backbone)
+    task = keras_hub.models.Gemma4CausalLM(backbone=backbone, preprocessor=preprocessor)
+    task.save_to_preset(str(folder))
+    return folder
+
+
+def _scales_apart_from_one(backbone) -> None:
+    """Every norm's scale and each layer's output scalar set apart from 1 (a checkpoint's are), so
+    a norm or scalar written under another's name moves the logits.
+
+    A random tiny Gemma 4 is sensitive to float32 rounding, and the values keep it within the
+    1e-5 tolerance: with unit query/key norm scales its unscaled attention is near one-hot, and
+    scalars below 1 shrink the residual stream that every later norm then magnifies. With both
+    (unit query/key scales, scalars 0.5 to 1.5), transformers' own float32 logits for the test
+    prompts are 2.2e-5 from its float64 ones; with query/key scales in [0.35, 0.6], tpurun's
+    (XLA's) are 5.3e-5 from them; with these (query/key scales in [0.2, 0.4], scalars 1.1 to
+    1.6), both are within 3.2e-6 of them."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for weight in backbone.weights:
+        if weight.path.endswith("/scale"):
+            attention = weight.path.split("/")[-2] in ("query_norm", "key_norm")
+            low, high = (0.2, 0.4) if attention else (0.6, 1.4)
+            weight.assign(rng.uniform(low, high, weight.shape).astype("float32"))
+    for i in range(backbone.num_layers):
+        backbone.get_layer(f"decoder_block_{i}").layer_scalar.assign(1.1 + 0.1 * i)
 
 
 def gpt2(folder: Path) -> Path:

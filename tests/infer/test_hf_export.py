@@ -4,9 +4,10 @@ and gives the trained model's logits and the preset tokenizer's ids; the untouch
 it does not give. Gemma with one key/value head (conftest's chat_lora_run) and with four
 (``gemma_mesh``, trained here), the case keras-hub 0.32's own exporter writes wrong. QLoRA runs
 (int8 and int4 bases, 2 steps each) give the preset's *float* weights with the adapter merged in,
-not their quantized model. Llama 3, Qwen 2, Mistral, Gemma 3 and GPT-2 (tests/hf_presets.py) are
-written from their preset with the LoRA B matrices set to random values, not trained: what is
-family-specific is the mapping and the tokenizer files, which the same transformers process checks.
+not their quantized model. Llama 3, Qwen 2, Mistral, Gemma 3, Gemma 4 and GPT-2
+(tests/hf_presets.py) are written from their preset with the LoRA B matrices set to random values,
+not trained: what is family-specific is the mapping and the tokenizer files, which the same
+transformers process checks (Gemma 4's also with config values written wrong, which must not match).
 
 This process (.venv) has no transformers, so an export is written unchecked, with the note that
 says how to check it; the other is checked with ``--check-python .venv-hf/bin/python``, as the note
@@ -180,9 +181,20 @@ def _qlora_side(run: Path) -> tuple[list[list[int]], list[np.ndarray], ...]:
 #: The families beside Gemma: tests/hf_presets.py's builder of each, transformers' class.
 FAMILIES = {"llama3": "LlamaForCausalLM", "qwen": "Qwen2ForCausalLM",
             "mistral": "MistralForCausalLM", "gemma3": "Gemma3ForCausalLM",
-            "gpt2": "GPT2LMHeadModel"}  # fmt: skip
+            "gemma4": "Gemma4ForCausalLM", "gpt2": "GPT2LMHeadModel"}  # fmt: skip
 #: Each family's key/value heads in config.json (GPT-2's are its 4 heads, under n_head).
-KV_HEADS = {"llama3": 2, "qwen": 2, "mistral": 2, "gemma3": 2, "gpt2": None}
+KV_HEADS = {"llama3": 2, "qwen": 2, "mistral": 2, "gemma3": 2, "gemma4": 2, "gpt2": None}
+#: The tiny Gemma 4's folder again with one config.json value as keras-hub 0.32's exporter or
+#: transformers' defaults would have it: each moves transformers' logits (the test checks), so the
+#: folder's match is these settings', not the tiny model's indifference to them. (Without
+#: attention_k_eq_v, which keras-hub's leaves out, transformers refuses the folder: k_proj's shape.)
+GEMMA4_MISWRITTEN = {
+    "full_rotary": {"rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}},
+    "no_window": {"sliding_window": 512},
+    "no_soft_cap": {"final_logit_softcapping": None},
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -200,9 +212,11 @@ def family_exports(tmp_path_factory) -> dict[str, tuple[Path, list, list, list]]
     keras_hub = frameworks.keras_hub()
     root, rng, out = tmp_path_factory.mktemp("hf-families"), np.random.default_rng(0), {}
     for family in FAMILIES:
-        task = keras_hub.models.CausalLM.from_preset(
-            str(getattr(hf_presets, family)(root / f"preset-{family}"))
-        )
+        preset = getattr(hf_presets, family)(root / f"preset-{family}")
+        # The class it was saved as, as tpurun builds it: keras-hub 0.32's CausalLM.from_preset
+        # may give a Gemma 4 preset's Gemma4AssistantCausalLM (which then fails to build).
+        saved = json.loads((preset / "task.json").read_text())["class_name"]
+        task = getattr(keras_hub.models, saved).from_preset(str(preset))
         tokenizer, start = task.preprocessor.tokenizer, task.preprocessor.tokenizer.start_token_id
         ids = [[start] * (start is not None) + [int(t) for t in np.asarray(tokenizer(p))]
                for p in PROMPTS]  # fmt: skip
@@ -214,6 +228,10 @@ def family_exports(tmp_path_factory) -> dict[str, tuple[Path, list, list, list]]
         merged = _eager_logits(task, ids)
         hf_export.write(task, str(root / family))
         out[family] = (root / family, ids, merged, base)
+    for name, values in GEMMA4_MISWRITTEN.items():
+        shutil.copytree(root / "gemma4", root / f"gemma4-{name}")
+        config = json.loads((root / "gemma4" / "config.json").read_text())
+        (root / f"gemma4-{name}" / "config.json").write_text(json.dumps({**config, **values}))
     return out
 
 
@@ -222,6 +240,8 @@ def _eager_logits(task, ids: list[list[int]]) -> list[np.ndarray]:
     longest = max(map(len, ids))
     x = {"token_ids": np.array([row + [0] * (longest - len(row)) for row in ids]),
          "padding_mask": np.array([[i < len(row) for i in range(longest)] for row in ids])}  # fmt: skip
+    if "position_ids" in {tensor.name for tensor in task.inputs}:  # Gemma 4's
+        x["position_ids"] = np.broadcast_to(np.arange(longest), (len(ids), longest))
     out = np.asarray(task(x))
     return [out[i, : len(row)] for i, row in enumerate(ids)]
 
@@ -236,6 +256,8 @@ def test_transformers_loads_the_export_and_gives_the_trained_models_logits(
     folders = {name: str(folder) for name, (_, folder) in exported.items()}
     folders.update({name: str(found[0]) for name, found in family_exports.items()})
     folders.update({name: str(folder) for name, (_, folder) in qlora_exports.items()})
+    root = family_exports["gemma4"][0].parent
+    folders.update({f"gemma4-{name}": str(root / f"gemma4-{name}") for name in GEMMA4_MISWRITTEN})
     done = subprocess.run(
         [str(_hf_python()), "-I", "-c", HF_SCRIPT, json.dumps(folders), json.dumps(PROMPTS),
          str(tmp_path / "hf.npz")],
@@ -273,6 +295,32 @@ def test_transformers_loads_the_export_and_gives_the_trained_models_logits(
             diffs.append(float(np.max(np.abs(got - want))))
             assert np.max(np.abs(got - untouched)) > 1e-2, name  # the adapter is in
         print(f"{name}: max |transformers - tpurun| {max(diffs):.3g} over {len(PROMPTS)} prompts")
+    _, _, merged, _ = family_exports["gemma4"]
+    for name in GEMMA4_MISWRITTEN:
+        moved = max(float(np.max(np.abs(hf[f"gemma4-{name}_{i}"] - want)))
+                    for i, want in enumerate(merged))  # fmt: skip
+        assert moved > 1e-2, name
+        print(f"gemma4 with {GEMMA4_MISWRITTEN[name]}: transformers' logits move by {moved:.3g}")
+
+
+@pytest.mark.slow  # its fixture builds every family's preset
+def test_a_gemma4_task_with_its_own_logit_cap_is_refused_before_anything_is_written(
+    family_exports, tmp_path
+):
+    """Gemma4CausalLM's final_logit_cap caps over the backbone's final_logit_soft_cap;
+    transformers' Gemma 4 has one cap."""
+    from tpurun import frameworks
+    from tpurun.errors import ModelError
+    from tpurun.infer import hf_export
+
+    keras_hub = frameworks.keras_hub()
+    preset = family_exports["gemma4"][0].parent / "preset-gemma4"
+    backbone = keras_hub.models.Gemma4Backbone.from_preset(str(preset))
+    preprocessor = keras_hub.models.Gemma4CausalLMPreprocessor.from_preset(str(preset))
+    task = keras_hub.models.Gemma4CausalLM(preprocessor, backbone, final_logit_cap=30.0)
+    with pytest.raises(ModelError, match=r"has its own final_logit_cap=30.0 over the backbone's"):
+        hf_export.write(task, str(tmp_path / "hf"))
+    assert not (tmp_path / "hf").exists()
 
 
 def _check_qlora(qlora_exports, report: dict, hf: dict) -> None:
@@ -359,7 +407,8 @@ def test_what_cannot_be_exported_exits_2_before_anything_is_loaded(
     assert result.exit_code == 2
     assert f"{bert} fine-tuned BertTextClassifier (model.task), not a causal LM" in result.output
     claimed = ("Gemma (GemmaBackbone), Llama 3 (Llama3Backbone), Qwen 2 (QwenBackbone), Mistral "
-               "(MistralBackbone), Gemma 3 (Gemma3Backbone), GPT-2 (GPT2Backbone)")  # fmt: skip
+               "(MistralBackbone), Gemma 3 (Gemma3Backbone), Gemma 4 (Gemma4Backbone), GPT-2 "
+               "(GPT2Backbone)")  # fmt: skip
     assert f"causal LMs of {claimed} for transformers" in " ".join(result.output.split())
     # A GemmaBackbone with Gemma 2's settings is another model in transformers.
     gemma2 = tmp_path / "gemma2"
@@ -397,6 +446,23 @@ def test_what_cannot_be_exported_exits_2_before_anything_is_loaded(
         "use_post_attention_norm=True, use_post_ffw_norm=True, attention_logit_soft_cap=None, "
         "final_logit_soft_cap=None, use_bidirectional_attention=False, is_embedding_model=False, "
         "layer_norm_epsilon=1e-06 only" in " ".join(result.output.split())
+    )
+    # Gemma 4's mixture of experts (26B A4B), with its vision encoder, an attention soft cap
+    # (transformers' Gemma 4 has none) and no sliding windows (Gemma (v1)'s setting stays).
+    config["class_name"], config["registered_name"] = "Gemma4Backbone", "keras_hub>Gemma4Backbone"
+    config["config"].update(vision_encoder={"class_name": "Gemma4VisionEncoder", "config": {}},
+                            enable_moe_block=True, attention_logit_soft_cap=50.0)  # fmt: skip
+    (gemma2 / "config.json").write_text(json.dumps(config))
+    result = _export(run, tmp_path / "out")
+    assert result.exit_code == 2
+    assert (
+        "is a Gemma4Backbone with vision_encoder=a Gemma4VisionEncoder, enable_moe_block=True, "
+        "attention_logit_soft_cap=50.0, use_sliding_window_attention=False; tpurun exports Gemma 4 "
+        "with vision_encoder=None, audio_encoder=None, enable_moe_block=False, "
+        "attention_logit_soft_cap=None, local_rope_scaling_factor=1.0, "
+        "global_rope_scaling_factor=1.0, use_sliding_window_attention=True, "
+        "use_bidirectional_attention=False, is_embedding_model=False only"
+        in " ".join(result.output.split())
     )
     # A claimed family with a setting its transformers model is not checked with.
     config["class_name"], config["registered_name"] = "QwenBackbone", "keras_hub>QwenBackbone"

@@ -260,10 +260,13 @@ def _logits(task: Any, ids: list[list[int]]) -> list[Any]:
     precision = contextlib.nullcontext()
     if keras.backend.backend() == "jax":
         precision = frameworks.jax().default_matmul_precision("highest")
+    inputs = {"token_ids": token_ids, "padding_mask": mask}
+    if "position_ids" in {tensor.name for tensor in task.inputs}:  # Gemma 4's: 0, 1, ...
+        inputs["position_ids"] = np.broadcast_to(np.arange(longest, dtype="int32"), mask.shape)
     preprocessor = batches.detach(task)
     try:
         with precision:
-            out = task.predict_on_batch({"token_ids": token_ids, "padding_mask": mask})
+            out = task.predict_on_batch(inputs)
     finally:
         batches.attach(task, preprocessor)
     out = keras.ops.convert_to_numpy(out).astype("float32")
@@ -274,6 +277,7 @@ def write(task: Any, folder: str) -> str:
     """The task's Hugging Face folder: weights, configs, tokenizer files; returns the weights'
     dtype."""
     backbone, tokenizer = task.backbone, task.preprocessor.tokenizer
+    hf_families.check_task(task)
     tensors = hf_families.weights(backbone)
     dtype = str(next(iter(tensors.values())).dtype)
     os.makedirs(folder)

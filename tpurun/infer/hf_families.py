@@ -9,10 +9,10 @@ wrong for any Gemma with more (transformers refuses the shapes). Here every kern
 ``layer.kernel`` (the adapter merged in, where LoRA is on), and reshaped head by head.
 
 Claimed: Gemma (v1, ``GemmaBackbone``), mapped here; Llama 3, Qwen 2 and Mistral
-(:mod:`tpurun.infer.hf_llama`); Gemma 3, text only (:mod:`tpurun.infer.hf_gemma3`); GPT-2
-(:mod:`tpurun.infer.hf_gpt2`). Each is a family tests/infer/test_hf_export.py checks with
-transformers (Gemma with one and with several key/value heads, the others with grouped-query
-attention, GPT-2 with multi-head).
+(:mod:`tpurun.infer.hf_llama`); Gemma 3, text only (:mod:`tpurun.infer.hf_gemma3`); Gemma 4, text
+only and dense (:mod:`tpurun.infer.hf_gemma4`); GPT-2 (:mod:`tpurun.infer.hf_gpt2`). Each is a
+family tests/infer/test_hf_export.py checks with transformers (Gemma with one and with several
+key/value heads, the others with grouped-query attention, GPT-2 with multi-head).
 KerasHub builds Gemma 2 with the same backbone class and other settings (post-norms, soft caps,
 sliding windows), which transformers' ``gemma`` does not have: such a backbone is refused, naming
 the settings; so is a claimed family's backbone with a setting tpurun does not map.
@@ -23,26 +23,29 @@ from __future__ import annotations
 from typing import Any
 
 from tpurun.errors import ModelError
-from tpurun.infer import hf_gemma3, hf_gpt2, hf_llama
+from tpurun.infer import hf_gemma3, hf_gemma4, hf_gpt2, hf_llama
 
 #: Backbone class -> the family name users know, for each family mapped here or in
-#: :mod:`tpurun.infer.hf_llama`, :mod:`tpurun.infer.hf_gemma3`, :mod:`tpurun.infer.hf_gpt2`.
+#: :mod:`tpurun.infer.hf_llama`, :mod:`tpurun.infer.hf_gemma3`, :mod:`tpurun.infer.hf_gemma4`,
+#: :mod:`tpurun.infer.hf_gpt2`.
 FAMILIES = {
     "GemmaBackbone": "Gemma",
     "Llama3Backbone": "Llama 3",
     "QwenBackbone": "Qwen 2",
     "MistralBackbone": "Mistral",
     "Gemma3Backbone": "Gemma 3",
+    "Gemma4Backbone": "Gemma 4",
     "GPT2Backbone": "GPT-2",
 }
 #: Backbone class -> the module that maps it (Gemma's is this one).
 _MODULES = {
     **dict.fromkeys(hf_llama.ARCHITECTURES, hf_llama),
     "Gemma3Backbone": hf_gemma3,
+    "Gemma4Backbone": hf_gemma4,
     "GPT2Backbone": hf_gpt2,
 }
 #: The settings each family's transformers model must have, by backbone class (Gemma's below).
-_UNMAPPED = {**hf_llama.UNMAPPED, **hf_gemma3.UNMAPPED, **hf_gpt2.UNMAPPED}
+_UNMAPPED = {**hf_llama.UNMAPPED, **hf_gemma3.UNMAPPED, **hf_gemma4.UNMAPPED, **hf_gpt2.UNMAPPED}
 
 #: GemmaBackbone's settings as Gemma (v1) has them; KerasHub's Gemma 2 differs in these.
 _GEMMA_V1 = {
@@ -105,6 +108,18 @@ def _said(value: Any) -> str:
     if isinstance(value, dict):
         return f"a {value.get('class_name', 'layer')}"
     return str(value)
+
+
+def check_task(task: Any) -> None:
+    """Refuse a task setting the family's transformers model lacks (Gemma 4's own logit cap:
+    :func:`tpurun.infer.hf_gemma4.check_task`).
+
+    Raises:
+        ModelError: such a setting.
+    """
+    module = _MODULES.get(type(task.backbone).__name__)
+    if hasattr(module, "check_task"):
+        module.check_task(task)
 
 
 def hf_config(backbone: Any, tokenizer: Any, dtype: str) -> dict[str, Any]:
