@@ -11,8 +11,8 @@ attention, the case users meet), each with a tokenizer of its family's kind made
   vocabulary and Qwen's ``<|endoftext|>``.
 * ``gemma3``: ``Gemma3Backbone``, text only, with Gemma 3's own settings and tests/hub_presets.py's
   Gemma vocabulary.
-* ``gemma4``: ``Gemma4Backbone``, text only and dense, with what Gemma 4 adds over Gemma 3 (per-layer
-  embeddings, key/value sharing, keys as values, partial rotary) and the same vocabulary.
+* ``gemma4``: ``Gemma4Backbone``, text only and dense, with what Gemma 4 adds over Gemma 3
+  (per-layer embeddings, key/value sharing, keys as values, partial rotary) and the same vocabulary.
 * ``gpt2``: ``GPT2Backbone`` (4 heads, no grouping: GPT-2 has none) with a byte-level BPE
   vocabulary and ``<|endoftext|>``.
 

@@ -21,13 +21,17 @@ compute it:
 - ``final_logit_softcapping``: the backbone's ``final_logit_soft_cap``, which KerasHub applies in
   the reversed embedding.
 
-keras-hub 0.32's own exporter gets several of these wrong for transformers 5.24: it names the
-class ``Gemma4TextForCausalLM`` (transformers has ``Gemma4ForCausalLM``), leaves out
-``attention_k_eq_v`` (transformers then builds value projections the folder lacks), and writes
-no ``rope_type``. Refused (:data:`UNMAPPED`): the vision and audio encoders, the mixture of
-experts, an attention soft cap (transformers' Gemma 4 has none), rotary scaling factors (no Gemma
-4 checkpoint has them and they are not checked here), layers without sliding windows, and the
-bidirectional and embedding variants.
+keras-hub 0.32's own exporter gets several of these wrong for transformers 5.24 (checked on
+tests/hf_presets.py's tiny Gemma 4): it names ``Gemma4TextModel`` (``Gemma4TextForCausalLM``
+with the head, a class transformers does not have; its causal LM is ``Gemma4ForCausalLM``), leaves
+out ``attention_k_eq_v`` (transformers then expects value projections and as many key heads as
+the sliding layers', and refuses the folder), and writes no ``rope_type``, which transformers
+reads as ``default``: whole heads rotated.
+
+Refused (:data:`UNMAPPED`): the vision and audio encoders, the mixture of experts, an attention
+soft cap (transformers' Gemma 4 has none), rotary scaling factors (no Gemma 4 checkpoint has them
+and they are not checked here), layers without sliding windows, and the bidirectional and
+embedding variants; at write time, a task-level logit cap (:func:`check_task`).
 """
 
 from __future__ import annotations
