@@ -66,7 +66,7 @@ def attach(task: Any, preprocessor: Any) -> None:
 
 
 def transform(
-    preprocessor: Any, data: DataConfig, tokenized: dict | None = None
+    preprocessor: Any, data: DataConfig, tokenized: dict | None = None, positions: bool = False
 ) -> Callable[..., tuple]:
     """``(inputs, targets[, weights])`` of decoded features -> the task's ``(x, y[, weights])``.
 
@@ -75,6 +75,8 @@ def transform(
         data: the effective data section (features filled in, inputs and targets known).
         tokenized: for records written with ``--tokenize``, the schema file's entry
             (``ResolvedData.tokenized``), checked against ``preprocessor``.
+        positions: a causal LM's model takes ``position_ids`` too
+            (:func:`tpurun.hub.tokenize.takes_positions`).
 
     Raises:
         ConfigError: a causal LM fed something other than text features.
@@ -83,13 +85,13 @@ def transform(
     causal = tokenize.kind(preprocessor) == tokenize.CAUSAL_LM
     if schema_file.is_tokenized(data):
         tokenize.check(preprocessor, data, tokenized)
-        step = _causal_tokens if causal else _classifier_tokens
+        step = _causal_tokens(positions) if causal else _classifier_tokens
     elif causal:
         _check_text(data)
         if data.inputs == data.targets:
             step = _whole_text(preprocessor)
         else:
-            step = _prompt_response(preprocessor)
+            step = _prompt_response(preprocessor, positions)
     else:
         _check_kind(preprocessor, data)
         step = _labelled(preprocessor)
@@ -148,20 +150,25 @@ def _whole_text(preprocessor: Any) -> Callable:
     return step
 
 
-def _prompt_response(preprocessor: Any) -> Callable:
+def _prompt_response(preprocessor: Any, positions: bool) -> Callable:
     """The prompt's and the response's tokens, packed as the preprocessor packs one text; only
     the response (and the end token) weighted."""
     pack = tokenize.pack_prompt_response(preprocessor)
 
     def step(prompts, responses):
-        return tokenize.shifted(*pack(prompts, responses))
+        return tokenize.shifted(*pack(prompts, responses), positions)
 
     return step
 
 
-def _causal_tokens(inputs, targets):
+def _causal_tokens(positions: bool) -> Callable:
     """Tokenised causal LM records (``N + 1`` tokens each) -> ``(x, y, weights)``."""
-    return tokenize.shifted(inputs["token_ids"], inputs["padding_mask"], targets["weights"])
+
+    def step(inputs, targets):
+        ids, mask = inputs["token_ids"], inputs["padding_mask"]
+        return tokenize.shifted(ids, mask, targets["weights"], positions)
+
+    return step
 
 
 def _classifier_tokens(inputs, targets):
@@ -169,12 +176,12 @@ def _classifier_tokens(inputs, targets):
     return inputs, targets, None
 
 
-def token_inputs(preprocessor: Any, inputs: dict) -> dict:
+def token_inputs(preprocessor: Any, inputs: dict, positions: bool = False) -> dict:
     """Tokenised records' input features alone -> the task's inputs, as :func:`transform` makes
     them (a causal LM's ``N + 1`` tokens less the last): what ``export`` checks an artifact on,
     read without the targets."""
     if tokenize.kind(preprocessor) == tokenize.CAUSAL_LM:
-        return _causal_tokens(inputs, {"weights": inputs["padding_mask"]})[0]
+        return _causal_tokens(positions)(inputs, {"weights": inputs["padding_mask"]})[0]
     return _classifier_tokens(inputs, None)[0]
 
 
@@ -189,7 +196,8 @@ def take_preprocessing(model: Any, config: Config, tokenized: dict | None) -> tu
     if config.model.preset is None or getattr(model, "preprocessor", None) is None:
         return None, None
     preprocessor = detach(model)
-    return preprocessor, transform(preprocessor, config.data, tokenized)
+    positions = tokenize.takes_positions(model)
+    return preprocessor, transform(preprocessor, config.data, tokenized, positions)
 
 
 def pipeline_preprocessing(config: Config) -> Callable[[DataConfig, dict | None], Callable]:

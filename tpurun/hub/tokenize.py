@@ -100,10 +100,32 @@ def pack_whole_text(preprocessor: Any) -> Callable:
     return pack
 
 
-def shifted(token_ids: Any, mask: Any, weights: Any) -> tuple[dict, Any, Any]:
-    """``N + 1`` packed tokens -> a causal LM's ``(x, y, weights)``: predict each next token."""
+def shifted(
+    token_ids: Any, mask: Any, weights: Any, positions: bool = False
+) -> tuple[dict, Any, Any]:
+    """``N + 1`` packed tokens -> a causal LM's ``(x, y, weights)``: predict each next token.
+    ``positions``: the backbone also takes each token's position (:func:`takes_positions`), given
+    as its preprocessor gives them: 0, 1, ... along the sequence (numpy arrays from the native
+    reader, tensors inside tf.data)."""
     x = {"token_ids": token_ids[:, :-1], "padding_mask": mask[:, :-1]}
+    if positions:
+        x["position_ids"] = _positions(x["token_ids"])
     return x, token_ids[:, 1:], weights[:, 1:]
+
+
+def takes_positions(task: Any) -> bool:
+    """Whether a task's model takes ``position_ids`` beside its tokens (Gemma 4's backbone does;
+    KerasHub's Gemma4CausalLMPreprocessor makes them)."""
+    return "position_ids" in {tensor.name for tensor in task.inputs}
+
+
+def _positions(ids: Any) -> Any:
+    import numpy as np
+
+    if isinstance(ids, np.ndarray):
+        return np.broadcast_to(np.arange(ids.shape[-1], dtype=np.int32), ids.shape).copy()
+    tf = frameworks.tensorflow()
+    return tf.broadcast_to(tf.range(tf.shape(ids)[-1], dtype=tf.int32), tf.shape(ids))
 
 
 # ------------------------------------------------------------ what the records were made with

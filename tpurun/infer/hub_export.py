@@ -31,7 +31,7 @@ from tpurun import frameworks
 from tpurun.config import DataConfig
 from tpurun.data import schema_file
 from tpurun.errors import TpurunError
-from tpurun.hub import batches
+from tpurun.hub import batches, tokenize
 from tpurun.infer import formats, preset_task
 
 LORA_FORMAT = "lora"
@@ -108,7 +108,8 @@ def reference(trained: Any, task: Any, fmt: str, records: tuple[Any, str]) -> Hu
     config, source = trained.config, records[1]
     on_tokens = schema_file.is_tokenized(config.data)
     if on_tokens:  # the records' token ids, as the run's pipeline fed them
-        inputs = batches.token_inputs(task.preprocessor, records[0])
+        positions = tokenize.takes_positions(task)
+        inputs = batches.token_inputs(task.preprocessor, records[0], positions)
     else:
         inputs = _texts(records[0])
     served, notes = task, []  # the model whose outputs the artifact must reproduce
