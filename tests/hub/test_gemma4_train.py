@@ -3,8 +3,8 @@ the tokens, which KerasHub's Gemma4CausalLMPreprocessor makes and tpurun's own b
 response packed in the pipeline, records tokenised once) now make too. The tiny text-only Gemma 4
 of tests/hf_presets.py (whose Hugging Face export test_hf_export checks) trains with LoRA on text
 records and on the same records tokenised, batch for batch the same, and evaluate scores it. (The
-native reader's numpy position ids: the first test; a tokenised run read natively trained alike
-by hand, its val_loss 1e-6 from tf.data's.)"""
+native reader's numpy position ids: the first test; by hand, the tokenised records read natively
+and through tf.data, unshuffled, gave the same log.csv byte for byte.)"""
 
 from __future__ import annotations
 
