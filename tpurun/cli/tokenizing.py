@@ -90,8 +90,10 @@ class Tokenizing:
 
         if self.config is None:
             return mapper(self.preset, self.sequence_length, self.template, self.packing)
-        made = _keyed(mapper)(self.preset, self.sequence_length, self.template, self.packing)
-        return _keyed(made)
+        # With --config, refusals name the config's keys (at load, and as the source is read).
+        return _keyed(
+            _keyed(mapper)(self.preset, self.sequence_length, self.template, self.packing)
+        )
 
     def unnamed(self, report: Any) -> list[str]:
         """With ``--config``: a line for each split written that the config's ``data.train`` or
