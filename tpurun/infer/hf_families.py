@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from tpurun.errors import ModelError
-from tpurun.infer import hf_gemma3, hf_gemma4, hf_gpt2, hf_llama
+from tpurun.infer import hf_gemma3, hf_gemma4, hf_gemma_blocks, hf_gpt2, hf_llama
 
 #: Backbone class -> the family name users know, for each family mapped here or in
 #: :mod:`tpurun.infer.hf_llama`, :mod:`tpurun.infer.hf_gemma3`, :mod:`tpurun.infer.hf_gemma4`,
@@ -170,22 +170,9 @@ def weights(backbone: Any) -> dict[str, Any]:
         block = backbone.get_layer(f"decoder_block_{i}")
         attention, prefix = block.attention, f"model.layers.{i}."
         out[prefix + "input_layernorm.weight"] = _array(block.pre_attention_norm.scale)
-        for name, layer in (
-            ("q", attention.query_dense),
-            ("k", attention.key_dense),
-            ("v", attention.value_dense),
-        ):
-            kernel = _array(layer.kernel)  # merged with its adapter, all heads
-            heads, hidden, head_dim = kernel.shape
-            out[prefix + f"self_attn.{name}_proj.weight"] = kernel.transpose(0, 2, 1).reshape(
-                heads * head_dim, hidden
-            )
-        kernel = _array(attention.output_dense.kernel)
-        out[prefix + "self_attn.o_proj.weight"] = kernel.reshape(-1, kernel.shape[-1]).T
+        out.update(hf_gemma_blocks.attention(attention, prefix, _array))
         out[prefix + "post_attention_layernorm.weight"] = _array(block.pre_ffw_norm.scale)
-        out[prefix + "mlp.gate_proj.weight"] = _array(block.gating_ffw.kernel).T
-        out[prefix + "mlp.up_proj.weight"] = _array(block.gating_ffw_2.kernel).T
-        out[prefix + "mlp.down_proj.weight"] = _array(block.ffw_linear.kernel).T
+        out.update(hf_gemma_blocks.feed_forward(block, prefix, _array))
     out["model.norm.weight"] = _array(backbone.get_layer("final_normalization").scale)
     if not backbone.token_embedding.tie_weights:
         out["lm_head.weight"] = _array(backbone.token_embedding.reverse_embeddings).T

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tpurun.infer import hf_gemma_blocks
+
 #: Settings Gemma 3's transformers model does not have (or tpurun does not map), with the value
 #: each must have. KerasHub's decoder blocks take no epsilon from the backbone: theirs is 1e-6.
 UNMAPPED = {
@@ -104,30 +106,11 @@ def weights(backbone: Any, array: Any) -> dict[str, Any]:
     for i in range(backbone.num_layers):
         block = backbone.get_layer(f"decoder_block_{i}")
         attention, prefix = block.attention, f"model.layers.{i}."
-        for name, layer in (
-            ("q", attention.query_dense),
-            ("k", attention.key_dense),
-            ("v", attention.value_dense),
-        ):
-            kernel = array(layer.kernel)  # merged with its adapter, all heads
-            heads, hidden, head_dim = kernel.shape
-            out[prefix + f"self_attn.{name}_proj.weight"] = kernel.transpose(0, 2, 1).reshape(
-                heads * head_dim, hidden
-            )
-        kernel = array(attention.output_dense.kernel)
-        out[prefix + "self_attn.o_proj.weight"] = kernel.reshape(-1, kernel.shape[-1]).T
+        out.update(hf_gemma_blocks.attention(attention, prefix, array))
         out[prefix + "self_attn.q_norm.weight"] = array(attention.query_norm.scale)
         out[prefix + "self_attn.k_norm.weight"] = array(attention.key_norm.scale)
-        for name, norm in (
-            ("input_layernorm", block.pre_attention_norm),
-            ("post_attention_layernorm", block.post_attention_norm),
-            ("pre_feedforward_layernorm", block.pre_ffw_norm),
-            ("post_feedforward_layernorm", block.post_ffw_norm),
-        ):
-            out[prefix + f"{name}.weight"] = array(norm.scale)
-        out[prefix + "mlp.gate_proj.weight"] = array(block.gating_ffw.kernel).T
-        out[prefix + "mlp.up_proj.weight"] = array(block.gating_ffw_2.kernel).T
-        out[prefix + "mlp.down_proj.weight"] = array(block.ffw_linear.kernel).T
+        out.update(hf_gemma_blocks.four_norms(block, prefix, array))
+        out.update(hf_gemma_blocks.feed_forward(block, prefix, array))
     out["model.norm.weight"] = array(backbone.get_layer("final_normalization").scale)
     if not backbone.token_embedding.tie_weights:
         out["lm_head.weight"] = array(backbone.token_embedding.reverse_embeddings).T

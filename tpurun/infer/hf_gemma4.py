@@ -39,6 +39,7 @@ from __future__ import annotations
 from typing import Any
 
 from tpurun.errors import ModelError
+from tpurun.infer import hf_gemma_blocks
 
 #: Settings Gemma 4's transformers causal LM does not have (or tpurun does not map), with the
 #: value each must have.
@@ -163,31 +164,15 @@ def _block(block: Any, prefix: str, array: Any) -> dict[str, Any]:
     import numpy as np
 
     attention, out = block.attention, {}
-    projections = [("q", attention.query_dense)]
+    projections = ("q",)
     if not attention.is_kv_shared_layer:
-        projections.append(("k", attention.key_dense))
-        if attention.value_dense is not None:  # None: keys are the values
-            projections.append(("v", attention.value_dense))
+        # value_dense None: keys are the values
+        projections = ("q", "k") if attention.value_dense is None else ("q", "k", "v")
         out[prefix + "self_attn.k_norm.weight"] = array(attention.key_norm.scale)
-    for name, layer in projections:
-        kernel = array(layer.kernel)  # merged with its adapter, all heads
-        heads, hidden, head_dim = kernel.shape
-        out[prefix + f"self_attn.{name}_proj.weight"] = kernel.transpose(0, 2, 1).reshape(
-            heads * head_dim, hidden
-        )
-    kernel = array(attention.output_dense.kernel)
-    out[prefix + "self_attn.o_proj.weight"] = kernel.reshape(-1, kernel.shape[-1]).T
+    out.update(hf_gemma_blocks.attention(attention, prefix, array, projections))
     out[prefix + "self_attn.q_norm.weight"] = array(attention.query_norm.scale)
-    for name, norm in (
-        ("input_layernorm", block.pre_attention_norm),
-        ("post_attention_layernorm", block.post_attention_norm),
-        ("pre_feedforward_layernorm", block.pre_ffw_norm),
-        ("post_feedforward_layernorm", block.post_ffw_norm),
-    ):
-        out[prefix + f"{name}.weight"] = array(norm.scale)
-    out[prefix + "mlp.gate_proj.weight"] = array(block.gating_ffw.kernel).T
-    out[prefix + "mlp.up_proj.weight"] = array(block.gating_ffw_2.kernel).T
-    out[prefix + "mlp.down_proj.weight"] = array(block.ffw_linear.kernel).T
+    out.update(hf_gemma_blocks.four_norms(block, prefix, array))
+    out.update(hf_gemma_blocks.feed_forward(block, prefix, array))
     if block.hidden_size_per_layer_input:
         out[prefix + "per_layer_input_gate.weight"] = array(block.per_layer_input_gate.kernel).T
         out[prefix + "per_layer_projection.weight"] = array(block.per_layer_up_proj.kernel).T
