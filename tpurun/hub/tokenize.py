@@ -109,7 +109,7 @@ def shifted(
     reader, tensors inside tf.data)."""
     x = {"token_ids": token_ids[:, :-1], "padding_mask": mask[:, :-1]}
     if positions:
-        x["position_ids"] = _positions(x["token_ids"])
+        x["position_ids"] = position_ids(x["token_ids"])
     return x, token_ids[:, 1:], weights[:, 1:]
 
 
@@ -119,7 +119,9 @@ def takes_positions(task: Any) -> bool:
     return "position_ids" in {tensor.name for tensor in task.inputs}
 
 
-def _positions(ids: Any) -> Any:
+def position_ids(ids: Any) -> Any:
+    """Each token's position in ``ids`` (``[batch, length]``), 0, 1, ... as int32: a numpy array
+    for numpy ids, a tensor for tensors."""
     import numpy as np
 
     if isinstance(ids, np.ndarray):

@@ -43,7 +43,7 @@ from tpurun import frameworks
 from tpurun._version import __version__
 from tpurun.data import schema_file
 from tpurun.errors import TpurunError
-from tpurun.hub import batches
+from tpurun.hub import batches, tokenize
 from tpurun.hub import preset as hub_preset
 from tpurun.infer import artifact_check, hf_families, hf_gpt2, hf_llama, preset_task, trained_run
 from tpurun.storage.rundir import now_iso
@@ -261,8 +261,8 @@ def _logits(task: Any, ids: list[list[int]]) -> list[Any]:
     if keras.backend.backend() == "jax":
         precision = frameworks.jax().default_matmul_precision("highest")
     inputs = {"token_ids": token_ids, "padding_mask": mask}
-    if "position_ids" in {tensor.name for tensor in task.inputs}:  # Gemma 4's: 0, 1, ...
-        inputs["position_ids"] = np.broadcast_to(np.arange(longest, dtype="int32"), mask.shape)
+    if tokenize.takes_positions(task):  # Gemma 4's: 0, 1, ...
+        inputs["position_ids"] = tokenize.position_ids(token_ids)
     preprocessor = batches.detach(task)
     try:
         with precision:
