@@ -10,6 +10,7 @@ import re
 import struct
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import read_log, toy_config, write_config, write_toy_data
@@ -45,6 +46,21 @@ def small_config(root: Path, name: str, **sections) -> dict:
     if not data.is_dir():
         write_toy_data(data, n_train=128, n_val=32, shards=2)
     return toy_config(data, root / "runs", name=name, **sections)
+
+
+def mlflow_run(root: Path, name: str) -> tuple[Path, Any, Any]:
+    """An MLflow folder store under ``root``, the validated config that logs to it, and the
+    run directory, created: what a TrackerLog is made from, without training."""
+    from tpurun.config import Config
+    from tpurun.storage.rundir import RunDir
+
+    store = root / "mlruns"
+    config = Config.model_validate(small_config(
+        root, name, observe={"trackers": ["mlflow"], "mlflow": {"tracking_uri": str(store)}}
+    ))  # fmt: skip
+    run = RunDir(str(root / "runs" / name))
+    run.create()
+    return store, config, run
 
 
 @pytest.fixture(scope="module")
@@ -151,17 +167,10 @@ def test_wandb_offline_files_continue_the_same_run_at_the_global_steps(tracked):
 
 def test_a_resume_logs_no_step_twice(tracker_env, tmp_path):
     """Epochs a stopped session logged past its checkpoint are not logged again when redone."""
-    from tpurun.config import Config
     from tpurun.display.reporter import Reporter
     from tpurun.observe.tracker_log import TrackerLog
-    from tpurun.storage.rundir import RunDir
 
-    store = tmp_path / "mlruns"
-    config = Config.model_validate(small_config(
-        tmp_path, "again", observe={"trackers": ["mlflow"], "mlflow": {"tracking_uri": str(store)}}
-    ))  # fmt: skip
-    run = RunDir(str(tmp_path / "runs" / "again"))
-    run.create()
+    store, config, run = mlflow_run(tmp_path, "again")
     first = TrackerLog(config, run, Reporter(), steps_per_epoch=4)
     first.on_epoch_end(0, {"loss": 0.5})
     first.on_epoch_end(1, {"loss": 0.4})  # logged; then killed before its checkpoint
@@ -268,17 +277,10 @@ def test_mlflows_default_sqlite_store_without_sqlalchemy_names_the_fix(
 
 
 def test_a_damaged_trackers_file_is_named_and_new_tracker_runs_start(tracker_env, tmp_path):
-    from tpurun.config import Config
     from tpurun.display.reporter import Reporter
     from tpurun.observe.tracker_log import STATE, TrackerLog
-    from tpurun.storage.rundir import RunDir
 
-    store = tmp_path / "mlruns"
-    config = Config.model_validate(small_config(
-        tmp_path, "torn", observe={"trackers": ["mlflow"], "mlflow": {"tracking_uri": str(store)}}
-    ))  # fmt: skip
-    run = RunDir(str(tmp_path / "runs" / "torn"))
-    run.create()
+    store, config, run = mlflow_run(tmp_path, "torn")
     first = TrackerLog(config, run, Reporter(), steps_per_epoch=4)
     first.on_train_begin()
     first.close()
