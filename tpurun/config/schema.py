@@ -97,6 +97,22 @@ class RuntimeConfig(Section):
     layout: Layout | None = Field(None, description=LAYOUT_DESCRIPTION)
     device_memory: DeviceMemory | None = Field(None, description=DEVICE_MEMORY_DESCRIPTION)
     peak_tflops: float | None = Field(None, gt=0, description=PEAK_TFLOPS_DESCRIPTION)
+    compilation_cache: bool | str = Field(
+        "auto",
+        description="JAX backend: a local folder where compiled programs are kept, so that a rerun, "
+        "a resume or an evaluate of the same model loads them instead of compiling again. `auto`: "
+        "`JAX_COMPILATION_CACHE_DIR` where set, else `~/.cache/tpurun/jax` (`$TPURUN_CACHE_DIR/jax`); "
+        "`false`: compile afresh each time.",
+    )
+
+    @field_validator("compilation_cache", mode="before")
+    @classmethod
+    def _cache_folder(cls, value: Any) -> bool | str:
+        if value is True:
+            return "auto"
+        if value is False or (isinstance(value, str) and value.strip()):
+            return value
+        raise ValueError("expected a local folder, auto or false")
 
 
 # ----------------------------------------------------------------------------------------- model

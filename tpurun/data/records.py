@@ -116,8 +116,7 @@ def _unreadable(path: str, exc: OSError, how: str = "") -> DataError:
 
 # --------------------------------------------------------------------------- reading through
 def _cache_file() -> Path:
-    root = os.environ.get("TPURUN_CACHE_DIR") or Path.home() / ".cache" / "tpurun"
-    return Path(root) / "record_counts.json"
+    return Path(fileio.user_cache()) / "record_counts.json"
 
 
 def _file_key(path: str) -> str:

@@ -130,8 +130,12 @@ class PlainReporter(Reporter):
     def _compiling_note(self) -> None:
         self._line("compiling the training step (the first step waits for it)...")
 
-    def compiled(self, seconds, steps) -> None:
-        self._line(f"compiled: {_first_steps(steps)} took {took(seconds)}, compiling included")
+    def compiled(self, seconds, steps, loaded=0) -> None:
+        # Programs JAX loaded from its compilation cache instead of compiling (a rerun, a resume).
+        cache = f" ({loaded} program(s) loaded from the compilation cache)" if loaded else ""
+        self._line(
+            f"compiled: {_first_steps(steps)} took {took(seconds)}, compiling included{cache}"
+        )
 
     def progress(self, epoch, step, steps, rate, eta, logs) -> None:
         if step >= steps:

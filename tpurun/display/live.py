@@ -125,10 +125,10 @@ class LiveReporter(PlainReporter):
         if logs:
             self._metrics = metric_parts(logs)
 
-    def compiled(self, seconds, steps) -> None:
+    def compiled(self, seconds, steps, loaded=0) -> None:
         self._compiling = False
         self._set_phase("training")
-        super().compiled(seconds, steps)
+        super().compiled(seconds, steps, loaded)
 
     def validation_begin(self, epoch, steps) -> None:
         self._end_execution()

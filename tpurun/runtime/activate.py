@@ -18,6 +18,7 @@ from unittest import mock
 
 from tpurun import frameworks
 from tpurun.errors import EnvironmentSetupError
+from tpurun.runtime import compile_cache
 from tpurun.runtime import mesh as meshes
 from tpurun.runtime.choice import Choice
 
@@ -33,6 +34,7 @@ class ActiveRuntime:
     mesh: tuple[int, int] | None = None  # (data, model) under runtime.mesh
     devices: list | None = None  # JAX's devices of all processes, the mesh's
     placer: Any = None  # the layout (tpurun.runtime.layout.Placer), once mesh.install set it
+    warnings: tuple[str, ...] = ()  # found while setting up (the compilation cache passed over)
 
     @property
     def sharded(self) -> bool:
@@ -200,7 +202,11 @@ def activate(choice: Choice, seed: int) -> ActiveRuntime:
     frameworks.activated(choice.backend)  # Keras and JAX may be imported from here on
     if choice.cluster.multi:
         _join_cluster(choice)
+    warnings: tuple[str, ...] = ()
     if choice.backend == "jax":
+        folder, warning = compile_cache.resolve(choice.compilation_cache, os.environ)
+        compile_cache.install(folder)  # before JAX compiles anything
+        warnings = (warning,) if warning else ()
         devices = _jax_devices(choice)  # before TF, so JAX is first to claim the accelerator
         # TensorFlow comes only if something needs it (tf.data, a SavedModel export); then it
         # keeps off the GPUs, so JAX has their memory.
@@ -223,9 +229,15 @@ def activate(choice: Choice, seed: int) -> ActiveRuntime:
         # Set (or clear) it every time: a notebook kernel keeps the previous run's distribution.
         keras.distribution.set_distribution(distribution)
         runtime = ActiveRuntime(
-            choice, len(devices), distribution=distribution, mesh=mesh, devices=devices
+            choice,
+            len(devices),
+            distribution=distribution,
+            mesh=mesh,
+            devices=devices,
+            warnings=warnings,
         )
     else:
+        compile_cache.use.reset(None)  # TensorFlow compiles its own way
         strategy = _tf_strategy(choice)
         keras = frameworks.keras()
 

@@ -44,6 +44,7 @@ class Choice:
     mesh_config: Any = None  # runtime.mesh as written (MeshConfig); resolved at activation
     mesh: tuple[int, int] | None = None  # (data, model), where the device count is known
     tensorflow: str | None = None  # its version where installed: the tf_data reader needs it
+    compilation_cache: str | bool = "auto"  # runtime.compilation_cache, resolved at activation
 
     @property
     def mesh_text(self) -> str:
@@ -199,6 +200,7 @@ def choose(cfg: RuntimeConfig, steps_per_execution: int | str, machine: Machine)
         mesh_config=cfg.mesh,
         mesh=mesh,
         tensorflow=machine.tensorflow,
+        compilation_cache=cfg.compilation_cache,
     )
 
 

@@ -38,6 +38,14 @@ from tpurun.storage.remote import (  # noqa: F401 (fileio is where the rest of t
 )
 
 
+def user_cache() -> str:
+    """The folder tpurun keeps things in between runs, for this user: ``$TPURUN_CACHE_DIR``, else
+    ``~/.cache/tpurun`` (record counts, JAX's compiled programs)."""
+    return os.environ.get("TPURUN_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "tpurun"
+    )
+
+
 def is_remote(path: str) -> bool:
     return "://" in str(path)
 

@@ -38,6 +38,8 @@ class Summary:
     throughput: dict | None = None
     seconds: float | None = None
     time_to_first_step: float | None = None
+    # JAX's compilation cache this session: its folder, programs loaded from it and compiled.
+    compilation_cache: dict | None = None
     epoch_seconds: list = field(default_factory=list)
     input_wait: float | None = None  # share of the training loop's time waiting for data
     epoch_input_wait: list = field(default_factory=list)  # the same, per epoch of this session

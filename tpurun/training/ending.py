@@ -12,6 +12,7 @@ from tpurun.display.reporter import Reporter
 from tpurun.errors import Interrupted, TpurunError
 from tpurun.observe import input_wait
 from tpurun.observe.curves import save_curves
+from tpurun.runtime import compile_cache
 from tpurun.storage.rundir import CONFIG, LORA_MODEL, RunDir
 from tpurun.storage.summary import Summary, steady_rate
 from tpurun.training.checkpoints import adapter
@@ -55,6 +56,8 @@ def record(summary: Summary, result: TrainResult) -> None:
         summary.throughput = result.throughput
     if result.first_step_seconds is not None:
         summary.time_to_first_step = round(result.first_step_seconds, 3)
+    if compile_cache.use.folder is not None:
+        summary.compilation_cache = compile_cache.use.as_dict()
     summary.final_metrics = result.last_logs
     summary.nan_restores.extend(result.nan_restores)
     if result.best is not None:

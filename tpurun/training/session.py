@@ -157,6 +157,8 @@ def run(
         reporter = Reporter()  # process 0 speaks for all; errors still reach stderr
     reporter.message(choice.summary, "note")
     runtime = activate(choice, config.seed)
+    for warning in runtime.warnings:
+        reporter.message(warning, "warn")
     output_dir = output or config.output.dir
     run_dir = RunDir(run_path(output_dir, config.name), writer=hosts.chief)
     try:

@@ -9,6 +9,7 @@ from tpurun import frameworks
 from tpurun.display.lines import THROUGHPUT
 from tpurun.display.reporter import Reporter
 from tpurun.plan.plan import Plan
+from tpurun.runtime import compile_cache
 from tpurun.training.checkpoints.checkpointer import step_offset
 
 keras = frameworks.keras()  # the process is set up: see tpurun.frameworks
@@ -63,7 +64,8 @@ class Progress(keras.callbacks.Callback):
         step, steps = self._offset + batch + 1, self.plan.steps_per_epoch
         if self.first_step_seconds is None:
             self.first_step_seconds = now - self._train_start
-            self.reporter.compiled(self.first_step_seconds, step - self._offset)
+            loaded = compile_cache.use.hits  # programs JAX did not compile again
+            self.reporter.compiled(self.first_step_seconds, step - self._offset, loaded)
             if step < steps:
                 self._rate_from = (now, step)
         elif now - self._last_report < self.interval and step < steps:
