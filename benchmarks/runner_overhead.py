@@ -20,6 +20,14 @@ Other tpurun programs can run beside, in the same rotation, each its own kind:
 * ``--venv DIR``: this checkout's tpurun run by another environment's ``DIR/bin/tpurun`` (the
   ``.venv-jax`` without TensorFlow, say).
 
+JAX's compilation cache (``runtime.compilation_cache``): this checkout's tpurun keeps compiled
+programs between launches, so it runs twice: ``tpurun`` with a *warm* cache (its own folder in
+benchmarks/_work/, filled by one untimed run first: every launch after a user's first) and
+``tpurun:cold`` with the folder emptied before each run (a first launch). The ``--reader`` and
+``--venv`` kinds run warm; ``before`` runs as its checkout would (no cache unless it has the key),
+and the hand-written scripts run without one (the suite's or the user's JAX cache variables are
+removed from every child's environment).
+
 Reported, with the goals of the first-hour issue and of issue 25:
 
 * the time to the first step, from the launch of the process (tpurun: when its ``compiled:`` line
@@ -172,6 +180,12 @@ class Program:
     script: Path
     root: Path = ROOT
     sets: dict = field(default_factory=dict)
+    cache: str | None = "warm"  # JAX's compilation cache: warm, cold (emptied each run) or none
+
+    @property
+    def cache_folder(self) -> Path | None:
+        """Its own compilation cache (None for a tpurun that has none: it would not use it)."""
+        return None if self.cache is None else WORK / "jax-cache" / self.kind.replace(":", "-")
 
     @property
     def pythonpath(self) -> str | None:
@@ -181,11 +195,17 @@ class Program:
 
 def programs(args: argparse.Namespace) -> list[Program]:
     """The tpurun programs of the run: this checkout's first (the goals' tpurun)."""
-    found = [Program("tpurun", BIN / "tpurun")]
+    found = [
+        Program("tpurun", BIN / "tpurun"),
+        Program("tpurun:cold", BIN / "tpurun", cache="cold"),
+    ]
     found += [Program(f"tpurun:{r}", BIN / "tpurun", sets={"data.reader": r}) for r in args.reader]
     found += [Program(f"tpurun:{v.name}", v.resolve() / "bin" / "tpurun") for v in args.venv]
     if args.before is not None:
-        found.append(Program("before", BIN / "tpurun", root=args.before.resolve()))
+        before = args.before.resolve()
+        has_cache = "compilation_cache" in (before / "tpurun/config/schema.py").read_text()
+        found.append(Program("before", BIN / "tpurun", root=before,
+                             cache="warm" if has_cache else None))  # fmt: skip
     return found
 
 
@@ -205,14 +225,18 @@ def check_code(program: Program) -> str:
     return str(found)
 
 
-def child_env(pythonpath: str | None = None) -> dict[str, str]:
+def child_env(pythonpath: str | None = None, cache: Path | None = None) -> dict[str, str]:
     """The parent's environment without settings that would pick a backend or devices or the
-    code; ``pythonpath``: the checkout whose tpurun a child runs (else its install's)."""
+    code or a compilation cache; ``pythonpath``: the checkout whose tpurun a child runs (else its
+    install's); ``cache``: the JAX compilation cache folder it keeps (None: none)."""
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in ("KERAS_BACKEND", "XLA_FLAGS", "JAX_PLATFORMS", "TPURUN_PLAIN", "PYTHONPATH")
+        and not k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))
     }
+    if cache is not None:
+        env["JAX_COMPILATION_CACHE_DIR"] = str(cache)
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     env["TPURUN_CACHE_DIR"] = str(WORK / "cache")  # record counts; keeps ~/.cache out of it
     if pythonpath:
@@ -231,6 +255,7 @@ def run_process(
     what: str,
     marker: str | None = None,
     pythonpath: str | None = None,
+    cache: Path | None = None,
 ) -> tuple[str, float, float | None]:
     """Run ``cmd``; return its stdout, its wall seconds, and the seconds from the launch until a
     stdout line containing ``marker`` arrived (None without a marker)."""
@@ -239,7 +264,7 @@ def run_process(
     lines: list[str] = []
     with tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
-                                env=child_env(pythonpath), cwd=ROOT)  # fmt: skip
+                                env=child_env(pythonpath, cache), cwd=ROOT)  # fmt: skip
         timer = threading.Timer(args.timeout, proc.kill)
         timer.start()
         try:
@@ -284,8 +309,11 @@ def run_tpurun(args: argparse.Namespace, data: Path, out: Path, program: Program
     for key, value in sets.items():
         cmd += ["--set", f"{key}={value}"]
     # The plain reporter prints (and flushes) this line when the first step has finished.
+    if program.cache == "cold":
+        shutil.rmtree(program.cache_folder, ignore_errors=True)
     stdout, wall, first = run_process(cmd, args, f"{program.kind} train", marker="compiled:",
-                                      pythonpath=program.pythonpath)  # fmt: skip
+                                      pythonpath=program.pythonpath,
+                                      cache=program.cache_folder)  # fmt: skip
     summary = json.loads((out / "naic-like" / "summary.json").read_text())
     expected = {
         "status": "completed",
@@ -456,6 +484,13 @@ def run_all(args: argparse.Namespace, data: Path, tpuruns: list[Program]) -> dic
     kinds.update(baseline=run_baseline, naive=run_naive)
     names = list(kinds)
     runs: dict[str, list[dict]] = {kind: [] for kind in names}
+    for program in tpuruns:  # a warm cache holds what a first launch compiled: one, untimed
+        if program.cache == "warm":
+            shutil.rmtree(program.cache_folder, ignore_errors=True)
+            out = WORK / "runs" / f"{program.kind.replace(':', '-')}-warm-up"
+            shutil.rmtree(out, ignore_errors=True)
+            run_tpurun(args, data, out, program)
+            log(args, f"[warm-up] {program.kind}: its compilation cache filled, untimed")
     for i in range(args.repeats):
         turn = i % len(names)
         for kind in names[turn:] + names[:turn]:
