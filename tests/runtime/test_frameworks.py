@@ -106,7 +106,9 @@ def test_keras_serialization_sees_tensorflow_only_once_imported(monkeypatch):
     assert view.TensorShape == "the lazy module's"  # everything else: the lazy module's
 
 
-# Sets a process up for JAX as tpurun does, then saves and loads a .keras model and reports.
+# Sets a process up for JAX as tpurun does, then saves and loads a .keras model and reports; Keras'
+# import left matplotlib's pyplot unloaded (frameworks._pyplot_on_first_use), and Keras' own
+# plotting helper still draws a PNG with it.
 _SAVE_ON_JAX = """
 import sys, numpy as np
 from tpurun import frameworks
@@ -116,6 +118,7 @@ from tpurun.runtime.choice import choose
 from tpurun.runtime.machine import probe
 
 activate(choose(RuntimeConfig(cpu_devices=1), 1, probe()), seed=7)
+deferred = "matplotlib.figure" not in sys.modules
 drawn = np.random.rand()
 keras = frameworks.keras()
 model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
@@ -123,7 +126,10 @@ model.compile(optimizer="adam", loss="mse")
 model.save(sys.argv[1])
 again = keras.saving.load_model(sys.argv[1])
 same = all(np.array_equal(a, b) for a, b in zip(model.get_weights(), again.get_weights()))
-print(drawn == np.random.RandomState(7).rand(), same, "tensorflow" in sys.modules)
+keras.visualization.plot_image_gallery(np.zeros((2, 8, 8, 3)), rows=1, cols=2,
+                                       path=sys.argv[1] + ".png")
+png = open(sys.argv[1] + ".png", "rb").read(8) == b"\\x89PNG\\r\\n\\x1a\\n"
+print(drawn == np.random.RandomState(7).rand(), same, "tensorflow" in sys.modules, deferred, png)
 if len(sys.argv) > 2:  # then TF comes, even past the door (a factory's own import)
     import tensorflow as tf
 
@@ -144,14 +150,16 @@ def test_a_keras_save_on_jax_leaves_tensorflow_out(tmp_path):
     """With TensorFlow installed, Keras imports it at its first serialization (4-5 s): a .keras
     save on JAX must not, and the run's seeds are set without it."""
     result = run_python(_SAVE_ON_JAX, str(tmp_path / "model.keras"))
-    assert result.stdout.split() == ["True", "True", "False"], result.stderr
+    assert result.stdout.split() == ["True", "True", "False", "True", "True"], result.stderr
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="TensorFlow comes later")
 def test_tensorflow_coming_later_is_seeded_and_kept_off_the_gpus(tmp_path):
     result = run_python(_SAVE_ON_JAX, str(tmp_path / "model.keras"), "then-tensorflow")
-    assert result.stdout.split() == ["True", "True", "False", "7", "True"], result.stderr
+    assert result.stdout.split() == ["True", "True", "False", "True", "True", "7", "True"], (
+        result.stderr
+    )
 
 
 # A quickstart train on JAX with the native reader, its profile and TensorBoard logs, as a person
