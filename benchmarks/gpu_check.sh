@@ -44,7 +44,7 @@ MAX_WHEELS_MIB=64
 MISSING_THERE=(
     keras==3.15.1 namex==0.1.0 optree==0.20.0 keras-hub==0.32.0
     pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
-    google-crc32c==1.9.0 tensorboardX==2.6.5 filelock==4.3.1
+    google-crc32c==1.9.0 tensorboardX==2.6.5
 )
 # Present there, carried for an image that lacks them (each installed only where missing).
 PRESENT_THERE=(

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from importlib.metadata import version
+from types import SimpleNamespace
 
 import pytest
 from helpers import HAS_TENSORFLOW, installed_tensorflow_build, toy_config
@@ -373,6 +375,36 @@ def test_doctor_command_on_the_quickstart(backend):
     assert by_name["plan"]["status"] == "ok", by_name["plan"]
     assert by_name["model"]["status"] == "ok", by_name["model"]
     assert by_name["choice"]["data"]["backend"] == backend
+    cache = by_name["compilation_cache"]
+    if backend == "jax":  # the suite's folder (conftest.py), which a launch here would use
+        assert cache["status"] == "ok", cache
+        assert cache["data"]["folder"] == os.environ["JAX_COMPILATION_CACHE_DIR"]
+    else:
+        assert cache["status"] == "skip"
+
+
+def test_the_compilation_cache_check_counts_the_programs_kept_or_says_why_there_are_none(tmp_path):
+    check_compilation_cache = cc.check_compilation_cache
+    jax = SimpleNamespace(backend="jax")
+    folder = tmp_path / "jax"
+    folder.mkdir()
+    (folder / "jit_step-1-cache").write_bytes(b"x" * 1000)
+    (folder / "jit_step-1-atime").write_bytes(b"x" * 8)  # JAX's access times are not programs
+    (folder / "jit_init-2-cache").write_bytes(b"x" * 500)
+    check = check_compilation_cache(str(folder), jax)
+    assert (check.status, check.finding) == ("ok", f"{folder}: 2 compiled program(s), 1.5 kB; a "
+                                             "launch loads the programs it finds there instead of "
+                                             "compiling them")  # fmt: skip
+    assert check.data == {"folder": str(folder), "programs": 2, "bytes": 1500}
+    off = check_compilation_cache(False, jax)
+    assert (off.status, off.finding) == (
+        "ok",
+        "off (runtime.compilation_cache: false): each launch compiles afresh",
+    )
+    in_the_way = check_compilation_cache(str(folder / "jit_step-1-cache"), jax)
+    assert in_the_way.status == "fail" and "a file of that name is in the way" in in_the_way.finding
+    tensorflow = check_compilation_cache("auto", SimpleNamespace(backend="tensorflow"))
+    assert tensorflow.status == "skip"
 
 
 @pytest.mark.slow

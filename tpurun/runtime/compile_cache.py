@@ -12,8 +12,10 @@ compile (:func:`install`):
 * every program is kept, however quick its compile (``jax_persistent_cache_min_compile_time_secs``
   0: on a CPU or for a small model each compile is well under a second, and together they are most
   of the start-up; measured in docs/benchmarks.md);
-* the folder is bounded (2 GiB, least recently used entries go first; JAX's eviction takes a
-  file lock, so several processes can share it).
+* the folder is not bounded, as JAX and MaxText leave it: JAX's own bound
+  (``JAX_COMPILATION_CACHE_MAX_SIZE``, which needs filelock) scans every entry under a file lock at
+  each write, and in a test suite sharing a folder of a few thousand entries between processes it
+  held one command up for a minute. ``tpurun doctor`` says how large the folder is.
 
 A JAX setting the user has set through its own environment variable
 (``JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS``, ``JAX_COMPILATION_CACHE_MAX_SIZE``) is left as
@@ -28,7 +30,6 @@ run does not depend on it.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -38,7 +39,6 @@ from tpurun import frameworks
 from tpurun.errors import EnvironmentSetupError
 from tpurun.storage import fileio
 
-MAX_BYTES = 2 << 30
 _HITS = "/jax/compilation_cache/cache_hits"
 _MISSES = "/jax/compilation_cache/cache_misses"
 
@@ -93,6 +93,12 @@ def _unwritable(folder: Path) -> str | None:
     return None
 
 
+def contents(folder: str) -> tuple[int, int]:
+    """The programs kept in ``folder`` and their bytes (0, 0 for a folder not made yet)."""
+    entries = [p for p in Path(folder).glob("*-cache") if p.is_file()]
+    return len(entries), sum(p.stat().st_size for p in entries)
+
+
 @dataclass
 class Use:
     """What the cache did in this process: programs loaded from it (hits) and compiled (misses)."""
@@ -135,10 +141,6 @@ def install(folder: str | None) -> None:
         return
     if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    # JAX's eviction locks the folder with filelock (a dependency of tpurun; an image that
-    # lacks it keeps an unbounded cache rather than failing at the first compile).
-    if "JAX_COMPILATION_CACHE_MAX_SIZE" not in os.environ and importlib.util.find_spec("filelock"):
-        jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
     if not use._listening:
         jax.monitoring.register_event_listener(use._count)
         use._listening = True
