@@ -4,6 +4,7 @@ compiled, trains to the same figures, and an unusable folder is refused or passe
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -47,6 +48,29 @@ def test_an_unusable_auto_folder_is_passed_over_with_a_warning(tmp_path):
         None,
         f"the compilation cache is off: cannot use {folder} (Not a directory)",
     )
+
+
+def test_each_install_takes_effect_in_the_same_process_as_a_notebooks_next_run(tmp_path):
+    """JAX settles on its cache at its first compile; a kernel's next run names another folder,
+    or none, and gets it."""
+    import jax
+    import jax.numpy as jnp
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    x = jnp.arange(3.0)  # made before: each folder below gets one program, the function's
+    try:
+        compile_cache.install(str(first))
+        jax.jit(lambda x: x * 3 + 1)(x)
+        assert compile_cache.use.as_dict() == {"folder": str(first), "loaded": 0, "compiled": 1}
+        compile_cache.install(str(second))
+        jax.jit(lambda x: x * 5 - 2)(x)
+        compile_cache.install(None)
+        jax.jit(lambda x: x * 7)(x)
+        assert compile_cache.use.as_dict() == {"folder": None, "loaded": 0, "compiled": 0}
+    finally:  # the suite's own folder (conftest.py) for the tests after this one
+        compile_cache.install(os.environ["JAX_COMPILATION_CACHE_DIR"])
+    assert len(list(first.glob("*-cache"))) == 1
+    assert len(list(second.glob("*-cache"))) == 1
 
 
 # ------------------------------------------------------------------------------------ real runs

@@ -127,13 +127,15 @@ use = Use()
 
 
 def install(folder: str | None) -> None:
-    """Point JAX at ``folder`` (None: no cache) before it compiles anything in this process.
+    """Point JAX at ``folder`` (None: no cache) for what it compiles from here on.
 
-    JAX fixes its cache at the first compile: in a notebook kernel where JAX compiled before, the
-    cache stays as it was then.
+    JAX settles on its cache at its first compile; in a notebook kernel the next run may name
+    another folder, or none, so JAX's cache is reset first (its public ``reset_cache``).
     """
     jax = frameworks.jax()
+    from jax.experimental.compilation_cache import compilation_cache
 
+    compilation_cache.reset_cache()
     use.reset(folder)
     jax.config.update("jax_compilation_cache_dir", folder)
     jax.config.update("jax_enable_compilation_cache", folder is not None)
