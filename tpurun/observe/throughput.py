@@ -22,7 +22,9 @@ key-value heads, hidden 64, 2 layers, batch 16 x 32 tokens, on 8 simulated CPU d
 A plain Dense model (no distribution) gave 840,024 lowered and 847,416 compiled.
 tpurun takes the **lowered** analysis, divided by the devices the step runs on (the mesh's devices
 under a Keras distribution, else one): model FLOPs evenly spread, MaxText's numerator, at no
-compile's cost. Its one extra cost is tracing the step once more before the first step.
+compile's cost. Its one extra cost is tracing the step once more: after the first step has run
+(0.4 s for the NAIC-like MLP on 8 CPU devices), so that it never delays it; the state's shapes and
+shardings are taken before, when nothing has been donated to the compiled step yet.
 
 **What a step consumes.** Token inputs (a ``token_ids`` feature, as KerasHub's text models take):
 global batch x sequence length, padding included, as MaxText counts tokens; anything else: examples,
@@ -109,13 +111,17 @@ def peak_tflops(configured: float | None, device_kind: str | None) -> float | No
     return known.peak_tflops if known else None
 
 
-def flops_per_device(model: Any, element_spec: Any, global_batch: int) -> float | None:
+def flops_per_device(
+    model: Any, element_spec: Any, global_batch: int, state: tuple | None = None
+) -> float | None:
     """One training step's FLOPs a device, from the lowered step's cost analysis (see the module's
-    docstring); None on the TensorFlow backend, or when XLA reports none."""
+    docstring); None on the TensorFlow backend, or when XLA reports none. ``state``: the model's
+    :func:`abstract_state`, taken earlier (else now)."""
     keras = frameworks.keras()
     if keras.backend.backend() != "jax":
         return None  # no MFU on TensorFlow: see the module's docstring
-    flops = _flops(lowered_train_step(model, element_spec, global_batch).cost_analysis())
+    lowered = lowered_train_step(model, element_spec, global_batch, state)
+    flops = _flops(lowered.cost_analysis())
     if flops is None:
         return None
     dist = keras.distribution.distribution()
@@ -123,29 +129,35 @@ def flops_per_device(model: Any, element_spec: Any, global_batch: int) -> float 
     return flops / devices
 
 
-def measure(model: Any, element_spec: Any, prepared: Any) -> StepCost:
+def measure(model: Any, element_spec: Any, prepared: Any, state: tuple | None = None) -> StepCost:
     """The step's cost for a run: ``prepared`` (a :class:`~tpurun.plan.prepare.Prepared`) gives
-    the global batch and ``runtime.peak_tflops``. Called once the model, its optimizer and metrics
-    are built (Keras' first ``on_train_begin``)."""
+    the global batch and ``runtime.peak_tflops``; ``state`` as :func:`flops_per_device` takes it."""
     plan = prepared.plan
     unit, per_step = consumed_per_step(element_spec, plan.global_batch_size)
-    flops = flops_per_device(model, element_spec, plan.global_batch_size)
+    flops = flops_per_device(model, element_spec, plan.global_batch_size, state)
     kind = frameworks.jax().devices()[0].device_kind if flops is not None else None
     return StepCost(unit, per_step, flops, peak_tflops(prepared.config.runtime.peak_tflops, kind))
 
 
 def measuring(model: Any, progress: Any, element_spec: Any, prepared: Any, reporter: Any) -> Any:
-    """A callback that measures the step's cost at the first ``on_train_begin`` (everything is
-    built by then, and nothing compiled yet) and gives it to ``progress``
-    (:class:`~tpurun.training.callbacks.progress.Progress`), which reports each epoch's figures. A step
-    that cannot be analysed costs the run its TFLOP/s, never the run."""
+    """A callback that measures the step's cost once the first step has run and gives it to
+    ``progress`` (:class:`~tpurun.training.callbacks.progress.Progress`), which reports each
+    epoch's figures: place it after ``progress``, whose batch end times the first step. The state's
+    shapes and shardings are taken at the first ``on_train_begin`` (everything is built by then,
+    and nothing donated to the compiled step). A step that cannot be analysed costs the run its
+    TFLOP/s, never the run."""
     keras = frameworks.keras()
+    taken: list = []  # the abstract state, once
 
     def on_train_begin(logs=None) -> None:
+        if progress.step_cost is None and not taken and keras.backend.backend() == "jax":
+            taken.append(abstract_state(model))
+
+    def on_train_batch_end(batch, logs=None) -> None:
         if progress.step_cost is not None:
-            return  # a second fit of the session (a mid-epoch resume, a NaN restore)
+            return  # measured (or a second fit of the session: a mid-epoch resume, a NaN restore)
         try:
-            progress.step_cost = measure(model, element_spec, prepared)
+            progress.step_cost = measure(model, element_spec, prepared, taken[0] if taken else None)
         except Exception as exc:
             unit, per_step = consumed_per_step(element_spec, prepared.plan.global_batch_size)
             progress.step_cost = StepCost(unit, per_step, None, None)
@@ -156,19 +168,22 @@ def measuring(model: Any, progress: Any, element_spec: Any, prepared: Any, repor
                 "note",
             )
 
-    return keras.callbacks.LambdaCallback(on_train_begin=on_train_begin)
+    return keras.callbacks.LambdaCallback(
+        on_train_begin=on_train_begin, on_train_batch_end=on_train_batch_end
+    )
 
 
-def lowered_train_step(model: Any, element_spec: Any, global_batch: int) -> Any:
-    """``jax.jit(model.train_step)`` lowered on abstract arguments: no array is made, nothing is
-    donated or run."""
+def lowered_train_step(
+    model: Any, element_spec: Any, global_batch: int, state: tuple | None = None
+) -> Any:
+    """``jax.jit(model.train_step)`` lowered on abstract arguments (``state``: the model's
+    :func:`abstract_state`, else taken now): no array is made, nothing is donated or run."""
     jax = frameworks.jax()
-    state = _abstract_state(model)
     data = _abstract_batch(element_spec, global_batch)
-    return jax.jit(model.train_step).lower(state, data)
+    return jax.jit(model.train_step).lower(state or abstract_state(model), data)
 
 
-def _abstract_state(model: Any) -> tuple:
+def abstract_state(model: Any) -> tuple:
     """The 4 lists Keras' JAX ``train_step`` takes (keras/src/backend/jax/trainer.py), as
     ShapeDtypeStructs carrying each variable's sharding."""
     jax = frameworks.jax()

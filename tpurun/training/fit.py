@@ -61,7 +61,7 @@ def train(job: TrainJob) -> TrainResult:
     first_writes = _once(_first_writes(job, model, control))
     measure = throughput.measuring(model, progress, batch_spec, prepared, reporter)
     begin = frameworks.keras().callbacks.LambdaCallback(on_train_begin=first_writes)
-    callbacks = [begin, measure, *callbacks]
+    callbacks = [begin, *callbacks, measure]  # measured after Progress timed the first step
     if job.stop.agree is None and job.stop.reason in ("SIGTERM", "SIGINT"):  # came while starting
         raise Signalled(job.stop.reason, after_training=False)  # no step ran: nothing to save
     reporter.start(plan, run.path, config.train.epochs, checkpoint.position[0])
