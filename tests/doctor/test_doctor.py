@@ -384,7 +384,8 @@ def test_doctor_command_on_the_quickstart(backend):
 
 
 def test_the_compilation_cache_check_counts_the_programs_kept_or_says_why_there_are_none(tmp_path):
-    check_compilation_cache = cc.check_compilation_cache
+    from tpurun.doctor.cache_check import check_compilation_cache
+
     jax = SimpleNamespace(backend="jax")
     folder = tmp_path / "jax"
     folder.mkdir()

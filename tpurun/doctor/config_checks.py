@@ -12,8 +12,8 @@ from typing import Any
 from tpurun import frameworks
 from tpurun.data import files as datafiles
 from tpurun.data import records
-from tpurun.data.advice import format_bytes
 from tpurun.data.resolve import path_resolver
+from tpurun.doctor.cache_check import check_compilation_cache
 from tpurun.doctor.check import Check, timed
 from tpurun.doctor.memory import check_memory
 from tpurun.doctor.model_check import (
@@ -26,7 +26,6 @@ from tpurun.doctor.model_check import (
 from tpurun.doctor.preset_check import check_preset
 from tpurun.errors import TpurunError
 from tpurun.plan.prepare import prepare
-from tpurun.runtime import compile_cache
 from tpurun.runtime.activate import activate
 from tpurun.runtime.choice import KERAS_19246
 from tpurun.runtime.machine import Machine
@@ -55,33 +54,6 @@ def check_reader(reader: Any) -> Check:
         f"{reader.name} ({reader.reason})",
         None,
         {"reader": reader.name, "reason": reader.reason},
-    )
-
-
-def check_compilation_cache(setting: bool | str, choice: Any) -> Check:
-    """Where JAX keeps compiled programs for this config (runtime.compilation_cache), and how much
-    it holds: a rerun or resume loads them instead of compiling again."""
-    if choice is None or choice.backend != "jax":
-        return Check("compilation_cache", "skip", "only the JAX backend keeps compiled programs")
-    try:
-        folder, warning = compile_cache.resolve(setting, os.environ)
-    except TpurunError as exc:
-        return Check("compilation_cache", "fail", exc.message,
-                     "set runtime.compilation_cache to a folder this user can write, or auto")  # fmt: skip
-    if warning is not None:
-        return Check("compilation_cache", "warn", warning,
-                     "set TPURUN_CACHE_DIR or runtime.compilation_cache to a writable folder")  # fmt: skip
-    if folder is None:
-        return Check("compilation_cache", "ok", "off (runtime.compilation_cache: false): "
-                     "each launch compiles afresh")  # fmt: skip
-    programs, size = compile_cache.contents(folder)
-    return Check(
-        "compilation_cache",
-        "ok",
-        f"{folder}: {programs} compiled program(s), {format_bytes(size)}; a launch loads the "
-        "programs it finds there instead of compiling them",
-        None,
-        {"folder": folder, "programs": programs, "bytes": size},
     )
 
 

@@ -133,9 +133,8 @@ def install(folder: str | None) -> None:
     another folder, or none, so JAX's cache is reset first (its public ``reset_cache``).
     """
     jax = frameworks.jax()
-    from jax.experimental.compilation_cache import compilation_cache
 
-    compilation_cache.reset_cache()
+    frameworks.jax("experimental.compilation_cache.compilation_cache").reset_cache()
     use.reset(folder)
     jax.config.update("jax_compilation_cache_dir", folder)
     jax.config.update("jax_enable_compilation_cache", folder is not None)
