@@ -3,13 +3,12 @@ compiled, trains to the same figures, and an unusable folder is refused or passe
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
-from helpers import TPURUN, cli_env, toy_config, write_config
+from helpers import TPURUN, cli_env, read_summary, toy_config, write_config
 
 from tpurun.errors import EnvironmentSetupError
 from tpurun.runtime import compile_cache
@@ -86,7 +85,7 @@ def _train(config: Path, out: Path, cache_root: Path, *sets: str):
 
 
 def _summary(out: Path) -> dict:
-    return json.loads((out / "toy" / "summary.json").read_text())
+    return read_summary(out / "toy")
 
 
 @pytest.mark.slow
