@@ -196,12 +196,13 @@ def test_images_decode_resize_and_scale_as_tf_data_does(tmp_path, fmt):
     rng = np.random.default_rng(2)
     sizes = [(20, 30), (6, 5), (12, 12)]  # down, up and unchanged for a 12x12 feature
     records = [{"image": encoded(rng.integers(0, 256, (*sizes[i % 3], 3), np.uint8), fmt),
-                "class": i} for i in range(12)]  # fmt: skip
+                "class": i} for i in range(16)]  # fmt: skip
     files = write_shards(str(tmp_path / "im"), records, 2)
     for shape, scale in (([12, 12, 3], True), ([12, 12, 1], False)):
         features = {"image": {"type": "image", "shape": shape, "scale": scale},
                     "class": {"type": "int64"}}  # fmt: skip
-        theirs, ours = both(files, data_config(features, "image", "class"), 4, training=False)
+        # Batches of 8: the parser's two decoding threads take 4 images each.
+        theirs, ours = both(files, data_config(features, "image", "class"), 8, training=False)
         # The same decoders' pixels, resized in float32: equal up to rounding (0..255 unscaled).
         assert_same_batches(theirs, ours, atol=1e-4 if scale else 3e-2)
 

