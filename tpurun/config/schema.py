@@ -330,8 +330,8 @@ class DataConfig(Section):
         description="What reads the records. `native`: tpurun's own reader (numpy batches, no "
         "TensorFlow), for the JAX backend. `tf_data`: `tf.data` (needs TensorFlow). `auto`: "
         "`native` where TensorFlow is not installed, and where it is for images, raw bytes, floats "
-        "and short int64 lists (no TensorFlow import; see Benchmarks for JPEGs); `tf_data` on the TensorFlow "
-        "backend, for a preset whose preprocessor tokenises text in the pipeline (records not "
+        "and short int64 lists (no TensorFlow import, and faster there; see Benchmarks); "
+        "`tf_data` on the TensorFlow backend, for a preset whose preprocessor tokenises text in the pipeline (records not "
         "written with `--tokenize`), and for token ids and strings where TensorFlow is installed "
         "(it parses them faster). Unshuffled, both make the same batches; "
         "the start line and `tpurun doctor` say which one runs and why.",

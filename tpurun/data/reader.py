@@ -29,12 +29,10 @@ from tpurun.storage import fileio
 NATIVE = "native"
 TF_DATA = "tf_data"
 #: Why ``auto`` reads most records natively where TensorFlow is installed too (docs/benchmarks.md,
-#: 2 cores): the native reader parsed raw floats 1.28x as fast as tf.data, and each such run
-#: skips TensorFlow's 4-5 s import. It parses on one core against tf.data's C++ on every core, so
-#: with both cores idle it lost on JPEG decoding (0.69x; 1.08x with another job holding a core):
-#: images stay native here because on small images the import outweighs the rate, and a large JPEG
-#: set on few cores is better served by ``data.reader: tf_data`` (the docs say so). Token ids
-#: (0.95x, 0.75x under load) and strings (not measured) stay on tf.data.
+#: 2 idle cores): the native reader parsed raw floats 1.15-1.28x as fast as tf.data and decoded
+#: 192x192 JPEGs 1.10x as fast (its decoding threads on every core), and each such run skips
+#: TensorFlow's 4-5 s import. Token ids (0.80-0.95x: their batch parse runs on one core, where
+#: tf.data's C++ parses on every core) and strings (not measured) stay on tf.data.
 NATIVE_MEASURED = (
     "no TensorFlow import (4-5 s), and as fast as tf.data on these records or close: "
     "benchmarks/input_pipeline.py"
