@@ -167,6 +167,21 @@ def pytest_runtest_call(item):
         )
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With ``TPURUN_TEST_CPU_REPORT`` set to a file, each test's CPU seconds (setup, call and
+    teardown; this process and the subprocesses it waited for) are appended to it: where the
+    suite's time goes on a machine whose cores it keeps busy (CONTRIBUTING.md, "Tests")."""
+    report = os.environ.get("TPURUN_TEST_CPU_REPORT")
+    before = os.times()
+    yield
+    if report:
+        after = os.times()
+        spent = sum(after[i] - before[i] for i in range(4))  # user, system, children's both
+        with open(report, "a") as f:
+            f.write(f"{item.nodeid}\t{spent:.2f}\n")
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _keras_policy_per_file():
     """Each test file starts from Keras' default dtype policy. A run sets the global policy
