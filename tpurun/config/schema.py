@@ -331,8 +331,9 @@ class DataConfig(Section):
         "TensorFlow), for the JAX backend. `tf_data`: `tf.data` (needs TensorFlow). `auto`: "
         "`native` where TensorFlow is not installed, and where it is for images, raw bytes, floats "
         "and short int64 lists (no TensorFlow import, and faster there; see Benchmarks); "
-        "`tf_data` on the TensorFlow backend, for a preset whose preprocessor tokenises text in the pipeline (records not "
-        "written with `--tokenize`), and for token ids and strings where TensorFlow is installed "
+        "`tf_data` on the TensorFlow backend, for a preset whose preprocessor tokenises text in "
+        "the pipeline (records not written with `--tokenize`), and for token ids and strings "
+        "where TensorFlow is installed "
         "(it parses them faster). Unshuffled, both make the same batches; "
         "the start line and `tpurun doctor` say which one runs and why.",
     )
