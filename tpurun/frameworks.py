@@ -65,6 +65,9 @@ GCS_DEFAULTS = {
 TF_LOG_LEVEL = "3"
 
 _backend: str | None = None  # set by activated(): the backend this process was set up for
+#: TensorFlow's seed for a seed of 0: TF compares (global seed, op seed) with (0, 0), which fails
+#: on tf.data's per-pass seeds (tensors). Any value TF does not take to 0 (modulo 2**31 - 1).
+TF_SEED_FOR_ZERO = 1_000_003
 
 
 class ImportOrderError(RuntimeError):

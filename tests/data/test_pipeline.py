@@ -113,6 +113,24 @@ def test_training_stream_shuffles_repeats_and_drops_remainder(tmp_path):
     assert set(flat.tolist()) == set(range(100))  # the stream repeats: every record comes back
 
 
+def test_training_stream_under_tensorflows_seed_0_is_the_stream_of_a_run_seeded_0(tmp_path):
+    """A notebook's keras.utils.set_random_seed(0) leaves TF's global seed at 0, on which TF's
+    seed check fails for the per-pass seeds (tensors): the stream is built, and it is the one
+    tpurun's own seeding for 0 (frameworks.TF_SEED_FOR_ZERO) gives."""
+    from tpurun import frameworks
+
+    records = [{"i": i} for i in range(40)]
+    files = write_shards(str(tmp_path / "d"), records, 2)
+    data = data_config({"i": {"type": "int64"}}, "i", "i", shuffle_buffer=20)
+    streams = []
+    for global_seed in (0, frameworks.TF_SEED_FOR_ZERO):
+        tf.random.set_seed(global_seed)
+        ds = pipeline.make_dataset(files, data, 8, training=True, seed=0)
+        streams.append(np.concatenate([x.numpy() for x, _ in ds.take(10)]).tolist())
+    assert sorted(streams[0][:40]) == list(range(40)) and streams[0][:40] != list(range(40))
+    assert streams[0] == streams[1]
+
+
 @pytest.mark.parametrize("cache", [None, ""], ids=["files", "memory-cache"])
 def test_training_stream_is_a_function_of_the_seed_and_resumes_at_any_record(tmp_path, cache):
     records = [{"i": i} for i in range(100)]

@@ -154,6 +154,7 @@ def _endless_passes(
     cached = read(file_list).cache(cache) if cache is not None else None
 
     def one_pass(index):
+        _nonzero_graph_seed(tf)
         pass_seed = seed * _PASS_SEED_STRIDE + index
         if cached is not None:
             records = cached  # files in one fixed order; the record shuffle mixes them
@@ -170,6 +171,21 @@ def _endless_passes(
         first_pass, skip = divmod(start_record, records_per_pass)
     ds = tf.data.Dataset.range(first_pass, 2**62).flat_map(one_pass)
     return ds.skip(skip) if skip else ds
+
+
+def _nonzero_graph_seed(tf: Any) -> None:
+    """Give the pass's function graph TensorFlow's seed for 0 where its seed is 0.
+
+    TF's ``get_seed`` compares ``(graph seed, op seed)`` with ``(0, 0)``; the per-pass op seed is
+    a tensor, so a graph seed of 0 fails there on ``bool(tensor)``. tpurun's own runs never set 0
+    (:func:`tpurun.runtime.activate.seed_everything`), but a notebook's
+    ``keras.utils.set_random_seed(0)`` does, before an in-process ``data bench``. Only this
+    function graph changes (the process's seed, and the kernel caches a new one would clear, are
+    left alone), and its stream is that of a run seeded 0.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    if graph.seed is not None and graph.seed % (2**31 - 1) == 0:
+        graph.seed = frameworks.TF_SEED_FOR_ZERO
 
 
 def _one_pass(read, file_list, cache, score_records, batch_size, take_batches):

@@ -53,9 +53,6 @@ class ActiveRuntime:
             keras.distribution.set_distribution(None)
 
 
-_SEED_ZERO = 1_000_003  # any value TF does not truncate to 0 (it takes seeds modulo 2**31 - 1)
-
-
 def _prepare_environment(choice: Choice) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", frameworks.TF_LOG_LEVEL)
     os.environ["KERAS_BACKEND"] = choice.backend
@@ -286,7 +283,7 @@ def _seed_tensorflow(tf: Any, seed: int) -> None:
     """
     # TF compares (global seed, op seed) with (0, 0), which fails on tf.data's per-pass seeds
     # (tensors): its global seed stays non-zero. Still a function of the config's seed.
-    tf_seed = _SEED_ZERO if seed == 0 else seed
+    tf_seed = frameworks.TF_SEED_FOR_ZERO if seed == 0 else seed
     if tf.compat.v1.get_seed(None)[0] != tf_seed:
         tf.random.set_seed(tf_seed)
 
