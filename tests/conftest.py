@@ -175,11 +175,12 @@ def pytest_runtest_protocol(item, nextitem):
     report = os.environ.get("TPURUN_TEST_CPU_REPORT")
     before = os.times()
     yield
-    if report:
-        after = os.times()
-        spent = sum(after[i] - before[i] for i in range(4))  # user, system, children's both
-        with open(report, "a") as f:
-            f.write(f"{item.nodeid}\t{spent:.2f}\n")
+    if not report:
+        return
+    after = os.times()
+    spent = sum(after[i] - before[i] for i in range(4))  # user, system, children's both
+    with open(report, "a") as f:
+        f.write(f"{item.nodeid}\t{spent:.2f}\n")
 
 
 @pytest.fixture(autouse=True, scope="module")

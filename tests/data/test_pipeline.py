@@ -122,11 +122,14 @@ def test_training_stream_under_tensorflows_seed_0_is_the_stream_of_a_run_seeded_
     records = [{"i": i} for i in range(40)]
     files = write_shards(str(tmp_path / "d"), records, 2)
     data = data_config({"i": {"type": "int64"}}, "i", "i", shuffle_buffer=20)
-    streams = []
-    for global_seed in (0, frameworks.TF_SEED_FOR_ZERO):
-        tf.random.set_seed(global_seed)
-        ds = pipeline.make_dataset(files, data, 8, training=True, seed=0)
-        streams.append(np.concatenate([x.numpy() for x, _ in ds.take(10)]).tolist())
+    streams, before = [], tf.compat.v1.get_seed(None)[0]
+    try:
+        for global_seed in (0, frameworks.TF_SEED_FOR_ZERO):
+            tf.random.set_seed(global_seed)
+            ds = pipeline.make_dataset(files, data, 8, training=True, seed=0)
+            streams.append(np.concatenate([x.numpy() for x, _ in ds.take(10)]).tolist())
+    finally:
+        tf.random.set_seed(before)  # the next file's tests start from this worker's seed
     assert sorted(streams[0][:40]) == list(range(40)) and streams[0][:40] != list(range(40))
     assert streams[0] == streams[1]
 

@@ -281,8 +281,8 @@ def _seed_tensorflow(tf: Any, seed: int) -> None:
     (``tpurun.load``) fails at its next call ("Resource ... SentencepieceOp does not exist") once
     another command has set the seed again. Set to the same value, there is nothing to change.
     """
-    # TF compares (global seed, op seed) with (0, 0), which fails on tf.data's per-pass seeds
-    # (tensors): its global seed stays non-zero. Still a function of the config's seed.
+    # Never 0 (see frameworks.TF_SEED_FOR_ZERO); still a function of the config's seed. A seed
+    # of 0 set outside tpurun is met where it matters, by tf.data's pass graphs (data.pipeline).
     tf_seed = frameworks.TF_SEED_FOR_ZERO if seed == 0 else seed
     if tf.compat.v1.get_seed(None)[0] != tf_seed:
         tf.random.set_seed(tf_seed)
