@@ -13,11 +13,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import read_log, toy_config, write_config, write_toy_data
+from helpers import (
+    FACTORIES,
+    read_log,
+    read_summary,
+    signal_at,
+    toy_config,
+    write_config,
+    write_toy_data,
+)
 from typer.testing import CliRunner
 
 import tpurun
 from tpurun.cli.app import app
+from tpurun.errors import Interrupted, TpurunError
 
 CLOSED_PORT = "http://127.0.0.1:9"  # discard: nothing listens there
 
@@ -108,6 +117,60 @@ def test_mlflow_has_one_run_with_every_epoch_at_its_global_step(tracked):
     assert got.data.tags["resumed_with.train.epochs"] == "2"  # ...and the resume's is a tag
 
 
+POISON = Path(__file__).resolve().parents[1] / "hub" / "test_hub_checkpoints.py"  # PoisonAt
+
+
+def test_tracker_runs_end_as_the_session_did(tracker_env, tmp_path):
+    """A stop (SIGTERM) is no finish: MLflow's run is KILLED, W&B's is marked preempted with
+    exit code 3, and the resume continues both to FINISHED (exit code 0). A session that fails
+    (a callback raising) or stops on a NaN leaves its runs FAILED (exit code 1), not RUNNING."""
+    observe = {"trackers": ["mlflow", "wandb"],
+               "mlflow": {"tracking_uri": f"file:{tmp_path / 'mlruns'}", "experiment": "ends"},
+               "wandb": {"mode": "offline", "project": "ends"}}  # fmt: skip
+    stop = signal_at(tmp_path / "fired", 2, 2)
+    config = small_config(
+        tmp_path,
+        "stopped",
+        observe=observe,
+        callbacks={"extra": [stop]},
+        train={"steps_per_execution": 1},
+    )
+    with pytest.raises(Interrupted, match="stopped at epoch 2, step 2"):
+        tpurun.train(config, verbose=False)
+    client = mlflow_client(tmp_path / "mlruns")
+    experiment = client.get_experiment_by_name("ends").experiment_id
+    (stopped,) = client.search_runs([experiment])
+    assert stopped.info.status == "KILLED"
+    tpurun.train(config, verbose=False)  # the marker is there: no second signal
+    assert [(r.info.run_id, r.info.status) for r in client.search_runs([experiment])] == [
+        (stopped.info.run_id, "FINISHED")
+    ]
+    sessions = sorted((tmp_path / "runs" / "stopped" / "wandb").glob("offline-run-*"))
+    assert [wandb_ending(folder) for folder in sessions] == [(True, 3), (False, 0)]
+
+    poison = {"name": f"{POISON}:PoisonAt", "epoch": 2, "step": 1,
+              "marker": str(tmp_path / "poisoned"), "variable": "kernel"}  # fmt: skip
+    failing = {"exploded": {"name": f"{FACTORIES}:Exploding"}, "poisoned": poison}
+    for name, callback in failing.items():
+        config = small_config(
+            tmp_path,
+            name,
+            observe=observe,
+            callbacks={"extra": [callback]},
+            train={"steps_per_execution": 1},
+        )
+        with pytest.raises((RuntimeError, TpurunError)):
+            tpurun.train(config, verbose=False)
+        assert (
+            read_summary(tmp_path / "runs" / name)["status"]
+            == {"exploded": "failed", "poisoned": "nan"}[name]
+        )
+        (found,) = client.search_runs([experiment], f"attributes.run_name = '{name}'")
+        assert found.info.status == "FAILED", name
+        (folder,) = (tmp_path / "runs" / name / "wandb").glob("offline-run-*")
+        assert wandb_ending(folder) == (False, 1), name
+
+
 def wandb_records(path: Path) -> list:
     """The protobuf records of a ``.wandb`` file: W&B's header (``:W&B``, magic, version), then
     LevelDB's log format (32 KiB blocks of chunks: crc32, length, type; 1 full, 2-4 parts)."""
@@ -149,6 +212,15 @@ def wandb_session(folder: Path) -> tuple[str, list[tuple[int, dict]], dict]:
     return run_id, history, config
 
 
+def wandb_ending(folder: Path) -> tuple[bool, int]:
+    """Whether an offline session marked its run as preempting, and the exit code it ended with."""
+    (file,) = folder.glob("run-*.wandb")
+    records = wandb_records(file)
+    kinds = [record.WhichOneof("record_type") for record in records]
+    (code,) = [record.exit.exit_code for record in records if record.HasField("exit")]
+    return "preempting" in kinds, code
+
+
 def test_wandb_offline_files_continue_the_same_run_at_the_global_steps(tracked):
     run, _, state = tracked
     sessions = sorted((run / "wandb").glob("offline-run-*"))
@@ -177,7 +249,7 @@ def test_a_resume_logs_no_step_twice(tracker_env, tmp_path):
     again = TrackerLog(config, run, Reporter(), steps_per_epoch=4)  # resumes after epoch 1
     for epoch, loss in ((1, 0.4), (2, 0.3)):
         again.on_epoch_end(epoch, {"loss": loss})
-    again.close()
+    again.close("completed")
     (only,) = mlflow_client(store).search_runs(["0"])
     history = mlflow_client(store).get_metric_history(only.info.run_id, "loss")
     assert [(m.step, m.value) for m in history] == [(4, 0.5), (8, 0.4), (12, 0.3)]
@@ -283,7 +355,7 @@ def test_a_damaged_trackers_file_is_named_and_new_tracker_runs_start(tracker_env
     store, config, run = mlflow_run(tmp_path, "torn")
     first = TrackerLog(config, run, Reporter(), steps_per_epoch=4)
     first.on_train_begin()
-    first.close()
+    first.close("completed")
     state = tmp_path / "runs" / "torn" / STATE
     state.write_text(state.read_text()[:10])  # cut short, as by a crash mid-write
     said = []
@@ -292,7 +364,7 @@ def test_a_damaged_trackers_file_is_named_and_new_tracker_runs_start(tracker_env
         def message(self, text, level="info"):
             said.append((level, text))
 
-    TrackerLog(config, run, Said(), steps_per_epoch=4).close()
+    TrackerLog(config, run, Said(), steps_per_epoch=4).close("completed")
     assert said[0] == ("warn", f"observe.trackers: {state} is not valid JSON (truncated, or "
                        "edited): its tracker runs cannot be continued; new ones start")  # fmt: skip
     assert len(mlflow_client(store).search_runs(["0"])) == 2

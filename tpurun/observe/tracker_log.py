@@ -8,6 +8,11 @@ and the last step logged are kept in the run directory's ``trackers.json``.
 A tracker that cannot start, or fails later, never stops training: one line says what failed, and
 that tracker is not called again in the session. Only ``observe.<name>.required: true`` makes a
 tracker that cannot start an error (exit 2), before the first step.
+
+The tracker runs end with the session, as it ended (:data:`tpurun.observe.trackers.ENDED`): a run
+that completed is finished, one stopped by a signal or a time limit is killed (W&B: preempted),
+one that failed or met a NaN has failed. A session that dies with its process (SIGKILL, out of
+memory) cannot say so: its tracker run stays running until a resume continues it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from tpurun import frameworks
 from tpurun.config import Config
 from tpurun.display.reporter import Reporter
 from tpurun.errors import EnvironmentSetupError, describe
+from tpurun.observe import trackers
 from tpurun.observe.tensorboard import epoch_figures
 from tpurun.observe.trackers import Tracker, Unavailable, make
 from tpurun.storage import damaged
@@ -30,10 +36,6 @@ keras = frameworks.keras()  # the process is set up: see tpurun.frameworks
 
 #: In the run directory: each tracker's run id, where it logs, and the last step it was given.
 STATE = "trackers.json"
-
-#: Sessions of this process whose tracker runs are still open (a session that ended with an
-#: exception never reached ``on_train_end``): the next session finishes them first.
-_OPEN: list[TrackerLog] = []
 
 
 class TrackerLog(keras.callbacks.Callback):
@@ -52,10 +54,9 @@ class TrackerLog(keras.callbacks.Callback):
         input_wait: Any = None,
     ):
         super().__init__()
-        for stale in list(_OPEN):
-            stale.close()
+        trackers.end_open("failed")  # a session of this process that never said how it ended
         self.run, self.reporter = run, reporter
-        self.name, self.epochs = config.name, config.train.epochs
+        self.name = config.name
         self.steps_per_epoch = steps_per_epoch
         self.watch_nan = config.callbacks.on_nan != "ignore"
         self.progress, self.input_wait = progress, input_wait
@@ -66,20 +67,16 @@ class TrackerLog(keras.callbacks.Callback):
         self.active: list[Tracker] = []
         self.dropped: set[str] = set()  # failed: not called again in this session
         self.resumed: set[str] = set()
-        self.closed = False
         self._params_logged = False
-        self._epochs_done = 0
         self.open()
 
     # ------------------------------------------------------------------ starting and ending
     def open(self) -> None:
         """Start (or resume) every tracker; a required one that cannot start raises."""
-        self.closed = False
         for tracker in self.trackers:
-            if tracker.name not in self.dropped:
-                self._start(tracker)
+            self._start(tracker)
         if self.active:
-            _OPEN.append(self)
+            trackers.opened(self.close)
 
     def _start(self, tracker: Tracker) -> None:
         saved = self.state.get(tracker.name) or {}
@@ -108,14 +105,13 @@ class TrackerLog(keras.callbacks.Callback):
         if line:
             self.reporter.message(line, "note")
 
-    def close(self) -> None:
-        """Finish every tracker run still open (the session's fits are over)."""
+    def close(self, status: str) -> None:
+        """End every tracker run still open as the session ended: ``status`` is its summary's
+        (``completed``, ``interrupted``, ``failed``...; see :data:`trackers.ENDED`)."""
+        trackers.closed(self.close)
         for tracker in list(self.active):
-            self._call(tracker, "finishing", tracker.finish)
+            self._call(tracker, "finishing", lambda t=tracker: t.finish(status))
         self.active = []
-        self.closed = True
-        if self in _OPEN:
-            _OPEN.remove(self)
 
     def _say(self, text: str) -> None:
         self.reporter.message(f"observe.trackers: {text}", "warn")
@@ -158,8 +154,6 @@ class TrackerLog(keras.callbacks.Callback):
 
     # ------------------------------------------------------------------ hooks
     def on_train_begin(self, logs=None):
-        if self.closed:
-            self.open()  # a fit after the session's trackers were finished (a NaN restore)
         if self._params_logged:
             return
         self._params_logged = True
@@ -176,7 +170,6 @@ class TrackerLog(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         logs = dict(logs or {})
-        self._epochs_done = epoch + 1
         loss = logs.get("loss")
         if self.watch_nan and loss is not None and not math.isfinite(float(loss)):
             return  # not committed (RunControl): the epoch is redone or the run stops
@@ -197,11 +190,6 @@ class TrackerLog(keras.callbacks.Callback):
                 logged = True
         if logged:
             self._write_state()
-
-    def on_train_end(self, logs=None):
-        # fit ends without a stop only between the two fits of a mid-epoch resume.
-        if self._model.stop_training or self._epochs_done >= self.epochs:
-            self.close()
 
 
 def _scalars(logs: Mapping[str, Any]) -> dict[str, float]:

@@ -2,8 +2,10 @@
 a run names them (``observe.trackers``).
 
 A :class:`Tracker` starts (or resumes) a tracker run, takes the config as parameters once, each
-epoch's metrics at a global step, and finishes. :class:`tpurun.observe.tracker_log.TrackerLog`
-drives them from the training loop and keeps a tracker that fails from ever stopping it.
+epoch's metrics at a global step, and finishes with the way the session ended (:data:`ENDED`).
+:class:`tpurun.observe.tracker_log.TrackerLog` drives them from the training loop and keeps a
+tracker that fails from ever stopping it; :func:`end_open` ends its tracker runs when the session
+ends, however it ends.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from tpurun.config.observe_config import MlflowConfig, WandbConfig
@@ -23,6 +25,42 @@ INSTALL = {"mlflow": "mlflow-skinny", "wandb": "wandb"}
 #: MLflow retries a server that does not answer for minutes (7 retries, backoff 2) and waits 120 s
 #: for each answer: a training run tries it briefly instead, unless these are set already.
 MLFLOW_HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
+#: How each end of a session (``summary.json``'s status) is given to the trackers: MLflow's run
+#: status, and W&B's exit code (tpurun's own: 0, 3 for a stop, which W&B also marks as preempted;
+#: any other code W&B shows as failed). A session that stopped (a signal, ``train.time_limit``)
+#: is not finished: its run goes on in the same tracker run when it is resumed.
+ENDED = {
+    "completed": ("FINISHED", 0),
+    "stopped_early": ("FINISHED", 0),
+    "interrupted": ("KILLED", 3),
+    "nan": ("FAILED", 1),
+    "failed": ("FAILED", 1),
+}
+
+#: What ends this process's tracker runs still open: each open
+#: :class:`~tpurun.observe.tracker_log.TrackerLog`'s ``close``, called with the session's status.
+_open: list[Callable[[str], None]] = []
+
+
+def opened(close: Callable[[str], None]) -> None:
+    """Register the tracker runs of a session, to be ended by :func:`end_open`."""
+    if close not in _open:
+        _open.append(close)
+
+
+def closed(close: Callable[[str], None]) -> None:
+    if close in _open:
+        _open.remove(close)
+
+
+def end_open(status: str) -> None:
+    """End every tracker run of this process still open, as a session ended with ``status``
+    (see :data:`ENDED`). :meth:`tpurun.training.ending.Ending.finish` calls it for every end of a
+    session; a new session calls it first with ``failed`` for any left open."""
+    for close in list(_open):
+        close(status)
 
 
 class Unavailable(Exception):
@@ -49,7 +87,8 @@ class Tracker:
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         raise NotImplementedError
 
-    def finish(self) -> None:
+    def finish(self, status: str) -> None:
+        """End the run as a session that ended with ``status`` (a key of :data:`ENDED`)."""
         raise NotImplementedError
 
     def started_line(self) -> str | None:
@@ -177,8 +216,8 @@ class MlflowTracker(Tracker):
         batch = [Metric(_mlflow_key(k), float(v), now, step) for k, v in metrics.items()]
         self.client.log_batch(self.run_id, metrics=batch)
 
-    def finish(self) -> None:
-        self.client.set_terminated(self.run_id, "FINISHED")
+    def finish(self, status: str) -> None:
+        self.client.set_terminated(self.run_id, ENDED[status][0])
 
 
 # --------------------------------------------------------------------------------------- W&B
@@ -237,8 +276,11 @@ class WandbTracker(Tracker):
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self.run.log(dict(metrics), step=step)
 
-    def finish(self) -> None:
-        self.run.finish()
+    def finish(self, status: str) -> None:
+        code = ENDED[status][1]
+        if status == "interrupted":
+            self.run.mark_preempting()  # stopped to be resumed: W&B's "preempted"
+        self.run.finish(exit_code=code)
 
 
 def make(name: str, observe: Any) -> Tracker:

@@ -10,7 +10,7 @@ from typing import Any
 from tpurun.config import Config
 from tpurun.display.reporter import Reporter
 from tpurun.errors import Interrupted, TpurunError
-from tpurun.observe import input_wait
+from tpurun.observe import input_wait, trackers
 from tpurun.observe.curves import save_curves
 from tpurun.runtime import compile_cache
 from tpurun.storage.rundir import CONFIG, LORA_MODEL, RunDir
@@ -23,7 +23,8 @@ from tpurun.training.job import TrainJob, TrainResult
 @dataclass
 class Ending:
     """How a session ends in the run directory: its status and time in ``summary.json`` (with
-    ``config.yaml``, if training never began to write), and ``curves.png``."""
+    ``config.yaml``, if training never began to write), and ``curves.png``; then in its
+    experiment trackers' runs (:func:`tpurun.observe.trackers.end_open`)."""
 
     run: RunDir
     effective: dict
@@ -40,6 +41,7 @@ class Ending:
             run.write_summary(summary)
             if curves and status != "failed":
                 _write_curves(run, self.reporter)
+        trackers.end_open(status)  # last: the files are written whatever a tracker does
         return summary.to_dict()
 
 
@@ -81,7 +83,11 @@ def conclude(job: TrainJob, result: TrainResult, ending: Ending) -> dict[str, An
             f"{stop.reason}: stopped at {where}; the checkpoint is saved in {run.checkpoints}. Run "
             "the same command again to continue."
         )
-    _save_final(run, result.model, reporter)
+    try:
+        _save_final(run, result.model, reporter)
+    except BaseException:
+        ending.finish("failed")  # not "running": no session is left to end it
+        raise
     final = ending.finish("completed" if done >= epochs else "stopped_early")
     said = input_wait.verdict(result.input_waits, run.file(CONFIG))
     if said:

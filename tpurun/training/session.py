@@ -30,6 +30,7 @@ from tpurun.multihost.collectives import (
     sync_processes,
 )
 from tpurun.multihost.watchdog import Watchdog
+from tpurun.observe import trackers
 from tpurun.plan.prepare import Prepared, choose_for, prepare
 from tpurun.runtime.activate import activate
 from tpurun.runtime.machine import Machine, probe
@@ -61,6 +62,7 @@ def _on_lost(hosts, run: RunDir, summary: Summary):
         summary.status = "failed"
         if run.begun:
             run.write_summary(summary)
+        trackers.end_open("failed")
         sys.stderr.write(f"error: process {hosts.process_id}: {message}\n")
         sys.stderr.flush()
         # This process ends because another did: let that one be seen to end first, so that
