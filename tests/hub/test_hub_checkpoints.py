@@ -269,13 +269,13 @@ def test_a_bert_classifier_with_lora_resumes_its_head_biases_and_dropout_exactly
     assert written.exit_code == 0, written.output
 
     def config(name: str, kill: bool) -> dict:
-        extra = [signal_at(tmp_path / "fired", 2, 3)] if kill else []
+        extra = [signal_at(tmp_path / "fired", 1, 3)] if kill else []
         return {
             "name": name,
             "model": {"preset": str(tiny_presets.bert), "lora": {"rank": 2}},
             "data": {"train": str(tmp_path / "data" / "rev-train-*"),
                      "validation": str(tmp_path / "data" / "rev-validation-*")},
-            "train": {"per_core_batch_size": 4, "epochs": 3, "steps_per_execution": 1,
+            "train": {"per_core_batch_size": 4, "epochs": 2, "steps_per_execution": 1,
                       "learning_rate": {"base": 3e-3}},
             "runtime": {"cpu_devices": 2},
             "callbacks": {"extra": extra},
@@ -283,7 +283,7 @@ def test_a_bert_classifier_with_lora_resumes_its_head_biases_and_dropout_exactly
         }  # fmt: skip
 
     tpurun.train(config("a", False), verbose=False)
-    with pytest.raises(Interrupted, match="stopped at epoch 2, step 3"):
+    with pytest.raises(Interrupted, match="stopped at epoch 1, step 3"):
         tpurun.train(config("b", True), verbose=False)
     held = adapter.read(str(latest_adapter(tmp_path / "runs" / "b")))
     assert {"logits/kernel", "logits/bias"} <= set(held["model"])
@@ -291,7 +291,7 @@ def test_a_bert_classifier_with_lora_resumes_its_head_biases_and_dropout_exactly
     assert len(held["state"]) >= 2 and all(v.dtype == np.uint32 for v in held["state"].values())
     resumed = run_cli("train", str(write_config(tmp_path, config("b", True), "b")))
     assert resumed.returncode == 0, resumed.stderr
-    assert "resuming at epoch 2, step 3 from" in resumed.stdout
+    assert "resuming at epoch 1, step 3 from" in resumed.stdout
     assert_same_log(tmp_path / "runs" / "b", tmp_path / "runs" / "a")
     assert_same_adapter(
         latest_adapter(tmp_path / "runs" / "b"), latest_adapter(tmp_path / "runs" / "a")
