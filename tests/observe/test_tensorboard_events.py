@@ -6,10 +6,13 @@ from __future__ import annotations
 import os
 import re
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from test_tensorboard import scalars_in
 
 from tpurun.data.native import framing
@@ -110,3 +113,37 @@ def test_a_run_begun_with_tensorflows_scalars_continues_as_one_curve(tmp_path):
     points = [(e.step, float(tensor_util.make_ndarray(e.tensor_proto)))
               for e in reader.Tensors("epoch_loss")]  # fmt: skip
     assert points == [(16, 0.5), (32, 8.0)]
+
+
+WRITE_EVENTS = """
+import sys
+if sys.argv[2] == "without-tensorboard":
+    sys.modules["tensorboard"] = None  # `import tensorboard` raises ImportError
+from tpurun.observe.events import EventFile, event_pb2
+events = EventFile(sys.argv[1])
+events.scalars({"epoch_loss": 0.5}, 4)
+events.close()
+print(event_pb2.__name__, "google.cloud.storage" in sys.modules, "tensorboardX" in sys.modules)
+"""
+
+
+@pytest.mark.slow  # two Python processes
+def test_events_are_the_same_from_tensorboards_messages_and_tensorboardxs(tmp_path):
+    """Where TensorBoard is installed its messages write the events, and neither tensorboardX nor
+    the GCS client it imports (0.2-0.3 s) is loaded; without it, tensorboardX's messages write the
+    same file. TensorBoard's reader reads both alike."""
+    said = {}
+    for source in ("with-tensorboard", "without-tensorboard"):
+        done = subprocess.run(
+            [sys.executable, "-c", WRITE_EVENTS, str(tmp_path / source), source],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        said[source] = done.stdout.split()
+    assert said == {
+        "with-tensorboard": ["tensorboard.compat.proto.event_pb2", "False", "False"],
+        "without-tensorboard": ["tensorboardX.proto.event_pb2", "True", "True"],
+    }
+    files = [next((tmp_path / source).glob("events.out.tfevents.*")) for source in said]
+    assert [scalars_in(f) for f in files] == [{"epoch_loss": [(4, 0.5)]}] * 2
+    assert [len(f.read_bytes()) for f in files] == [len(files[0].read_bytes())] * 2

@@ -1,7 +1,8 @@
 """TensorBoard event files, written and trimmed without TensorFlow.
 
-An event file is a TFRecord file (:mod:`tpurun.data.native.framing`) of ``Event`` protos;
-tensorboardX's generated messages are the schema TensorFlow and TensorBoard use. A file is named
+An event file is a TFRecord file (:mod:`tpurun.data.native.framing`) of ``Event`` protos, the
+schema TensorFlow and TensorBoard use: TensorBoard's own generated messages where it is installed,
+else tensorboardX's (a core dependency), the same on the wire. A file is named
 as TensorFlow's summary writer names it, ``events.out.tfevents.<seconds>.<host>.<pid>.<n>.v2``,
 and starts with the ``brain.Event:2`` version event.
 
@@ -22,7 +23,13 @@ import socket
 import time
 from collections.abc import Mapping
 
-from tensorboardX.proto import event_pb2, summary_pb2
+try:
+    # tensorboardX's package imports its optional GCS and S3 clients first, and
+    # google-cloud-storage (which gcsfs installs) made that 0.2-0.3 s of every run's start-up;
+    # TensorBoard's messages (the viz extra; on Colab's and Kaggle's images) take 0.02 s.
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+except ImportError:
+    from tensorboardX.proto import event_pb2, summary_pb2
 
 from tpurun.data.native import framing
 from tpurun.storage import fileio
