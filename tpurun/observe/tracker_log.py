@@ -12,7 +12,8 @@ tracker that cannot start an error (exit 2), before the first step.
 The tracker runs end with the session, as it ended (:data:`tpurun.observe.trackers.ENDED`): a run
 that completed is finished, one stopped by a signal or a time limit is killed (W&B: preempted),
 one that failed or met a NaN has failed. A session that dies with its process (SIGKILL, out of
-memory) cannot say so: its tracker run stays running until a resume continues it.
+memory), or is stopped at once by a second signal, does not say so: its tracker run stays running
+until a resume continues it.
 """
 
 from __future__ import annotations

@@ -32,16 +32,19 @@ class Ending:
     reporter: Reporter
     started: float  # time.monotonic() at the session's start
 
-    def finish(self, status: str, curves: bool = True) -> dict[str, Any]:
+    def finish(self, status: str, at_once: bool = False) -> dict[str, Any]:
+        """Record the end as ``status``; ``at_once`` (a second signal): the summary only, no
+        curves.png and no tracker calls, which may wait on a server."""
         run, summary = self.run, self.summary
         summary.status = status
         summary.seconds = round(time.monotonic() - self.started, 3)
         if run.begun or status in ("completed", "stopped_early"):
             run.begin(self.effective, summary)
             run.write_summary(summary)
-            if curves and status != "failed":
+            if not at_once and status != "failed":
                 _write_curves(run, self.reporter)
-        trackers.end_open(status)  # last: the files are written whatever a tracker does
+        if not at_once:
+            trackers.end_open(status)  # last: the files are written whatever a tracker does
         return summary.to_dict()
 
 

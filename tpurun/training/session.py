@@ -332,7 +332,7 @@ def _train(job: TrainJob, ending: Ending) -> TrainResult:
         ending.finish("failed")
         raise
     except KeyboardInterrupt:
-        ending.finish("interrupted", curves=False)  # a second signal: stop at once
+        ending.finish("interrupted", at_once=True)  # a second signal: stop at once
         raise
     except Exception as exc:
         if hosts.multi and lost_peer(exc):
