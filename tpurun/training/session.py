@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -62,7 +63,9 @@ def _on_lost(hosts, run: RunDir, summary: Summary):
         summary.status = "failed"
         if run.begun:
             run.write_summary(summary)
-        trackers.end_open("failed")
+        # The tracker runs end as failed meanwhile, if their servers answer in that time: an
+        # exit that waits on them (MLflow's timeout is 10 s) would keep the cluster waiting.
+        threading.Thread(target=trackers.end_open, args=("failed",), daemon=True).start()
         sys.stderr.write(f"error: process {hosts.process_id}: {message}\n")
         sys.stderr.flush()
         # This process ends because another did: let that one be seen to end first, so that
