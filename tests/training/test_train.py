@@ -78,6 +78,30 @@ def test_rerun_resumes_restores_the_optimizer_and_keeps_one_csv_row_per_epoch(
     assert len(list(tmp_path.glob("toy-*"))) == 1  # the old run, moved aside
 
 
+def test_a_final_model_that_cannot_be_saved_leaves_the_run_failed_and_a_rerun_saves_it(
+    toy_data, tmp_path
+):
+    """The save's own error is raised, and summary.json says failed (not running, which the next
+    session would take for a killed one); once the way is clear, the rerun trains nothing and
+    saves the final model."""
+    run_dir = tmp_path / "runs" / "blocked"
+    block = {"name": f"{FACTORIES}:BlockFinalModel", "run_dir": str(run_dir)}
+    config = toy_config(toy_data, tmp_path / "runs", name="blocked", train={"epochs": 1},
+                        callbacks={"extra": [block]})  # fmt: skip
+    with pytest.raises(IsADirectoryError, match="model.keras"):
+        tpurun.train(config, verbose=False)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["status"], summary["epochs_completed"]) == ("failed", 1)
+
+    (run_dir / "model.keras" / "in-the-way").rmdir()
+    (run_dir / "model.keras").rmdir()
+    config["callbacks"] = {}
+    again = tpurun.train(config, verbose=False)
+    assert (again["status"], again["epochs_completed"]) == ("completed", 1)
+    assert logged_epochs(run_dir) == ["0"]  # no epoch trained again
+    assert keras.saving.load_model(run_dir / "model.keras").count_params() > 0
+
+
 def test_warmup_and_cosine_schedule_end_to_end(toy_data, tmp_path):
     config = toy_config(toy_data, tmp_path / "runs", train={
         "epochs": 2, "learning_rate": {"base": 0.01, "warmup_epochs": 1, "schedule": "cosine"}})  # fmt: skip

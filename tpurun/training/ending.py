@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -89,7 +90,10 @@ def conclude(job: TrainJob, result: TrainResult, ending: Ending) -> dict[str, An
     try:
         _save_final(run, result.model, reporter)
     except BaseException:
-        ending.finish("failed")  # not "running": no session is left to end it
+        # Recorded as failed, not left "running"; the save's own error is the one to say, even
+        # where the summary cannot be written either (a full disk).
+        with contextlib.suppress(Exception):
+            ending.finish("failed")
         raise
     final = ending.finish("completed" if done >= epochs else "stopped_early")
     said = input_wait.verdict(result.input_waits, run.file(CONFIG))
