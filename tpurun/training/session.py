@@ -42,7 +42,7 @@ from tpurun.training import fit
 from tpurun.training.checkpoints import resume as resume_lib
 from tpurun.training.ending import Ending, conclude
 from tpurun.training.job import TrainJob, TrainResult
-from tpurun.training.signals import Stop, stop_on_signals
+from tpurun.training.signals import Signalled, Stop, stop_on_signals
 
 
 def _inside(path: str, folder: str) -> bool:
@@ -334,8 +334,9 @@ def _train(job: TrainJob, ending: Ending) -> TrainResult:
     except TpurunError:
         ending.finish("failed")
         raise
-    except KeyboardInterrupt:
-        ending.finish("interrupted", at_once=True)  # a second signal: stop at once
+    except KeyboardInterrupt as exc:
+        # A signal outside the training loop (Signalled) stops cleanly; a second one, at once.
+        ending.finish("interrupted", at_once=not isinstance(exc, Signalled))
         raise
     except Exception as exc:
         if hosts.multi and lost_peer(exc):
