@@ -28,7 +28,11 @@ The patches (each needed for TF 2.21's or gcsfs's requests, or for a fault the t
    no soft delete; one lock around the emulator's (unsynchronised) state;
 7. fault controls under ``/_tpurun/``: answer 403 for a bucket, hold uploads whose URL contains a
    text until released.
-8. downloads carry ``x-goog-generation`` (TensorStore, Orbax's writer, reads it).
+8. downloads carry ``x-goog-generation`` (TensorStore, Orbax's writer, reads it);
+9. the emulator's files are written whole or not at all (a temporary file renamed over the old):
+   its state file ``.meta`` is rewritten at every upload, and a kill mid-write (an outage test
+   kills the server while uploads are in flight) left it cut short, so the restarted server could
+   not read it and exited. GCS itself loses no state in an outage.
 
 Run as a script, it is the server process: ``python gcs_server.py DATA_DIR PEM PORT PROXY_PORT``.
 """
@@ -173,6 +177,18 @@ def _patch_emulator():
 
     em_storage.Storage._object_path = object_path
     em_storage.Storage._bucket_soft_delete_retention_seconds = lambda self, bucket: 0
+
+    # 9. Whole files only.
+    original_write = em_storage._FileStore.write_bytes
+
+    def write_bytes(self, rel: str, content: bytes) -> None:
+        if self._use_memory:
+            return original_write(self, rel, content)
+        temporary = f"{rel}.writing"
+        original_write(self, temporary, content)
+        os.replace(self._disk_path(temporary), self._disk_path(rel))
+
+    em_storage._FileStore.write_bytes = write_bytes
     return em
 
 
@@ -426,16 +442,18 @@ class GcsServer:
 
     # ------------------------------------------------------------------ the process
     def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, __file__, str(self.data_dir), str(self.pem_file), str(self.port),
-             str(self.proxy_port)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
-            text=True,
-        )  # fmt: skip
+        log = self.root / "server.log"  # its errors, for a start that fails
+        with log.open("ab") as errors:
+            self.proc = subprocess.Popen(
+                [sys.executable, __file__, str(self.data_dir), str(self.pem_file), str(self.port),
+                 str(self.proxy_port)],
+                stdout=subprocess.PIPE, stderr=errors, stdin=subprocess.DEVNULL, text=True,
+            )  # fmt: skip
         line = self.proc.stdout.readline()
         if line.strip() != "READY":
             self.kill()
-            raise RuntimeError(f"the GCS test server did not start: {line!r}")
+            said = log.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"the GCS test server did not start: {line!r}\n{said}")
 
     def kill(self) -> None:
         """End the server at once (SIGKILL): every connection drops, as in an outage."""
