@@ -5,6 +5,7 @@ tensorboard/ folder keeps writing there, so its curves stay in one place."""
 from __future__ import annotations
 
 from conftest import toy_config
+from test_tensorboard import scalars_in
 
 import tpurun
 
@@ -13,7 +14,8 @@ def test_event_folders_sit_in_the_run_directory(toy_data, tmp_path):
     tpurun.train(toy_config(toy_data, tmp_path / "runs", train={"epochs": 1}), verbose=False)
     run_dir = tmp_path / "runs" / "toy"
     for split in ("train", "validation"):
-        assert list((run_dir / split).glob("events.out.tfevents.*")), split
+        assert len(list((run_dir / split).glob("events.out.tfevents.*"))) == 1, split
+        assert [step for step, _ in scalars_in(run_dir / split)["epoch_loss"]] == [16], split
     assert not (run_dir / "tensorboard").exists()
 
 
@@ -28,7 +30,9 @@ def test_a_run_begun_with_a_tensorboard_folder_keeps_it(toy_data, tmp_path):
     config["train"]["epochs"] = 2
     tpurun.train(config, verbose=False)
     assert not (run_dir / "train").exists()
-    assert len(list((legacy / "train").glob("events.out.tfevents.*"))) >= 1
+    for split in ("train", "validation"):  # a file a session; epochs at their last step (16 a pass)
+        assert len(list((legacy / split).glob("events.out.tfevents.*"))) == 2, split
+        assert [step for step, _ in scalars_in(legacy / split)["epoch_loss"]] == [16, 32], split
 
 
 def test_a_new_event_file_sorts_after_the_ones_already_there(tmp_path):
