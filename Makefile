@@ -64,9 +64,11 @@ $(HF_VENV)/.installed:
 # Python thread: on 2 cores, two workers kept the CPU 83% busy and three 96% (the suite in 15:15
 # with three, 28.8 CPU-minutes; 23:47 with two before the last cuts). Each worker holds 8 simulated
 # devices and its subprocesses: on a larger machine, `make test TEST_WORKERS=6` (or auto);
-# TEST_WORKERS=0 runs in this process.
+# TEST_WORKERS=0 runs in this process. The files with the most slow tests go first
+# (tests/conftest.py), not xdist's most-tests-first, which left a file of a few long tests running
+# alone at the end.
 TEST_WORKERS ?= 3
-PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # The JAX path's own unit tests again in .venv-jax, where TensorFlow is absent (the ones comparing
 # with TensorFlow skip there): the reader, the events writer, gs:// through gcsfs. The commands
@@ -78,7 +80,7 @@ JAX_TESTS := tests/data/test_native_records.py tests/data/test_native_pipeline.p
 
 test: install
 	$(PYTEST) -q -ra --durations=15
-	$(JAX_VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile -q -ra $(JAX_TESTS)
+	$(JAX_VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -q -ra $(JAX_TESTS)
 
 test-fast: install
 	$(PYTEST) -q -m "not slow"
