@@ -372,6 +372,20 @@ def test_int64_lists_cast_straight_from_their_bytes_as_from_int64(cast):
     check(small, [tabular_records(16)], columns=1)
 
 
+def test_runs_wider_than_sixteen_bit_columns_are_walked_as_narrow_ones():
+    # 24,000 ids of three bytes: runs of ~72 kB, past the uint16 columns the walker compares in.
+    rng = np.random.default_rng(3)
+    specs = {"ids": {"type": "int64", "shape": [24000]}}
+    records = [
+        example.serialize({"ids": rng.integers(2**14, 2**21, 24000, dtype=np.int64)})
+        for _ in range(4)
+    ]
+    assert min(len(r) for r in records) > 1 << 16
+    got = check(specs, [records], walked=1)[0]
+    stored = example.parse(records[2]).features.feature["ids"].int64_list.value
+    assert got["ids"][2].tolist() == list(stored)
+
+
 def test_the_largest_int64_is_walked_and_a_negative_one_read_falls_back():
     largest = token_records(64, low=2**62, high=2**63 - 1)  # nine bytes each
     assert check(TOKENS, [largest], walked=1)[0]["weights"].max() == 1
