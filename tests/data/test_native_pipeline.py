@@ -134,6 +134,42 @@ def test_unshuffled_the_two_readers_make_the_same_batches(tmp_path, kw):
     assert count == (ours.num_batches or 131 // 8)
 
 
+def round_robin(lengths: list[int], cycle: int) -> list[tuple[int, int]]:
+    """TensorFlow's deterministic interleave, one slot at a time: (file, record) in the order
+    read. A file that ends yields nothing that turn; its slot takes the next file on its turn."""
+    pending, slots, order, index = iter(range(len(lengths))), [None] * cycle, [], 0
+    while any(slot is not None for slot in slots) or pending is not None:
+        if slots[index] is None and pending is not None:
+            slots[index] = next(pending, None)
+            if slots[index] is None:
+                pending = None
+            else:
+                slots[index] = [slots[index], 0]
+            continue
+        if slots[index] is not None:
+            file, read = slots[index]
+            if read < lengths[file]:
+                order.append((file, read))
+                slots[index][1] += 1
+            else:
+                slots[index] = None
+        index = (index + 1) % cycle
+    return order
+
+
+def test_the_interleave_reads_files_in_tensorflows_turns_whatever_their_lengths():
+    # Files ending one or several in a turn, empty ones, more files than slots or fewer.
+    rng = np.random.default_rng(0)
+    for case in range(300):
+        cycle = int(rng.integers(1, 18))
+        lengths = rng.integers(0, 9, int(rng.integers(0, 41))).tolist()
+        if case % 3 == 0:
+            lengths = [5] * len(lengths)  # several files ending in the same turn
+        files = {str(f): [(f, i) for i in range(n)] for f, n in enumerate(lengths)}
+        got = list(streams.interleaved(list(files), lambda name, f=files: iter(f[name]), cycle))
+        assert got == round_robin(lengths, cycle), (cycle, lengths)
+
+
 def test_exact_validation_weighs_every_record_once_and_the_padding_zero(tmp_path):
     files = write_shards(str(tmp_path / "v"), [{"i": i} for i in range(21)], 3)
     data = data_config({"i": {"type": "int64"}}, "i", "i")
