@@ -334,7 +334,7 @@ class DataConfig(Section):
         "`tf_data` on the TensorFlow backend, for a preset whose preprocessor tokenises text in "
         "the pipeline (records not written with `--tokenize`), and for token ids and strings "
         "where TensorFlow is installed "
-        "(it parses them faster). Unshuffled, both make the same batches; "
+        "(it parses them on every core). Unshuffled, both make the same batches; "
         "the start line and `tpurun doctor` say which one runs and why.",
     )
 
