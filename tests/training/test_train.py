@@ -270,6 +270,7 @@ def test_plain_progress_lines_from_the_python_api(toy_data, tmp_path, capsys):
     )
 
 
+@pytest.mark.slow  # it trains for 2 s, however many steps that is here (3,776 on a fast core)
 def test_time_limit_stops_cleanly_and_a_rerun_continues(toy_data, tmp_path):
     from tpurun.errors import Interrupted
 
