@@ -706,6 +706,44 @@ def test_two_processes_train_on_the_native_reader(toy_data, tmp_path):
     assert "reader: native (asked for in data.reader)" in done.stdout
 
 
+# --------------------------------------------------------------------------- Keras' batches
+def test_keras_gets_each_batch_on_the_devices_as_its_distribution_splits_it(tmp_path):
+    """Under a distribution the batches reach Keras already placed as its data layout splits them
+    (its own placing then returns them as they are); strings stay numpy; without a distribution,
+    or with several processes, Keras places numpy batches itself."""
+    import jax
+    import keras
+
+    from tpurun.data.native import keras_input
+
+    files = write_shards(str(tmp_path / "m"), mixed_records(40), 2)
+    data = data_config(MIXED, {"pixels": "x", "vec": "vec", "id": "id"}, "label")
+    expected = next(iter(native.make_dataset(files, data, 16, training=False)))
+    distribution = keras.distribution.DataParallel(devices=keras.distribution.list_devices())
+    keras.distribution.set_distribution(distribution)
+    try:
+        batches = keras_input.for_keras(native.make_dataset(files, data, 16, training=False))
+        x, y = batches[0]
+    finally:
+        keras.distribution.set_distribution(None)
+    assert batches.max_queue_size == keras_input.DEVICE_BATCHES
+    for placed, want in ((x["pixels"], expected[0]["pixels"]), (x["vec"], expected[0]["vec"]),
+                         (y, expected[1])):  # fmt: skip
+        sharding = distribution.get_data_layout(placed.shape).backend_layout
+        assert isinstance(placed, jax.Array) and placed.sharding == sharding
+        assert len(placed.sharding.device_set) == 8
+        assert placed.dtype == jax.dtypes.canonicalize_dtype(want.dtype)  # int64: int32, as Keras'
+        np.testing.assert_array_equal(np.asarray(placed), want)
+        assert jax.make_array_from_process_local_data(sharding, placed) is placed  # Keras' call
+    assert isinstance(x["id"], np.ndarray) and x["id"].tolist() == expected[0]["id"].tolist()
+    unplaced = keras_input.for_keras(native.make_dataset(files, data, 16, training=False))
+    assert isinstance(unplaced[0][0]["pixels"], np.ndarray) and unplaced.max_queue_size == 10
+    assert keras_input._placer(distribution) is not None  # one process here
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(jax, "process_count", lambda: 2)
+        assert keras_input._placer(distribution) is None
+
+
 # ------------------------------------------------------------------------ evaluate, predict
 def test_evaluate_and_predict_give_the_same_answers_on_either_reader(toy_data, tmp_path):
     """A run's config.yaml says its reader; evaluate and predict read with it. The same

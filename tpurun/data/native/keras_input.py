@@ -6,25 +6,46 @@ already prepared by its background threads. Keras' own workers would run ``__get
 pool, for datasets that can fetch any batch at random; a shuffle buffer cannot. A request out of
 order (a validation pass starting again at batch 0) starts a fresh iteration there.
 
+That thread also puts each batch on the devices, split as Keras' distribution splits it
+(``get_data_layout``): a few batches wait there, ready (``DEVICE_BATCHES``), and Keras' own
+placing of them on the training thread finds them in place. Under a distribution Keras places each
+batch only when the step asks for it, on that thread, so the transfer would not overlap the steps
+before it (it does so one batch ahead only without a distribution, on an accelerator). Not with
+several processes: Keras assembles the global batch from each process's share itself.
+
 Imports Keras at module level: import it once the process is set up (see :mod:`tpurun.frameworks`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from tpurun import frameworks
 from tpurun.data.native.pipeline import Batches
 
 keras = frameworks.keras()  # the process is set up: see tpurun.frameworks
+jax = frameworks.jax()
+
+#: Batches put on the devices ahead of the step that takes them (Keras' queue), as flax's
+#: ``prefetch_to_device`` keeps two: more would hold accelerator memory for nothing.
+DEVICE_BATCHES = 2
 
 
 class KerasBatches(keras.utils.PyDataset):
     """:class:`Batches` for Keras: finite (``num_batches``) or endless (None)."""
 
     def __init__(self, batches: Batches):
-        super().__init__(workers=1, use_multiprocessing=False)
+        place = _placer(keras.distribution.distribution())  # read here: Keras' state is per thread
+        super().__init__(
+            workers=1,
+            use_multiprocessing=False,
+            max_queue_size=DEVICE_BATCHES if place is not None else 10,
+        )
         self.batches = batches
+        self._place = place
         self._iterator: Any = None
         self._next = 0
 
@@ -43,15 +64,35 @@ class KerasBatches(keras.utils.PyDataset):
             self._iterator = self.batches.iterate(skip_batches=index)
         self._next = index + 1
         try:
-            return next(self._iterator)
+            batch = next(self._iterator)
         except StopIteration:
             raise IndexError(f"batch {index} is past the end of the data") from None
+        return batch if self._place is None else keras.tree.map_structure(self._place, batch)
 
     def close(self) -> None:
         """Stop the background threads of the current iteration."""
         if self._iterator is not None:
             self._iterator.close()
             self._iterator = None
+
+
+def _placer(distribution: Any) -> Callable[[Any], Any] | None:
+    """What puts one array of a batch on the devices as ``distribution`` lays it out; None where
+    Keras must place the batches itself (no distribution, or several processes)."""
+    if distribution is None or jax.process_count() > 1:
+        return None
+    shardings: dict[tuple[int, ...], Any] = {}
+
+    def place(array: Any) -> Any:
+        if not isinstance(array, np.ndarray) or array.dtype == object:
+            return array  # strings stay on the host, as Keras leaves them
+        sharding = shardings.get(array.shape)
+        if sharding is None:
+            sharding = distribution.get_data_layout(array.shape).backend_layout
+            shardings[array.shape] = sharding
+        return jax.device_put(array, sharding)
+
+    return place
 
 
 def for_keras(batches: Batches) -> KerasBatches:
