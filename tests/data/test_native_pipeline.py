@@ -708,9 +708,11 @@ def test_two_processes_train_on_the_native_reader(toy_data, tmp_path):
 
 # --------------------------------------------------------------------------- Keras' batches
 def test_keras_gets_each_batch_on_the_devices_as_its_distribution_splits_it(tmp_path):
-    """Under a distribution the batches reach Keras already placed as its data layout splits them
-    (its own placing then returns them as they are); strings stay numpy; without a distribution,
-    or with several processes, Keras places numpy batches itself."""
+    """Under a distribution the batches reach Keras already placed (by the pipeline's background
+    thread) as its data layout splits them, and its own placing returns them as they are; strings
+    stay numpy; without a distribution, or with several processes, Keras places numpy batches."""
+    import threading
+
     import jax
     import keras
 
@@ -721,12 +723,22 @@ def test_keras_gets_each_batch_on_the_devices_as_its_distribution_splits_it(tmp_
     expected = next(iter(native.make_dataset(files, data, 16, training=False)))
     distribution = keras.distribution.DataParallel(devices=keras.distribution.list_devices())
     keras.distribution.set_distribution(distribution)
+    placing_threads = []
+    device_put = jax.device_put
+
+    def recorded(*args, **kwargs):
+        placing_threads.append(threading.current_thread().name)
+        return device_put(*args, **kwargs)
+
     try:
         batches = keras_input.for_keras(native.make_dataset(files, data, 16, training=False))
-        x, y = batches[0]
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(jax, "device_put", recorded)
+            (x, y), _ = batches[0], batches[1]  # the two batches of 16 in 40 records
     finally:
         keras.distribution.set_distribution(None)
-    assert batches.max_queue_size == keras_input.DEVICE_BATCHES
+    # Pixels, vec and label of each batch, placed in the pipeline's thread, not the training one.
+    assert placing_threads == ["tpurun-input"] * 6
     for placed, want in ((x["pixels"], expected[0]["pixels"]), (x["vec"], expected[0]["vec"]),
                          (y, expected[1])):  # fmt: skip
         sharding = distribution.get_data_layout(placed.shape).backend_layout
@@ -737,7 +749,7 @@ def test_keras_gets_each_batch_on_the_devices_as_its_distribution_splits_it(tmp_
         assert jax.make_array_from_process_local_data(sharding, placed) is placed  # Keras' call
     assert isinstance(x["id"], np.ndarray) and x["id"].tolist() == expected[0]["id"].tolist()
     unplaced = keras_input.for_keras(native.make_dataset(files, data, 16, training=False))
-    assert isinstance(unplaced[0][0]["pixels"], np.ndarray) and unplaced.max_queue_size == 10
+    assert isinstance(unplaced[0][0]["pixels"], np.ndarray)
     assert keras_input._placer(distribution) is not None  # one process here
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(jax, "process_count", lambda: 2)

@@ -1,17 +1,19 @@
 """The native pipeline's batches as Keras' ``fit``, ``evaluate`` and ``predict`` take them.
 
-A ``keras.utils.PyDataset`` with one worker: Keras then asks for batch 0, 1, 2... in its own
-thread, and each answer is the next batch of an iteration of :class:`~tpurun.data.native.pipeline.Batches`,
-already prepared by its background threads. Keras' own workers would run ``__getitem__`` in a
-pool, for datasets that can fetch any batch at random; a shuffle buffer cannot. A request out of
-order (a validation pass starting again at batch 0) starts a fresh iteration there.
+A ``keras.utils.PyDataset`` with one worker and no processes, which Keras reads on the training
+thread itself (its enqueuer threads start only for more workers): it asks for batch 0, 1, 2...,
+and each answer is the next batch of an iteration of
+:class:`~tpurun.data.native.pipeline.Batches`, already prepared by its background thread.
+Keras' workers would run ``__getitem__`` in a pool, for datasets that can fetch any batch at
+random; a shuffle buffer cannot. A request out of order (a validation pass starting again at
+batch 0) starts a fresh iteration there.
 
-That thread also puts each batch on the devices, split as Keras' distribution splits it
-(``get_data_layout``): a few batches wait there, ready (``DEVICE_BATCHES``), and Keras' own
-placing of them on the training thread finds them in place. Under a distribution Keras places each
-batch only when the step asks for it, on that thread, so the transfer would not overlap the steps
-before it (it does so one batch ahead only without a distribution, on an accelerator). Not with
-several processes: Keras assembles the global batch from each process's share itself.
+That background thread also puts each batch on the devices, split as Keras' distribution splits
+it (``get_data_layout``), so that the batches waiting there (``PREFETCH_BATCHES``) are ready and
+Keras' own placing of them on the training thread finds them in place. Under a distribution Keras
+places each batch only when the step asks for it, on that thread (it does so one batch ahead only
+without a distribution, on an accelerator). Not with several processes: Keras assembles the
+global batch from each process's share itself.
 
 Imports Keras at module level: import it once the process is set up (see :mod:`tpurun.frameworks`).
 """
@@ -29,23 +31,15 @@ from tpurun.data.native.pipeline import Batches
 keras = frameworks.keras()  # the process is set up: see tpurun.frameworks
 jax = frameworks.jax()
 
-#: Batches put on the devices ahead of the step that takes them (Keras' queue), as flax's
-#: ``prefetch_to_device`` keeps two: more would hold accelerator memory for nothing.
-DEVICE_BATCHES = 2
-
 
 class KerasBatches(keras.utils.PyDataset):
     """:class:`Batches` for Keras: finite (``num_batches``) or endless (None)."""
 
     def __init__(self, batches: Batches):
-        place = _placer(keras.distribution.distribution())  # read here: Keras' state is per thread
-        super().__init__(
-            workers=1,
-            use_multiprocessing=False,
-            max_queue_size=DEVICE_BATCHES if place is not None else 10,
-        )
+        super().__init__(workers=1, use_multiprocessing=False)
         self.batches = batches
-        self._place = place
+        # Read here, on the training thread: Keras keeps its distribution per thread.
+        self._place = _placer(keras.distribution.distribution())
         self._iterator: Any = None
         self._next = 0
 
@@ -61,13 +55,12 @@ class KerasBatches(keras.utils.PyDataset):
     def __getitem__(self, index: int) -> Any:
         if self._iterator is None or index != self._next:
             self.close()
-            self._iterator = self.batches.iterate(skip_batches=index)
+            self._iterator = self.batches.iterate(skip_batches=index, then=self._place)
         self._next = index + 1
         try:
-            batch = next(self._iterator)
+            return next(self._iterator)
         except StopIteration:
             raise IndexError(f"batch {index} is past the end of the data") from None
-        return batch if self._place is None else keras.tree.map_structure(self._place, batch)
 
     def close(self) -> None:
         """Stop the background threads of the current iteration."""
@@ -77,7 +70,7 @@ class KerasBatches(keras.utils.PyDataset):
 
 
 def _placer(distribution: Any) -> Callable[[Any], Any] | None:
-    """What puts one array of a batch on the devices as ``distribution`` lays it out; None where
+    """What puts a batch's arrays on the devices as ``distribution`` lays them out; None where
     Keras must place the batches itself (no distribution, or several processes)."""
     if distribution is None or jax.process_count() > 1:
         return None
@@ -92,7 +85,7 @@ def _placer(distribution: Any) -> Callable[[Any], Any] | None:
             shardings[array.shape] = sharding
         return jax.device_put(array, sharding)
 
-    return place
+    return lambda batch: keras.tree.map_structure(place, batch)
 
 
 def for_keras(batches: Batches) -> KerasBatches:

@@ -87,12 +87,16 @@ class Batches:
         self.num_batches = num_batches
         self._live: weakref.WeakSet[Prefetched] = weakref.WeakSet()
 
-    def iterate(self, skip_batches: int = 0) -> Prefetched:
-        """The batches from the ``skip_batches``-th on (those before it are read, not parsed)."""
+    def iterate(
+        self, skip_batches: int = 0, then: Callable[[Any], Any] | None = None
+    ) -> Prefetched:
+        """The batches from the ``skip_batches``-th on (those before it are read, not parsed);
+        ``then``: what becomes of each batch after its parse, in the same background thread."""
         items = self._items()
         if skip_batches:
             items = itertools.islice(items, skip_batches, None)
-        iterator = Prefetched(items, self._parse, self._workers, self._depth)
+        parse = self._parse if then is None else lambda item: then(self._parse(item))
+        iterator = Prefetched(items, parse, self._workers, self._depth)
         self._live.add(iterator)
         return iterator
 
