@@ -45,7 +45,7 @@ TF_DATA_MEASURED = (
     "without it"
 )
 #: The longest int64 list still read natively by ``auto`` (labels, small id lists): token ids
-#: (hundreds a record) are where tf.data measured faster.
+#: (hundreds a record) are where tf.data's parse on every core counts.
 SHORT_INT64 = 16
 
 
