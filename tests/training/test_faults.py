@@ -76,18 +76,21 @@ def test_sigkill_at_random_points_then_finish(longer):
     run_dir = tmp / "runs" / "killed"
     rng = random.Random(20261122)
     positions: list = []
+    # Each kill is timed by the run's own saves, not by the clock alone: a fast machine trains
+    # the whole run in a few seconds (one here finished it before a third kill landed).
     for kill in range(6):
         proc = start_cli("train", str(path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if kill == 0:
-            time.sleep(rng.uniform(0.5, 2.5))  # during start-up, before any checkpoint
-        else:  # at a random instant after this session's first new save
-            before = positions[-1] if positions else None
-            while proc.poll() is None:
-                point = resume_lib.latest(RunDir(str(run_dir)))
-                if point is not None and point.position != before:
-                    break
-                time.sleep(0.02)
-            time.sleep(rng.uniform(0.0, 0.4))
+        before = positions[-1] if positions else None
+        # The first: during start-up, at the latest at the first save. The others: at a random
+        # instant shortly after this session's first new save.
+        deadline = time.monotonic() + rng.uniform(0.5, 2.5) if kill == 0 else None
+        while proc.poll() is None and (deadline is None or time.monotonic() < deadline):
+            point = resume_lib.latest(RunDir(str(run_dir)))
+            if point is not None and point.position != before:
+                break
+            time.sleep(0.02)
+        if kill:
+            time.sleep(rng.uniform(0.0, 0.15))
         if proc.poll() is not None:
             break  # it finished before this kill
         proc.kill()
