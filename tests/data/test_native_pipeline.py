@@ -756,6 +756,32 @@ def test_keras_gets_each_batch_on_the_devices_as_its_distribution_splits_it(tmp_
         assert keras_input._placer(distribution) is None
 
 
+def test_the_threads_placing_batches_are_stopped_before_jax_takes_its_devices_down(tmp_path):
+    """At exit JAX's handler clears its backends; the exit handler of the Keras batches runs first
+    (registered later) and ends every placing thread, each after the batch in hand."""
+    import keras
+
+    from tpurun.data.native import keras_input
+
+    files = write_shards(str(tmp_path / "m"), mixed_records(40), 2)
+    data = data_config(MIXED, {"pixels": "x", "vec": "vec"}, "label")
+    keras.distribution.set_distribution(
+        keras.distribution.DataParallel(devices=keras.distribution.list_devices())
+    )
+    try:
+        endless = keras_input.for_keras(native.make_dataset(files, data, 8, training=True))
+        endless[0]  # its thread now places the next batches, then waits for room
+        thread = endless._iterator._thread
+    finally:
+        keras.distribution.set_distribution(None)
+    unplaced = keras_input.for_keras(native.make_dataset(files, data, 8, training=True))
+    assert thread.is_alive() and endless in keras_input._PLACING
+    assert unplaced not in keras_input._PLACING  # its thread makes numpy batches only
+    keras_input._stop_placing()  # what the exit runs
+    assert not thread.is_alive() and endless._iterator is None
+    unplaced.close()
+
+
 # ------------------------------------------------------------------------ evaluate, predict
 def test_evaluate_and_predict_give_the_same_answers_on_either_reader(toy_data, tmp_path):
     """A run's config.yaml says its reader; evaluate and predict read with it. The same

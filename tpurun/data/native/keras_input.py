@@ -13,13 +13,17 @@ it (``get_data_layout``), so that the batches waiting there (``PREFETCH_BATCHES`
 Keras' own placing of them on the training thread finds them in place. Under a distribution Keras
 places each batch only when the step asks for it, on that thread (it does so one batch ahead only
 without a distribution, on an accelerator). Not with several processes: Keras assembles the
-global batch from each process's share itself.
+global batch from each process's share itself. At the process's exit, those threads are stopped
+before JAX takes its devices down (its own exit handler), so that none places a batch on a device
+being taken down.
 
 Imports Keras at module level: import it once the process is set up (see :mod:`tpurun.frameworks`).
 """
 
 from __future__ import annotations
 
+import atexit
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +34,10 @@ from tpurun.data.native.pipeline import Batches
 
 keras = frameworks.keras()  # the process is set up: see tpurun.frameworks
 jax = frameworks.jax()
+
+#: How long the exit waits for a thread to finish the batch it is placing (milliseconds, as a rule).
+_EXIT_WAIT_SECONDS = 5.0
+_PLACING: weakref.WeakSet = weakref.WeakSet()  # the KerasBatches whose threads place batches
 
 
 class KerasBatches(keras.utils.PyDataset):
@@ -42,6 +50,8 @@ class KerasBatches(keras.utils.PyDataset):
         self._place = _placer(keras.distribution.distribution())
         self._iterator: Any = None
         self._next = 0
+        if self._place is not None:
+            _PLACING.add(self)
 
     @property
     def num_batches(self) -> int | None:
@@ -62,10 +72,11 @@ class KerasBatches(keras.utils.PyDataset):
         except StopIteration:
             raise IndexError(f"batch {index} is past the end of the data") from None
 
-    def close(self) -> None:
-        """Stop the background threads of the current iteration."""
+    def close(self, wait: float = 0.0) -> None:
+        """Stop the background threads of the current iteration (``wait``: as long for them to
+        end)."""
         if self._iterator is not None:
-            self._iterator.close()
+            self._iterator.close(wait)
             self._iterator = None
 
 
@@ -86,6 +97,13 @@ def _placer(distribution: Any) -> Callable[[Any], Any] | None:
         return jax.device_put(array, sharding)
 
     return lambda batch: keras.tree.map_structure(place, batch)
+
+
+@atexit.register  # after JAX's own handler (JAX is imported first), so run before it
+def _stop_placing() -> None:
+    """Stop every thread that places batches, and let each finish the one in hand."""
+    for batches in list(_PLACING):
+        batches.close(wait=_EXIT_WAIT_SECONDS)
 
 
 def for_keras(batches: Batches) -> KerasBatches:

@@ -98,13 +98,13 @@ class Prefetched:
             pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tpurun-parse")
         self._finalizer = weakref.finalize(self, _stop, self._stop_event, pool)
         self._finished = False
-        thread = threading.Thread(
+        self._thread = threading.Thread(
             target=_produce,
             args=(source, fn, pool, self._queue, self._stop_event),
             name="tpurun-input",
             daemon=True,
         )
-        thread.start()
+        self._thread.start()
 
     def __iter__(self) -> Prefetched:
         return self
@@ -124,12 +124,19 @@ class Prefetched:
             self.close()
             raise
 
-    def close(self) -> None:
-        """Stop the background threads; later ``next()`` calls end the iteration."""
+    def close(self, wait: float = 0.0) -> None:
+        """Stop the background threads; later ``next()`` calls end the iteration.
+
+        Args:
+            wait: seconds to wait for the reading thread to end (it finishes the item in hand
+                first); 0: do not wait.
+        """
         self._finished = True
         self._finalizer()
         while True:  # unblock a producer waiting to put
             try:
                 self._queue.get_nowait()
             except queue.Empty:
-                return
+                break
+        if wait and self._thread is not threading.current_thread():
+            self._thread.join(wait)
