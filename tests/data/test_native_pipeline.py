@@ -771,14 +771,20 @@ def test_the_threads_placing_batches_are_stopped_before_jax_takes_its_devices_do
     try:
         endless = keras_input.for_keras(native.make_dataset(files, data, 8, training=True))
         endless[0]  # its thread now places the next batches, then waits for room
-        thread = endless._iterator._thread
+        thread = endless._iterator.thread
+        closed = keras_input.for_keras(native.make_dataset(files, data, 8, training=True))
+        closed[0]
+        closing = closed._iterator.thread
+        closed.close()  # as the fit's end closes its training stream: the thread may go on a while
     finally:
         keras.distribution.set_distribution(None)
     unplaced = keras_input.for_keras(native.make_dataset(files, data, 8, training=True))
+    unplaced[0]
     assert thread.is_alive() and endless in keras_input._PLACING
     assert unplaced not in keras_input._PLACING  # its thread makes numpy batches only
+    assert unplaced._iterator.thread not in keras_input._PLACING_THREADS
     keras_input._stop_placing()  # what the exit runs
-    assert not thread.is_alive() and endless._iterator is None
+    assert not thread.is_alive() and not closing.is_alive() and endless._iterator is None
     unplaced.close()
 
 

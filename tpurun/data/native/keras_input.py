@@ -38,6 +38,7 @@ jax = frameworks.jax()
 #: How long the exit waits for a thread to finish the batch it is placing (milliseconds, as a rule).
 _EXIT_WAIT_SECONDS = 5.0
 _PLACING: weakref.WeakSet = weakref.WeakSet()  # the KerasBatches whose threads place batches
+_PLACING_THREADS: weakref.WeakSet = weakref.WeakSet()  # their threads, while they run
 
 
 class KerasBatches(keras.utils.PyDataset):
@@ -66,17 +67,18 @@ class KerasBatches(keras.utils.PyDataset):
         if self._iterator is None or index != self._next:
             self.close()
             self._iterator = self.batches.iterate(skip_batches=index, then=self._place)
+            if self._place is not None:
+                _PLACING_THREADS.add(self._iterator.thread)
         self._next = index + 1
         try:
             return next(self._iterator)
         except StopIteration:
             raise IndexError(f"batch {index} is past the end of the data") from None
 
-    def close(self, wait: float = 0.0) -> None:
-        """Stop the background threads of the current iteration (``wait``: as long for them to
-        end)."""
+    def close(self) -> None:
+        """Stop the background threads of the current iteration."""
         if self._iterator is not None:
-            self._iterator.close(wait)
+            self._iterator.close()
             self._iterator = None
 
 
@@ -101,9 +103,12 @@ def _placer(distribution: Any) -> Callable[[Any], Any] | None:
 
 @atexit.register  # after JAX's own handler (JAX is imported first), so run before it
 def _stop_placing() -> None:
-    """Stop every thread that places batches, and let each finish the one in hand."""
+    """Stop every thread that places batches (those of iterations closed already, the training
+    stream's at the fit's end, included), and let each finish the one in hand."""
     for batches in list(_PLACING):
-        batches.close(wait=_EXIT_WAIT_SECONDS)
+        batches.close()
+    for thread in list(_PLACING_THREADS):
+        thread.join(_EXIT_WAIT_SECONDS)
 
 
 def for_keras(batches: Batches) -> KerasBatches:

@@ -124,19 +124,17 @@ class Prefetched:
             self.close()
             raise
 
-    def close(self, wait: float = 0.0) -> None:
-        """Stop the background threads; later ``next()`` calls end the iteration.
+    @property
+    def thread(self) -> threading.Thread:
+        """The reading thread (it ends once closed, after the item in hand)."""
+        return self._thread
 
-        Args:
-            wait: seconds to wait for the reading thread to end (it finishes the item in hand
-                first); 0: do not wait.
-        """
+    def close(self) -> None:
+        """Stop the background threads; later ``next()`` calls end the iteration."""
         self._finished = True
         self._finalizer()
         while True:  # unblock a producer waiting to put
             try:
                 self._queue.get_nowait()
             except queue.Empty:
-                break
-        if wait and self._thread is not threading.current_thread():
-            self._thread.join(wait)
+                return
