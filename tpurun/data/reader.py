@@ -31,10 +31,10 @@ TF_DATA = "tf_data"
 #: Why ``auto`` reads most records natively where TensorFlow is installed too (docs/benchmarks.md,
 #: 2 idle cores): the native reader parsed raw floats 1.15-1.28x as fast as tf.data and decoded
 #: 192x192 JPEGs 1.10x as fast (its decoding threads on every core), and each such run skips
-#: TensorFlow's 4-5 s import. Token ids stay on tf.data: the native reader parses them as fast on
-#: 2 cores (0.98-1.06x, 2026-11-27) on one core, where tf.data's C++ parses on every core (1.6 of
-#: 2), so tf.data pulls ahead wherever there are more (a TPU VM has 96+); so do strings (not
-#: measured).
+#: TensorFlow's 4-5 s import. Token ids and strings (not measured) stay on tf.data: on 2 cores the
+#: native reader, using one of them, parses token ids as fast (0.98-1.06x, 2026-11-27), but
+#: tf.data's C++ parses on every core (1.6 of 2 here), so it pulls ahead wherever there are more
+#: (a TPU VM has 96+).
 NATIVE_MEASURED = (
     "no TensorFlow import (4-5 s), and as fast as tf.data on these records or close: "
     "benchmarks/input_pipeline.py"
