@@ -9,6 +9,7 @@ import json
 import re
 import struct
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -194,11 +195,26 @@ def wandb_records(path: Path) -> list:
     return out
 
 
+def closed_session(folder: Path, timeout: float = 60) -> list:
+    """The records of an offline session once W&B has closed its file. Its service keeps the last
+    32 KiB block in memory and writes it when it closes the session's stream, which it does on its
+    own after ``run.finish`` returns: until then the exit record (the last) is not in the file.
+    The wait is bounded (a hang guard, not a measure of speed)."""
+    (file,) = folder.glob("run-*.wandb")
+    deadline = time.monotonic() + timeout
+    while True:
+        records = wandb_records(file)
+        if any(record.HasField("exit") for record in records):
+            return records
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{file}: no exit record after {timeout} s")
+        time.sleep(0.05)
+
+
 def wandb_session(folder: Path) -> tuple[str, list[tuple[int, dict]], dict]:
     """One offline session's run id, its history ``[(step, {key: value})]`` and its config."""
-    (file,) = folder.glob("run-*.wandb")
     run_id, history, config = "", [], {}
-    for record in wandb_records(file):
+    for record in closed_session(folder):
         kind = record.WhichOneof("record_type")
         if kind == "run":  # with the config given to wandb.init
             run_id = record.run.run_id
@@ -214,8 +230,7 @@ def wandb_session(folder: Path) -> tuple[str, list[tuple[int, dict]], dict]:
 
 def wandb_ending(folder: Path) -> tuple[bool, int]:
     """Whether an offline session marked its run as preempting, and the exit code it ended with."""
-    (file,) = folder.glob("run-*.wandb")
-    records = wandb_records(file)
+    records = closed_session(folder)
     kinds = [record.WhichOneof("record_type") for record in records]
     (code,) = [record.exit.exit_code for record in records if record.HasField("exit")]
     return "preempting" in kinds, code
