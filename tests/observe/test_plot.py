@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import struct
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -178,3 +180,58 @@ def test_every_session_ends_with_curves_png_covering_all_epochs(trained_toy_run,
     assert curves.read_bytes() != first
     fig = tpurun.plot(str(run_dir))
     assert [len(line.get_xdata()) for line in fig.axes[0].get_lines()] == [2, 2]
+
+
+def test_matplotlib_is_imported_ahead_in_its_own_thread_for_the_end(
+    trained_toy_run, tmp_path, monkeypatch
+):
+    """curves.png's import of matplotlib starts in a thread of its own as training begins (it
+    overlaps the first step's compiling), once, before the end draws with it."""
+    import matplotlib.figure
+
+    from tpurun.observe import curves
+    from tpurun.training import ending
+
+    events: list[str] = []
+
+    def imported() -> None:  # the import, as it leaves sys.modules (not run twice)
+        events.append(f"import in {threading.current_thread().name}")
+        sys.modules["matplotlib.figure"] = matplotlib.figure
+
+    def save_curves(run):
+        events.append("draw")
+        return real_save(run)
+
+    real_save = ending.save_curves
+    monkeypatch.delitem(sys.modules, "matplotlib.figure")  # as in a new process
+    monkeypatch.setattr(curves, "_import_figure", imported)
+    monkeypatch.setattr(ending, "save_curves", save_curves)
+    run_dir = trained_toy_run.copy(tmp_path)
+    tpurun.train(str(run_dir / "config.yaml"), overrides=["train.epochs=2"],
+                 output=str(tmp_path), verbose=False)  # fmt: skip
+    assert events == ["import in tpurun-matplotlib", "draw"]
+    assert png_size(run_dir / "curves.png") == (1280, 400)
+
+
+def test_matplotlib_is_not_imported_ahead_where_nothing_would_draw(tmp_path, monkeypatch):
+    """Not by a process that does not write the run directory, not where matplotlib is imported
+    already, and not where it is not installed."""
+    import importlib.util
+
+    from tpurun.observe import curves
+
+    started: list[str] = []
+    monkeypatch.setattr(curves, "_import_figure", lambda: started.append("import"))
+    writer, reader = RunDir(str(tmp_path), writer=True), RunDir(str(tmp_path), writer=False)
+    assert curves.import_ahead(writer) is None  # imported already in this process
+    monkeypatch.delitem(sys.modules, "matplotlib.figure")
+    assert curves.import_ahead(reader) is None
+    real_find = importlib.util.find_spec
+    with monkeypatch.context() as patch:
+        patch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name == "matplotlib" else real_find(name, *a))  # fmt: skip
+        assert curves.import_ahead(writer) is None
+    assert started == []
+    thread = curves.import_ahead(writer)  # the one case that imports
+    thread.join()
+    assert (thread.name, started) == ("tpurun-matplotlib", ["import"])

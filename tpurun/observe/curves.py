@@ -11,8 +11,11 @@ Agg canvas (no pyplot, no display needed); matplotlib is imported only here, whe
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
+import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -230,6 +233,30 @@ def plot_runs(runs: Sequence[str], metrics: Sequence[str] | None, output: str) -
         "metrics": [ax.get_title() for ax in panels],
         "lines": sum(len(ax.get_lines()) for ax in panels),
     }
+
+
+def import_ahead(run: RunDir) -> threading.Thread | None:
+    """Start importing matplotlib in a thread, for the ``curves.png`` that :func:`save_curves`
+    draws when the session ends. The import is most of that drawing's cost (0.25 s of 0.27 s on 2
+    cores), and at the end nothing else is left to overlap it with; called as the first training
+    step starts to compile (XLA compiles without holding the GIL, on one core), it is done before
+    the end needs it. Not a daemon: an exit waits for the import to finish rather than stopping it
+    halfway. Returns the thread; None where this process does not draw, or matplotlib is missing
+    or imported already."""
+    if not run.writer or "matplotlib.figure" in sys.modules:
+        return None
+    if importlib.util.find_spec("matplotlib") is None:
+        return None  # the end says curves.png is not written, and how to get it
+    thread = threading.Thread(target=_import_figure, name="tpurun-matplotlib")
+    thread.start()
+    return thread
+
+
+def _import_figure() -> None:
+    try:
+        import matplotlib.figure  # noqa: F401
+    except Exception:  # noqa: BLE001 (the end imports it again, and says what failed)
+        pass
 
 
 def save_curves(run: RunDir) -> str | None:

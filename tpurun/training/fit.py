@@ -18,7 +18,7 @@ from tpurun import frameworks
 from tpurun.data import reader as readers
 from tpurun.errors import DataError
 from tpurun.hub import batches, lengths, mesh_layout
-from tpurun.observe import throughput
+from tpurun.observe import curves, throughput
 from tpurun.plan.plan import Plan
 from tpurun.runtime import mesh
 from tpurun.runtime.memory_check import check_model
@@ -242,6 +242,7 @@ def _first_writes(job: TrainJob, model, control) -> Callable[..., None]:
             if said := run.trim_log(log, point.position[0] if point is not None else 0):
                 job.reporter.message(said, "warn")  # a damaged log: what was kept
         run.begin(job.effective, job.summary)
+        curves.import_ahead(run)  # while the first step compiles: drawn at the end
         if config.callbacks.on_nan == "restore" and checkpoint.position == (0, 0):
             checkpoint.save_latest(model, 0, 0, "start")  # something to go back to before epoch 1
 
