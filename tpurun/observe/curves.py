@@ -3,7 +3,8 @@
 Reads each run's CSV log (one row per finished epoch) and draws one panel per metric: training
 solid, validation dashed, one colour per run, the learning rate on a second axis of the loss panel,
 and a log scale for a loss that spans two decades or more. Uses matplotlib's object API with the
-Agg canvas (no pyplot, no display needed); matplotlib is imported only here, when a plot is made.
+Agg canvas (no pyplot, no display needed); matplotlib is imported only here, when a plot is made
+or, for a session's ``curves.png``, as its training begins (:func:`import_ahead`).
 
 (Named curves.py, not plot.py: a submodule ``tpurun.plot`` would replace the function
 :func:`tpurun.plot` on the package once imported.)
