@@ -189,6 +189,24 @@ def test_a_flipped_byte_is_a_checksum_mismatch_at_its_record(tmp_path, where):
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("where", ["length", "length crc"])
+def test_a_damaged_header_among_records_of_one_length_is_found(tmp_path, where):
+    """Records of one length share their header's check (the reader checks a length's CRC once):
+    a flipped bit in a later record's length or its CRC is still that record's damage."""
+    path = tmp_path / "fixed.tfrecord"
+    written = [bytes([i]) * 64 for i in range(12)]
+    framing.write_records(str(path), written)
+    starts = record_starts(path.read_bytes())
+    raw = bytearray(path.read_bytes())
+    raw[starts[9] + {"length": 0, "length crc": 9}[where]] ^= 0x01
+    path.write_bytes(bytes(raw))
+    damage, read = damage_of(path)
+    assert read == written[:9]
+    assert (damage.index, damage.offset, damage.reason) == (
+        9, starts[9], "corrupted record (checksum mismatch)",
+    )  # fmt: skip
+
+
 def test_a_file_that_is_not_tfrecords(tmp_path):
     """Bytes of a known kind of file are said to be that (tpurun.data.sniff); bytes of no kind
     that do not frame are a damaged TFRecord file."""

@@ -196,16 +196,23 @@ def iter_records(path: str, compression: str = "none") -> Iterator[bytes]:
     blocks = _blocks(path, compression)
     buffer, pos, consumed, index = b"", 0, 0, 0  # consumed: stream bytes before the buffer
     crc, unpack_header, unpack_crc = _crc, _unpack_header, _unpack_crc  # locals: the hot loop
+    # The last length whose CRC checked, and that CRC: the 8 length bytes are the length itself,
+    # so a record of the same length with the same stored CRC passes the same check (records of
+    # one length, as fixed layouts write them, are checked once; any other length or CRC, damage
+    # included, is checked in full).
+    checked_length, checked_crc = -1, -1
     try:
         while True:
             limit, need = len(buffer), _HEADER
             while pos + _HEADER <= limit:  # the records whole in the buffer, without a call
                 length, length_crc = unpack_header(buffer, pos)
-                masked = crc(buffer[pos : pos + 8])
-                if (((masked >> 15) | (masked << 17)) + _MASK_DELTA) & 0xFFFFFFFF != length_crc:
-                    if not index:
-                        sniff.refuse(path, buffer, compression)
-                    raise DamagedRecord(path, index, consumed + pos, CORRUPTED, compression)
+                if length != checked_length or length_crc != checked_crc:
+                    masked = crc(buffer[pos : pos + 8])
+                    if (((masked >> 15) | (masked << 17)) + _MASK_DELTA) & 0xFFFFFFFF != length_crc:
+                        if not index:
+                            sniff.refuse(path, buffer, compression)
+                        raise DamagedRecord(path, index, consumed + pos, CORRUPTED, compression)
+                    checked_length, checked_crc = length, length_crc
                 end = pos + _HEADER + length + 4
                 if end > limit:
                     need = _HEADER + length + 4
