@@ -229,7 +229,7 @@ def first_batch(dataset: Any) -> Any:
 
 def as_numpy(batch: Any) -> Any:
     """A batch as numpy arrays, from either reader: what every backend takes (JAX cannot read
-    ``tf.Tensor``\ s)."""
+    ``tf.Tensor`` values)."""
     import numpy as np
 
     if isinstance(batch, dict):
