@@ -107,6 +107,25 @@ def test_a_dense_models_step_flops_match_the_hand_count(data_parallel):
     assert flops * devices > matmuls + adam  # the loss's own work, never less
 
 
+def test_where_jax_has_no_analysis_of_the_lowered_step_the_cpus_counts_the_same_flops(
+    monkeypatch,
+):
+    """On a PJRT plugin (CUDA, a TPU's libtpu) ``Lowered.cost_analysis`` gives None; the FLOPs
+    then come from the CPU client's analysis of the same module: the same count, here where both
+    can be had (the GPU check found none on an H100 before)."""
+    import jax
+
+    model, spec = _dense_model()
+    lowered = throughput.lowered_train_step(model, spec, B)
+    direct = throughput.lowered_flops(lowered)
+    monkeypatch.setattr(jax.stages.Lowered, "cost_analysis", lambda self: None)
+    assert throughput.lowered_flops(lowered) == direct
+    first, second = 2 * B * IN * HIDDEN, 2 * B * HIDDEN * OUT
+    assert direct == pytest.approx(2 * first + 3 * second + 11 * model.count_params(), rel=0.005)
+    monkeypatch.setattr(lowered, "compiler_ir", lambda dialect: None)  # JAX's internals moved
+    assert throughput.lowered_flops(lowered) is None
+
+
 # -------------------------------------------------------------------------------- a real run
 def _run(tmp_path, capsys, **runtime):
     config = toy_config(tmp_path / "data", tmp_path / "runs", runtime={"cpu_devices": 1, **runtime},

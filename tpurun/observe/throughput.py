@@ -122,7 +122,7 @@ def flops_per_device(
     if keras.backend.backend() != "jax":
         return None  # no MFU on TensorFlow: see the module's docstring
     lowered = lowered_train_step(model, element_spec, global_batch, state)
-    flops = _flops(lowered.cost_analysis())
+    flops = lowered_flops(lowered)
     if flops is None:
         return None
     dist = keras.distribution.distribution()
@@ -214,6 +214,26 @@ def _abstract_batch(element_spec: Any, global_batch: int) -> Any:
         return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
     return jax.tree_util.tree_map(one, element_spec)
+
+
+def lowered_flops(lowered: Any) -> float | None:
+    """The FLOPs of a lowered step: JAX's own analysis, or on a PJRT plugin, where JAX has none
+    (the CUDA plugin, a TPU's libtpu: ``Lowered.cost_analysis`` returns None there, see
+    ``jax/_src/interpreters/pxla.py``), the CPU client's analysis of the same HLO module. That is
+    XLA's ``HloCostAnalysis`` of the module before any backend's passes, as the lowered analysis
+    is on the CPU; the GPU check found no FLOPs on an H100 without it. None where neither can
+    be had (no CPU client, or JAX's internals moved)."""
+    flops = _flops(lowered.cost_analysis())
+    if flops is not None:
+        return flops
+    try:
+        from jax._src.lib import _jax  # JAX's own route to the analysis (pxla's cost_analysis)
+
+        cpu = frameworks.jax().devices("cpu")[0].client
+        module = lowered.compiler_ir("hlo").as_hlo_module()
+        return _flops(_jax.hlo_module_cost_analysis(cpu, module))
+    except Exception:  # noqa: BLE001 (no figure is better than a failed run)
+        return None
 
 
 def _flops(analysis: Any) -> float | None:
