@@ -218,11 +218,11 @@ def _abstract_batch(element_spec: Any, global_batch: int) -> Any:
 
 def lowered_flops(lowered: Any) -> float | None:
     """The FLOPs of a lowered step: JAX's own analysis, or on a PJRT plugin, where JAX has none
-    (the CUDA plugin, a TPU's libtpu: ``Lowered.cost_analysis`` returns None there, see
-    ``jax/_src/interpreters/pxla.py``), the CPU client's analysis of the same HLO module. That is
-    XLA's ``HloCostAnalysis`` of the module before any backend's passes, as the lowered analysis
-    is on the CPU; the GPU check found no FLOPs on an H100 without it. None where neither can
-    be had (no CPU client, or JAX's internals moved)."""
+    (the CUDA plugin; very likely a TPU's libtpu too: ``Lowered.cost_analysis`` returns None
+    there, see ``jax/_src/interpreters/pxla.py``), the CPU client's analysis of the same HLO
+    module. That is XLA's ``HloCostAnalysis`` of the module before any backend's passes, as the
+    lowered analysis is on the CPU; the GPU check found no FLOPs on an H100 without it. None where
+    neither can be had (no CPU client, or JAX's internals moved)."""
     flops = _flops(lowered.cost_analysis())
     if flops is not None:
         return flops
