@@ -227,11 +227,10 @@ def lowered_flops(lowered: Any) -> float | None:
     if flops is not None:
         return flops
     try:
-        from jax._src.lib import _jax  # JAX's own route to the analysis (pxla's cost_analysis)
-
-        cpu = frameworks.jax().devices("cpu")[0].client
+        jax = frameworks.jax()
+        analyse = jax._src.lib._jax.hlo_module_cost_analysis  # pxla's own route to it
         module = lowered.compiler_ir("hlo").as_hlo_module()
-        return _flops(_jax.hlo_module_cost_analysis(cpu, module))
+        return _flops(analyse(jax.devices("cpu")[0].client, module))
     except Exception:  # noqa: BLE001 (no figure is better than a failed run)
         return None
 
