@@ -11,9 +11,12 @@ batch 0) starts a fresh iteration there.
 That background thread also puts each batch on the devices, split as Keras' distribution splits
 it (``get_data_layout``), so that the batches waiting there (``PREFETCH_BATCHES``) are ready and
 Keras' own placing of them on the training thread finds them in place. Under a distribution Keras
-places each batch only when the step asks for it, on that thread (it does so one batch ahead only
-without a distribution, on an accelerator). Not with several processes: Keras assembles the
-global batch from each process's share itself. At the process's exit, those threads are stopped
+places each batch only when the step asks for it, on that thread. Without one (a single device),
+on an accelerator, Keras places one batch ahead, on that thread, and uncommitted
+(``jax.device_put`` with no device): the thread does the same earlier, since a committed batch
+beside the uncommitted variables would have the steps compiled again (see
+:func:`tpurun.runtime.activate.activate`). Not on a CPU, where Keras passes the arrays as they are,
+and not with several processes: Keras assembles the global batch from each process's share itself. At the process's exit, those threads are stopped
 before JAX takes its devices down (its own exit handler), so that none places a batch on a device
 being taken down.
 
@@ -82,21 +85,29 @@ class KerasBatches(keras.utils.PyDataset):
             self._iterator = None
 
 
+def _on_accelerator() -> bool:
+    return jax.default_backend() != "cpu"
+
+
 def _placer(distribution: Any) -> Callable[[Any], Any] | None:
-    """What puts a batch's arrays on the devices as ``distribution`` lays them out; None where
-    Keras must place the batches itself (no distribution, or several processes)."""
-    if distribution is None or jax.process_count() > 1:
+    """What puts a batch's arrays on the devices as ``distribution`` lays them out, or, without
+    one, on the one accelerator uncommitted, as Keras would; None where Keras passes the batches
+    on as they are (no distribution on a CPU) or places them itself (several processes)."""
+    if jax.process_count() > 1 or (distribution is None and not _on_accelerator()):
         return None
     shardings: dict[tuple[int, ...], Any] = {}
+
+    def sharding(shape: tuple[int, ...]) -> Any:
+        if distribution is None:
+            return None  # the default device, uncommitted
+        if shape not in shardings:
+            shardings[shape] = distribution.get_data_layout(shape).backend_layout
+        return shardings[shape]
 
     def place(array: Any) -> Any:
         if not isinstance(array, np.ndarray) or array.dtype == object:
             return array  # strings stay on the host, as Keras leaves them
-        sharding = shardings.get(array.shape)
-        if sharding is None:
-            sharding = distribution.get_data_layout(array.shape).backend_layout
-            shardings[array.shape] = sharding
-        return jax.device_put(array, sharding)
+        return jax.device_put(array, sharding(array.shape))
 
     return lambda batch: keras.tree.map_structure(place, batch)
 
