@@ -233,9 +233,15 @@ def install(runtime: Any, config: Config, backbone: Any) -> Placer | None:
     keras_mesh = _device_mesh(keras, (data, model), runtime.devices)
     rules, preset, source, auto = rules_for(config, keras_mesh, backbone)
     placer = Placer(rules, {"data": data, "model": model}, source, preset=preset, auto=auto)
+    runtime.placer = placer
+    if data * model == 1:
+        # One device: no distribution, as activate sets none for one device (over a one-device
+        # mesh Keras leaves the variables uncommitted beside committed batches, and each step
+        # compiled 3 times); :func:`check` places the built model's weights instead.
+        return placer
     distribution = placing(placer, keras_mesh, auto_shard=not runtime.choice.cluster.multi)
     keras.distribution.set_distribution(distribution)
-    runtime.distribution, runtime.placer = distribution, placer
+    runtime.distribution = distribution
     return placer
 
 
@@ -253,10 +259,16 @@ def plan_placer(model: Any, config: Config, mesh: tuple[int, int], backbone: Any
     shape = keras.distribution.DeviceMesh(mesh, list(AXES), devices=devices)
     mine, preset, source, auto = rules_for(config, shape, backbone)
     placer = Placer(mine, {"data": mesh[0], "model": mesh[1]}, source, preset, auto=auto)
+    _place_weights(placer, model)
+    return placer
+
+
+def _place_weights(placer: Placer, model: Any) -> None:
+    """Each of the built ``model``'s variables placed as the mesh's distribution places it as it
+    is created."""
     weights = weights_of(model)
     for v in model.weights:
         placer.place(v.path, v.shape, itemsize(v.dtype), weights.get(v.path))
-    return placer
 
 
 def check(runtime: Any, model: Any, config: Config) -> None:
@@ -264,6 +276,8 @@ def check(runtime: Any, model: Any, config: Config) -> None:
     :func:`tpurun.runtime.layout.check_placements`). LoRA adapters may stay whole."""
     if runtime.placer is None:
         return
+    if runtime.distribution is None and not runtime.placer.placements:
+        _place_weights(runtime.placer, model)  # a one-device mesh (see install): placed now
     exempt = [v.path for v in model.trainable_variables if "lora_kernel" in v.path]
     paths = [v.path for v in model.variables]
     check_placements(
