@@ -38,6 +38,7 @@ from tpurun.config import (
 from tpurun.data import categories
 from tpurun.data.decode import record_key
 from tpurun.data.native import example, images, layout, varying
+from tpurun.data.native.recycle import BatchArrays
 from tpurun.errors import DataError
 
 _LIST = {"int64": "int64_list", "float": "float_list", "bytes": "bytes_list"}
@@ -106,10 +107,14 @@ class BatchParser:
         self.columns = [_Column(name, spec) for name, spec in features.items()]
         self.threads = threads or min(8, os.cpu_count() or 1)
         self._pool: ThreadPoolExecutor | None = None
+        self._arrays = BatchArrays()  # the batches' arrays, used again once dropped
         wanted = [_wanted(column) for column in self.columns]
         self._layouts: list[Any] = []
         if fast_path and None not in wanted:
-            self._layouts = [layout.FixedLayout(wanted), varying.VaryingLayout(wanted)]
+            self._layouts = [
+                layout.FixedLayout(wanted, self._arrays),
+                varying.VaryingLayout(wanted, self._arrays),
+            ]
         self._paths = dict.fromkeys(_PATHS, 0)
         self._counting = threading.Lock()  # parse workers share the parser
 
@@ -137,7 +142,7 @@ class BatchParser:
             _fill(serialized, self.columns, values)
             arrays = [self._finish(c, out, n) for c, out in zip(self.columns, values, strict=True)]
         return {
-            column.name: _cast(column, array)
+            column.name: self._cast(column, array)
             for column, array in zip(self.columns, arrays, strict=True)
         }
 
@@ -164,7 +169,7 @@ class BatchParser:
 
     def _images(self, column: _Column, encoded: list[bytes]) -> np.ndarray:
         spec = column.spec
-        out = np.empty((len(encoded), *spec.shape), np.float32)
+        out = self._arrays.empty((len(encoded), *spec.shape), np.float32)
 
         def one(i: int) -> None:
             try:
@@ -190,20 +195,19 @@ class BatchParser:
             every(0, 1)
         return out
 
+    def _cast(self, column: _Column, array: np.ndarray) -> np.ndarray:
+        if isinstance(column.spec, CategoryFeature):
+            return categories.encode_numpy(array, column.spec)
+        if column.cast is None or array.dtype == column.cast:  # a layout may have cast it
+            return array
+        with np.errstate(all="ignore"):  # TF casts out-of-range values without a word too
+            return self._arrays.cast(array, column.cast)
+
     def close(self) -> None:
         """Stop the image threads (a parser that decoded no image has none)."""
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
-
-
-def _cast(column: _Column, array: np.ndarray) -> np.ndarray:
-    if isinstance(column.spec, CategoryFeature):
-        return categories.encode_numpy(array, column.spec)
-    if column.cast is None:
-        return array
-    with np.errstate(all="ignore"):  # TF casts out-of-range values without a word too
-        return array.astype(column.cast, copy=False)  # a layout may have cast it already
 
 
 def _wanted(column: _Column) -> layout.Wanted | None:

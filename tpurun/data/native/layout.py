@@ -35,6 +35,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from tpurun.data.native import example
+from tpurun.data.native.recycle import BatchArrays
 
 _KINDS = {0x0A: "bytes_list", 0x12: "float_list", 0x1A: "int64_list"}  # Feature's tags
 _LEN_1 = 0x0A  # field 1, length-delimited: Example.features, a map entry, its key, a list's value
@@ -63,10 +64,12 @@ class Wanted:
     shape: tuple[int, ...]
     cast: np.dtype | None = None
 
-    def ints(self, values: np.ndarray) -> np.ndarray:
-        """Int64 values (held in any integer dtype that holds them), as int64 or as cast."""
+    def ints(self, values: np.ndarray, arrays: BatchArrays | None = None) -> np.ndarray:
+        """Int64 values (held in any integer dtype that holds them), as int64 or as cast: a
+        copy, in ``arrays``' when given."""
+        dtype = self.cast or np.int64
         with np.errstate(all="ignore"):  # as the cast from int64 (decode._cast)
-            return values.astype(self.cast or np.int64)
+            return values.astype(dtype) if arrays is None else arrays.cast(values, dtype)
 
 
 def agrees_with_protobuf(
@@ -113,8 +116,9 @@ class FixedLayout:
         wanted: the features to return, in order.
     """
 
-    def __init__(self, wanted: Sequence[Wanted]):
+    def __init__(self, wanted: Sequence[Wanted], arrays: BatchArrays | None = None):
         self.wanted = tuple(wanted)
+        self.arrays = arrays or BatchArrays()  # the batches' arrays
         self._template: _Template | None = None
         self._scratch = threading.local()  # per thread: parse workers share the parser
 
@@ -131,7 +135,7 @@ class FixedLayout:
         if stacked is None:
             return None
         self._template = template
-        return _columns(stacked, template, self.wanted)
+        return _columns(stacked, template, self.wanted, self.arrays)
 
     def _learn(self, record: bytes) -> _Template | None:
         """The template of ``record``, checked against protobuf's own parse of it."""
@@ -139,7 +143,7 @@ class FixedLayout:
             template = _template(record, self.wanted)
         except NotALayout:
             return None
-        one = _columns(np.frombuffer(record, np.uint8).reshape(1, -1), template, self.wanted)
+        one = _columns(np.frombuffer(record, np.uint8).reshape(1, -1), template, self.wanted, None)
         return template if agrees_with_protobuf(record, one, self.wanted) else None
 
     def _stacked(self, records: Sequence[bytes], template: _Template) -> np.ndarray | None:
@@ -171,15 +175,19 @@ def _fits(stacked: np.ndarray, template: _Template) -> bool:
     return not (template.small_at.size and stacked[:, template.small_at].max() >= 0x80)
 
 
-def _columns(stacked: np.ndarray, template: _Template, wanted: Sequence[Wanted]) -> list:
-    """Each wanted feature, a slice of the stacked records viewed as its values."""
+def _columns(
+    stacked: np.ndarray, template: _Template, wanted: Sequence[Wanted], arrays: BatchArrays | None
+) -> list:
+    """Each wanted feature, a slice of the stacked records copied out as its values (into
+    ``arrays``' arrays when given)."""
     n, out = len(stacked), []
     for offset, want in zip(template.offsets, wanted, strict=True):
         values = stacked[:, offset : offset + want.nbytes]
         if want.kind == "int64_list":
-            array = want.ints(values)
+            array = want.ints(values, arrays)
         else:
-            array = np.empty((n, want.nbytes), np.uint8)  # aligned and writable, as TF's are
+            shape = (n, want.nbytes)  # aligned and writable, as TF's are
+            array = np.empty(shape, np.uint8) if arrays is None else arrays.empty(shape, np.uint8)
             array[:] = values
             array = array.view(want.dtype)
             if want.kind == "float_list":  # float32 as the per-record parser makes it

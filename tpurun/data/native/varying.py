@@ -27,6 +27,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from tpurun.data.native.layout import NotALayout, Wanted, agrees_with_protobuf, features
+from tpurun.data.native.recycle import BatchArrays
 
 _TAGS = {"bytes_list": 0x0A, "float_list": 0x12, "int64_list": 0x1A}
 _PAD = 64  # bytes after the records: reads a few bytes past a record's end stay in the buffer
@@ -55,8 +56,9 @@ class VaryingLayout:
         wanted: the features to return, in order.
     """
 
-    def __init__(self, wanted: Sequence[Wanted]):
+    def __init__(self, wanted: Sequence[Wanted], arrays: BatchArrays | None = None):
         self.wanted = tuple(wanted)
+        self.arrays = arrays or BatchArrays()  # the batches' arrays
         self._structure: tuple[_Entry, ...] | None = None
 
     def parse(self, records: Sequence[bytes]) -> list[np.ndarray] | None:
@@ -65,13 +67,18 @@ class VaryingLayout:
         arrays = None
         if records and self._pays(records):
             structure = self._structure
-            arrays = _parse(records, structure, self.wanted) if structure is not None else None
+            arrays = self._parse(records, structure)
             if arrays is None:  # a first batch, or the structure changed
                 structure = self._learn(records[0])
-                arrays = _parse(records, structure, self.wanted) if structure is not None else None
+                arrays = self._parse(records, structure)
             if arrays is not None:
                 self._structure = structure
         return arrays
+
+    def _parse(
+        self, records: Sequence[bytes], structure: tuple[_Entry, ...] | None
+    ) -> list[np.ndarray] | None:
+        return None if structure is None else _parse(records, structure, self.wanted, self.arrays)
 
     def _pays(self, records: Sequence[bytes]) -> bool:
         """Whether walking the batch costs less than parsing it record by record."""
@@ -84,7 +91,7 @@ class VaryingLayout:
             structure = _structure(record, self.wanted)
         except NotALayout:
             return None
-        one = _parse([record], structure, self.wanted)
+        one = _parse([record], structure, self.wanted, None)
         return (
             structure
             if one is not None and agrees_with_protobuf(record, one, self.wanted)
@@ -179,14 +186,18 @@ class _Walk:
 
 
 def _parse(
-    records: Sequence[bytes], structure: tuple[_Entry, ...], wanted: Sequence[Wanted]
+    records: Sequence[bytes],
+    structure: tuple[_Entry, ...],
+    wanted: Sequence[Wanted],
+    arrays: BatchArrays | None,
 ) -> list[np.ndarray] | None:
-    """The wanted features of every record, or None where one leaves ``structure``."""
+    """The wanted features of every record (in ``arrays``' arrays when given), or None where
+    one leaves ``structure``."""
     walk = _Walk(records)
     try:
         runs = _walk(walk, structure)
-        return [_values(walk, start, stop, want) for (start, stop), want in zip(runs, wanted,
-                                                                                 strict=True)]  # fmt: skip
+        return [_values(walk, start, stop, want, arrays)
+                for (start, stop), want in zip(runs, wanted, strict=True)]  # fmt: skip
     except _Mismatch:
         return None
 
@@ -261,12 +272,17 @@ def _ends(walk: _Walk, start: np.ndarray, stop: np.ndarray, count: int) -> tuple
     return rows.reshape(-1), ends
 
 
-def _values(walk: _Walk, start: np.ndarray, stop: np.ndarray, want: Wanted) -> np.ndarray:
-    """A wanted feature's values, one row a record."""
+def _values(
+    walk: _Walk, start: np.ndarray, stop: np.ndarray, want: Wanted, arrays: BatchArrays | None
+) -> np.ndarray:
+    """A wanted feature's values, one row a record (in ``arrays``' arrays when given)."""
     n, buf = len(start), walk.buf
     if want.kind != "int64_list":  # raw bytes, packed floats: a fixed size in bytes
         _require(stop - start == want.nbytes)
-        array = sliding_window_view(buf, want.nbytes)[start].view(want.dtype)
+        out = None if arrays is None else arrays.empty((n, want.nbytes), np.uint8)
+        # mode="clip": the starts are in range, and "raise" would copy through a buffer first
+        array = np.take(sliding_window_view(buf, want.nbytes), start, axis=0, out=out, mode="clip")
+        array = array.view(want.dtype)
         if want.kind == "float_list":
             array = array.astype(np.float32, copy=False)
         return array.reshape(n, *want.shape)
@@ -274,10 +290,10 @@ def _values(walk: _Walk, start: np.ndarray, stop: np.ndarray, want: Wanted) -> n
     if np.all(stop - start == size):  # as many bytes as values: one byte each, if all < 0x80
         small = sliding_window_view(buf, size)[start]
         if small.max(initial=0) < 0x80:
-            return want.ints(small).reshape(n, *want.shape)
+            return want.ints(small, arrays).reshape(n, *want.shape)
     data, ends = _ends(walk, start, stop, size)
     values = _short_varints(data, ends)
-    values = want.ints(values if values is not None else _varints(data, ends + 3))
+    values = want.ints(values if values is not None else _varints(data, ends + 3), arrays)
     return values.reshape(n, *want.shape)
 
 
