@@ -15,10 +15,10 @@ places each batch only when the step asks for it, on that thread. Without one (a
 on an accelerator, Keras places one batch ahead, on that thread, and uncommitted
 (``jax.device_put`` with no device): the thread does the same earlier, since a committed batch
 beside the uncommitted variables would have the steps compiled again (see
-:func:`tpurun.runtime.activate.activate`). Not on a CPU, where Keras passes the arrays as they are,
-and not with several processes: Keras assembles the global batch from each process's share itself. At the process's exit, those threads are stopped
-before JAX takes its devices down (its own exit handler), so that none places a batch on a device
-being taken down.
+:func:`tpurun.runtime.activate.activate`). Not on a CPU, where Keras passes the arrays as they
+are, and not with several processes: Keras assembles the global batch from each process's share
+itself. At the process's exit, those threads are stopped before JAX takes its devices down (its
+own exit handler), so that none places a batch on a device being taken down.
 
 Imports Keras at module level: import it once the process is set up (see :mod:`tpurun.frameworks`).
 """

@@ -53,7 +53,3 @@ class BatchArrays:
         out = self.empty(array.shape, dtype)
         np.copyto(out, array, casting="unsafe")
         return out
-
-    def clear(self) -> None:
-        """Let the calling thread's arrays go (those still in use stay with their users)."""
-        self._local.__dict__.pop("kept", None)
