@@ -4,6 +4,7 @@ dropped gives its memory to a later one (no fresh pages for each batch)."""
 
 from __future__ import annotations
 
+import io
 import threading
 import weakref
 
@@ -66,8 +67,6 @@ def test_each_thread_has_arrays_of_its_own():
 
 # ------------------------------------------------------------------------------ in the pipeline
 def _pixels(rng: np.random.Generator) -> bytes:
-    import io
-
     from PIL import Image
 
     out = io.BytesIO()
