@@ -241,9 +241,8 @@ def import_ahead(run: RunDir) -> threading.Thread | None:
     draws when the session ends. The import is most of that drawing's cost (0.25 s in a fresh
     interpreter on 2 cores; at the NAIC-like run's end, with some of its dependencies loaded,
     starting it early took the end from 0.27 s to 0.16 s), and at the end nothing else is left
-    to overlap it with; called as the first training
-    step starts to compile (XLA compiles without holding the GIL, on one core), it is done before
-    the end needs it. Not a daemon: an exit waits for the import to finish rather than stopping it
+    to overlap it with; called as the first training step starts to compile (XLA compiles
+    without holding the GIL, on one core), it is done before the end needs it. Not a daemon: an exit waits for the import to finish rather than stopping it
     halfway. Returns the thread; None where this process does not draw, or matplotlib is missing
     or imported already."""
     if not run.writer or "matplotlib.figure" in sys.modules:

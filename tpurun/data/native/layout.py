@@ -143,7 +143,9 @@ class FixedLayout:
             template = _template(record, self.wanted)
         except NotALayout:
             return None
-        one = _columns(np.frombuffer(record, np.uint8).reshape(1, -1), template, self.wanted, None)
+        one = _columns(
+            np.frombuffer(record, np.uint8).reshape(1, -1), template, self.wanted, self.arrays
+        )
         return template if agrees_with_protobuf(record, one, self.wanted) else None
 
     def _stacked(self, records: Sequence[bytes], template: _Template) -> np.ndarray | None:
@@ -176,18 +178,17 @@ def _fits(stacked: np.ndarray, template: _Template) -> bool:
 
 
 def _columns(
-    stacked: np.ndarray, template: _Template, wanted: Sequence[Wanted], arrays: BatchArrays | None
+    stacked: np.ndarray, template: _Template, wanted: Sequence[Wanted], arrays: BatchArrays
 ) -> list:
-    """Each wanted feature, a slice of the stacked records copied out as its values (into
-    ``arrays``' arrays when given)."""
+    """Each wanted feature, a slice of the stacked records copied out as its values, into
+    ``arrays``' arrays."""
     n, out = len(stacked), []
     for offset, want in zip(template.offsets, wanted, strict=True):
         values = stacked[:, offset : offset + want.nbytes]
         if want.kind == "int64_list":
             array = want.ints(values, arrays)
         else:
-            shape = (n, want.nbytes)  # aligned and writable, as TF's are
-            array = np.empty(shape, np.uint8) if arrays is None else arrays.empty(shape, np.uint8)
+            array = arrays.empty((n, want.nbytes), np.uint8)  # aligned and writable, as TF's are
             array[:] = values
             array = array.view(want.dtype)
             if want.kind == "float_list":  # float32 as the per-record parser makes it

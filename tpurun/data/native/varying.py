@@ -91,7 +91,7 @@ class VaryingLayout:
             structure = _structure(record, self.wanted)
         except NotALayout:
             return None
-        one = _parse([record], structure, self.wanted, None)
+        one = _parse([record], structure, self.wanted, self.arrays)
         return (
             structure
             if one is not None and agrees_with_protobuf(record, one, self.wanted)
@@ -189,10 +189,10 @@ def _parse(
     records: Sequence[bytes],
     structure: tuple[_Entry, ...],
     wanted: Sequence[Wanted],
-    arrays: BatchArrays | None,
+    arrays: BatchArrays,
 ) -> list[np.ndarray] | None:
-    """The wanted features of every record (in ``arrays``' arrays when given), or None where
-    one leaves ``structure``."""
+    """The wanted features of every record (in ``arrays``' arrays), or None where one leaves
+    ``structure``."""
     walk = _Walk(records)
     try:
         runs = _walk(walk, structure)
@@ -273,13 +273,13 @@ def _ends(walk: _Walk, start: np.ndarray, stop: np.ndarray, count: int) -> tuple
 
 
 def _values(
-    walk: _Walk, start: np.ndarray, stop: np.ndarray, want: Wanted, arrays: BatchArrays | None
+    walk: _Walk, start: np.ndarray, stop: np.ndarray, want: Wanted, arrays: BatchArrays
 ) -> np.ndarray:
-    """A wanted feature's values, one row a record (in ``arrays``' arrays when given)."""
+    """A wanted feature's values, one row a record (in ``arrays``' arrays)."""
     n, buf = len(start), walk.buf
     if want.kind != "int64_list":  # raw bytes, packed floats: a fixed size in bytes
         _require(stop - start == want.nbytes)
-        out = None if arrays is None else arrays.empty((n, want.nbytes), np.uint8)
+        out = arrays.empty((n, want.nbytes), np.uint8)
         # mode="clip": the starts are in range, and "raise" would copy through a buffer first
         array = np.take(sliding_window_view(buf, want.nbytes), start, axis=0, out=out, mode="clip")
         array = array.view(want.dtype)
