@@ -788,6 +788,60 @@ def test_the_threads_placing_batches_are_stopped_before_jax_takes_its_devices_do
     unplaced.close()
 
 
+def test_batch_0_asked_for_again_right_after_it_is_that_batch_and_the_stream_reads_on(tmp_path):
+    """Keras' first fit takes batch 0 to build the metrics symbolically, then starts over: the
+    second request gets batch 0 as it was served, from the same iteration (not the stream read
+    afresh, its shuffle buffer filled again), and batch 1 follows it. Asked for later, batch 0
+    starts a fresh iteration, with the same batches (validation passes, Keras' evaluate)."""
+    from tpurun.data.native import keras_input
+
+    files = write_shards(str(tmp_path / "m"), mixed_records(40), 2)
+    data = data_config(MIXED, {"vec": "vec", "f": "f"}, "label", shuffle_buffer=16)
+    fresh = native.make_dataset(files, data, 8, training=True, seed=3).iterate()
+    want = [flat(next(fresh)) for _ in range(3)]
+    fresh.close()
+    batches = keras_input.for_keras(native.make_dataset(files, data, 8, training=True, seed=3))
+    first = batches[0]
+    reading = batches._iterator
+    assert batches[0] is first and batches._iterator is reading
+    got = [first, batches[1], batches[2]]
+    assert batches._iterator is reading  # one iteration served all three
+    for mine, theirs in zip(got, want, strict=True):
+        for a, b in zip(flat(mine), theirs, strict=True):
+            np.testing.assert_array_equal(a, b)
+    again = batches[0]  # after batch 2: afresh
+    assert batches._iterator is not reading
+    reading.thread.join(5)  # closed: it ends after the batch in hand
+    assert not reading.thread.is_alive()
+    for a, b in zip(flat(again), want[0], strict=True):
+        np.testing.assert_array_equal(a, b)
+    batches.close()
+
+
+def test_a_stream_read_ahead_serves_keras_first_request_from_that_reading(tmp_path):
+    """``read_ahead`` starts the background reading before Keras asks (the training stream fills
+    its shuffle buffer while the model is built); Keras' first request takes that iteration's
+    first batch; asked again, nothing new starts."""
+    from tpurun.data.native import keras_input
+
+    files = write_shards(str(tmp_path / "m"), mixed_records(40), 2)
+    data = data_config(MIXED, {"vec": "vec"}, "label", shuffle_buffer=16)
+    want = flat(next(iter(native.make_dataset(files, data, 8, training=True, seed=3))))
+    batches = keras_input.for_keras(native.make_dataset(files, data, 8, training=True, seed=3))
+    assert batches._iterator is None  # Keras' own first request would start it
+    readers.read_ahead(batches)
+    reading = batches._iterator
+    assert reading is not None and reading.thread.is_alive()
+    readers.read_ahead(batches)
+    assert batches._iterator is reading
+    for a, b in zip(flat(batches[0]), want, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert batches._iterator is reading
+    readers.close(batches)
+    reading.thread.join(5)
+    assert not reading.thread.is_alive()
+
+
 # ------------------------------------------------------------------------ evaluate, predict
 def test_evaluate_and_predict_give_the_same_answers_on_either_reader(toy_data, tmp_path):
     """A run's config.yaml says its reader; evaluate and predict read with it. The same

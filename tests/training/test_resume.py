@@ -121,6 +121,57 @@ def test_a_dropout_run_stopped_mid_epoch_resumes_in_a_fresh_process_bit_for_bit(
     assert read_summary(run_dir)["final_metrics"] == read_summary(reference)["final_metrics"]
 
 
+def test_each_session_reads_its_stream_once_from_its_position_begun_as_the_model_builds(
+    toy_data, tmp_path, monkeypatch
+):
+    """A session's training stream, from its resume position, starts reading before the model is
+    built (tpurun.training.fit: its shuffle buffer fills meanwhile), and the fit trains on that
+    one reading: Keras' symbolic build takes its batch 0 without the stream being read afresh.
+    Stopped mid-epoch and resumed, the two sessions train on the unbroken run's batches."""
+    from factories import recorded_batches
+
+    from tpurun.data.native import keras_input
+    from tpurun.training import fit
+
+    events: list = []
+    start, build = keras_input.KerasBatches._start, fit.build_model
+
+    def started(self, index):
+        if self.num_batches is None:  # endless: a training stream (validation sets are finite)
+            events.append(("stream", index))
+        start(self, index)
+
+    def built(*args, **kwargs):
+        events.append("build")
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(keras_input.KerasBatches, "_start", started)
+    monkeypatch.setattr(fit, "build_model", built)
+
+    def config(name: str, *extra) -> dict:
+        config = config_for(toy_data, tmp_path, name)
+        out = str(tmp_path / f"{name}.batches")
+        config["callbacks"] = {"extra": [*extra, {"name": f"{FACTORIES}:RecordBatches", "out": out}]}
+        return config
+
+    def session(config) -> list:
+        events.clear()
+        tpurun.train(config, verbose=False)
+        return list(events)
+
+    assert session(config("a")) == [("stream", 0), "build"]
+    unbroken = recorded_batches(tmp_path / "a.batches")
+    assert len(unbroken) == 3 * 16
+    stopped = config("b", signal_at(tmp_path / "fired", epoch=2, step=4))
+    with pytest.raises(Interrupted, match=r"stopped at epoch 2, step 4"):
+        session(stopped)
+    assert events == [("stream", 0), "build"]
+    # The rest of epoch 2 (its stream from step 4 read ahead), then epoch 3 on: a fit and a stream
+    # of their own (tpurun.training.fit._fit_from).
+    assert session(stopped) == [("stream", 0), "build", ("stream", 0)]
+    assert recorded_batches(tmp_path / "b.batches") == unbroken  # none again, none skipped
+
+
 def test_a_stop_inside_the_resumed_rest_of_an_epoch_stops_there(toy_data, tmp_path):
     """Stopped at epoch 2, step 4; resumed, and stopped again at step 8 of that same epoch."""
     config = config_for(toy_data, tmp_path, "twice", steps_per_execution=1)

@@ -260,6 +260,14 @@ def for_keras(dataset: Any) -> Any:
     return native_for_keras(dataset)
 
 
+def read_ahead(dataset: Any) -> None:
+    """Start a native dataset's Keras form reading its first batches in the background now;
+    nothing for tf.data (Keras starts its iterator at the first step)."""
+    start = getattr(dataset, "read_ahead", None)
+    if start is not None:
+        start()
+
+
 def close(dataset: Any) -> None:
     """Stop the background threads of a native dataset (or of its Keras form); nothing for tf.data."""
     stop = getattr(dataset, "close", None)

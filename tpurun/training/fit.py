@@ -8,6 +8,7 @@ Imports Keras inside its functions only: the runner imports this module before
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
 from collections.abc import Callable
@@ -39,16 +40,31 @@ def train(job: TrainJob) -> TrainResult:
     With ``callbacks.on_nan: restore``, a NaN loss reloads the latest checkpoint with the learning
     rate cut, and training goes on from there (as Model Garden's loss recovery does).
     """
+    prepared, reporter = job.prepared, job.reporter
+    config = prepared.config
+    # A mesh's layout, before any variable exists, and before a stream reads the distribution
+    # that places its batches.
+    mesh_layout.install(job.runtime, config)
+    # A factory's batches take nothing from its model: its training stream starts reading (the
+    # shuffle buffer's fill: 0.3-0.4 s of the NAIC-like run's start) while the model is built and
+    # its initial weights compiled. A preset's waits for the preprocessing the model brings.
+    early = _datasets(job) if config.model.preset is None else None
+    model = _compiled_model(job)
+    preprocessor, transform = batches.take_preprocessing(model, config, prepared.data.tokenized)
+    lengths.say_truncation(model, preprocessor, prepared, reporter.message)
+    train_data, val_ds = early if early is not None else _datasets(job, transform)
+    with contextlib.closing(train_data):  # a stream read ahead and never fitted: its threads
+        return _train(job, model, preprocessor, transform, train_data, val_ds)
+
+
+def _train(job: TrainJob, model, preprocessor, transform, train_data, val_ds) -> TrainResult:
+    """:func:`train` once the model and its datasets are made."""
     # lazy: both build on Keras, which this module is imported before (see its docstring)
     from tpurun.observe.callbacks import epoch_waits
     from tpurun.training.callbacks.build import build_callbacks
 
     prepared, run, reporter = job.prepared, job.run, job.reporter
     config, plan = prepared.config, prepared.plan
-    model = _compiled_model(job)
-    preprocessor, transform = batches.take_preprocessing(model, config, prepared.data.tokenized)
-    lengths.say_truncation(model, preprocessor, prepared, reporter.message)
-    train_data, val_ds = _datasets(job, transform)
     callbacks, progress, control = build_callbacks(
         config, plan, run, reporter, job.stop, job.identity, sharded=job.runtime.sharded
     )
@@ -129,10 +145,40 @@ class _Fitting:
     val_steps: int | None = None
 
 
-def _datasets(job: TrainJob, transform: Any = None) -> tuple[Callable[[int, int], Any], Any]:
-    """This process's training stream from a position, as a function of (epoch, step); and its
-    validation set (None without one); ``transform``: see :func:`pipeline.make_dataset`. Both as
-    Keras takes them from the run's reader (:func:`tpurun.data.reader.for_keras`)."""
+class _TrainingStreams:
+    """This process's training stream from a position, as a function of (epoch, step): the
+    batches an unbroken run would see, as Keras takes them from the run's reader
+    (:func:`tpurun.data.reader.for_keras`).
+
+    The stream from the session's first position (``first``) starts reading at once, in the
+    background (:func:`tpurun.data.reader.read_ahead`), and is the one the first ``fit`` takes; a
+    stream from another position (a NaN restore's) is made when asked for.
+    """
+
+    def __init__(self, make: Callable[[int, int], Any], first: tuple[int, int]):
+        self._make = make
+        self._ahead: tuple[tuple[int, int], Any] | None = (first, make(*first))
+        readers.read_ahead(self._ahead[1])
+
+    def __call__(self, epoch: int, step: int) -> Any:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            if ahead[0] == (epoch, step):
+                return ahead[1]
+            readers.close(ahead[1])
+        return self._make(epoch, step)
+
+    def close(self) -> None:
+        """Stop the stream read ahead, if no ``fit`` took it (the fit closes its own)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            readers.close(ahead[1])
+
+
+def _datasets(job: TrainJob, transform: Any = None) -> tuple[_TrainingStreams, Any]:
+    """This process's training streams (:class:`_TrainingStreams`, the first reading already);
+    and its validation set (None without one), as Keras takes it from the run's reader;
+    ``transform``: see :func:`pipeline.make_dataset`."""
     prepared, runtime = job.prepared, job.runtime
     config, plan, reader = prepared.config, prepared.plan, prepared.reader
     batch = plan.per_process_batch_size
@@ -173,14 +219,14 @@ def _datasets(job: TrainJob, transform: Any = None) -> tuple[Callable[[int, int]
                 transform=transform,
             )
         )
-    return train_data, val_ds
+    first = _start(plan, job.point.position if job.point is not None else (0, 0))
+    return _TrainingStreams(train_data, first), val_ds
 
 
 def _compiled_model(job: TrainJob) -> Any:
     """The config's model, built and compiled in the runtime's scope."""
     config, plan = job.prepared.config, job.prepared.plan
     numbers = for_session(job.prepared, job.point, job.effective, job.reporter)
-    mesh_layout.install(job.runtime, config)  # a mesh's layout, before any variable exists
     with job.runtime.scope():
         model = build_model(config, plan.backend, numbers, job.prepared.data.train_files)
         mesh.check(job.runtime, model, config)  # before anything is compiled
@@ -304,11 +350,7 @@ def _fit_from(
     epoch as a short epoch of its own (the callbacks count its steps from the resume point and
     restore its running metrics), then the remaining epochs.
     """
-    epoch, step = checkpoint.position
-    spe = plan.steps_per_execution
-    if step >= plan.steps_per_epoch:  # the epoch got shorter since (more replicas, less data)
-        epoch, step = epoch + 1, 0
-    step -= step % spe  # a changed steps_per_execution: redo the part of an execution
+    epoch, step = _start(plan, checkpoint.position)
     progress.resume_at = checkpoint.resume_at = (epoch, step)
     if step:
         _fit(
@@ -335,6 +377,15 @@ def _fit_from(
             epoch,
             callbacks,
         )
+
+
+def _start(plan: Plan, position: tuple[int, int]) -> tuple[int, int]:
+    """Where a fit from a checkpoint's ``position`` (epoch, step) starts."""
+    epoch, step = position
+    if step >= plan.steps_per_epoch:  # the epoch got shorter since (more replicas, less data)
+        return epoch + 1, 0
+    # A changed steps_per_execution: the part of an execution is done again.
+    return epoch, step - step % plan.steps_per_execution
 
 
 def _fit(

@@ -54,6 +54,7 @@ class KerasBatches(keras.utils.PyDataset):
         self._place = _placer(keras.distribution.distribution())
         self._iterator: Any = None
         self._next = 0
+        self._first: Any = None  # batch 0, until batch 1 is asked for
         if self._place is not None:
             _PLACING.add(self)
 
@@ -67,19 +68,37 @@ class KerasBatches(keras.utils.PyDataset):
         return self.batches.num_batches
 
     def __getitem__(self, index: int) -> Any:
+        if index == 0 and self._next == 1 and self._first is not None:
+            # Keras' first fit takes batch 0 to build the model's metrics symbolically, then
+            # starts over: batch 0 again, not the stream read afresh (its shuffle buffer too).
+            return self._first
         if self._iterator is None or index != self._next:
-            self.close()
-            self._iterator = self.batches.iterate(skip_batches=index, then=self._place)
-            if self._place is not None:
-                _PLACING_THREADS.add(self._iterator.thread)
+            self._start(index)
         self._next = index + 1
         try:
-            return next(self._iterator)
+            batch = next(self._iterator)
         except StopIteration:
             raise IndexError(f"batch {index} is past the end of the data") from None
+        self._first = batch if index == 0 else None
+        return batch
+
+    def read_ahead(self) -> None:
+        """Start reading from batch 0 now, in the background, for Keras' first request: a
+        training stream fills its shuffle buffer while the model is built and compiled."""
+        if self._iterator is None:
+            self._start(0)
+
+    def _start(self, index: int) -> None:
+        """A fresh iteration, from batch ``index``."""
+        self.close()
+        self._iterator = self.batches.iterate(skip_batches=index, then=self._place)
+        self._next = index
+        if self._place is not None:
+            _PLACING_THREADS.add(self._iterator.thread)
 
     def close(self) -> None:
         """Stop the background threads of the current iteration."""
+        self._first = None
         if self._iterator is not None:
             self._iterator.close()
             self._iterator = None
