@@ -333,3 +333,28 @@ class BlockFinalModel(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         os.makedirs(os.path.join(self.run_dir, "model.keras", "in-the-way"), exist_ok=True)
+
+
+class RecordOptimizerLayout(keras.callbacks.Callback):
+    """At the end of training, writes to ``out`` (JSON) a list: for each optimizer variable in
+    order, its path and shape, the partition spec of its array and its bytes on the first device
+    and in all."""
+
+    def __init__(self, out: str):
+        super().__init__()
+        self.out = out
+
+    def on_train_end(self, logs=None):
+        import json
+
+        first = None
+        layout = []
+        for variable in self._model.optimizer.variables:
+            array = variable.value
+            first = first or array.sharding._device_assignment[0]
+            held = sum(s.data.nbytes for s in array.addressable_shards if s.device == first)
+            spec = [str(p) for p in getattr(array.sharding, "spec", [])]
+            layout.append({"path": variable.path, "shape": list(variable.shape), "spec": spec,
+                           "bytes": held, "whole": int(array.nbytes)})  # fmt: skip
+        with open(self.out, "w") as f:
+            json.dump(layout, f)

@@ -144,6 +144,40 @@ def test_plain_keras_model_2x4_with_accumulation_is_exact(tmp_path, dense_2x4):
     )
 
 
+def test_data_parallel_with_the_optimizer_state_split_is_exact(tmp_path):
+    """Data parallel over 8 devices, Adam's moments split over them (runtime.shard_optimizer_state,
+    the default): the estimate's optimizer term is what a device holds once they are placed."""
+    from types import SimpleNamespace
+
+    from tpurun.runtime import optimizer_split
+
+    config = loaded(
+        tmp_path,
+        {"factory": f"{FACTORIES}:mlp", "kwargs": {"units": 64}, "loss": "binary_crossentropy",
+         "optimizer": "adam"},
+        train={"per_core_batch_size": 4, "epochs": 1, "learning_rate": {"base": 1e-3}},
+    )  # fmt: skip
+    choice = Choice(backend="jax", accelerator="cpu", distribution="data_parallel", replicas=8,
+                    precision="float32", reason="test")  # fmt: skip
+    plan = make_plan(config, choice, 8, [10_000], None)
+    distribution = keras.distribution.DataParallel(devices=keras.distribution.list_devices())
+    keras.distribution.set_distribution(distribution)
+    try:
+        model = build_model(config, "jax")
+        compile_model(model, config, plan)
+        est = estimate_for_model(model, config, plan, None)
+        model.optimizer.build(model.trainable_variables)
+        # Both moments of the 8x64 and 64x1 kernels and of the 64 biases; the output's one bias
+        # and Keras' scalars stay whole.
+        placed = optimizer_split.place(model, SimpleNamespace(distribution=distribution), 8)
+        assert placed == 6
+        assert_exact(model, est)
+    finally:
+        keras.distribution.set_distribution(None)
+    whole = est.on(optimizer_devices=1)
+    assert whole.optimizer - est.optimizer == 2 * (8 * 64 + 64 + 64) * 4 * 7 // 8
+
+
 # --------------------------------------------------------------------------- the device's limit
 class FakeDevice:
     """A JAX device as the limit reads it: its kind and what ``memory_stats()`` reports."""

@@ -151,7 +151,9 @@ def test_each_session_reads_its_stream_once_from_its_position_begun_as_the_model
     def config(name: str, *extra) -> dict:
         config = config_for(toy_data, tmp_path, name)
         out = str(tmp_path / f"{name}.batches")
-        config["callbacks"] = {"extra": [*extra, {"name": f"{FACTORIES}:RecordBatches", "out": out}]}
+        config["callbacks"] = {
+            "extra": [*extra, {"name": f"{FACTORIES}:RecordBatches", "out": out}]
+        }
         return config
 
     def session(config) -> list:

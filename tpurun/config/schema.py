@@ -97,6 +97,14 @@ class RuntimeConfig(Section):
     layout: Layout | None = Field(None, description=LAYOUT_DESCRIPTION)
     device_memory: DeviceMemory | None = Field(None, description=DEVICE_MEMORY_DESCRIPTION)
     peak_tflops: float | None = Field(None, gt=0, description=PEAK_TFLOPS_DESCRIPTION)
+    shard_optimizer_state: bool = Field(
+        True,
+        description="JAX backend, data parallel over several devices of one process: each device "
+        "keeps and updates its share of the optimizer's state (Adam's moments; ZeRO stage 1) "
+        "instead of a whole copy, the weights staying whole on each. The same updates, with less "
+        "memory per device, and faster steps where the update is bound by memory (simulated CPU "
+        "devices). `false`: a whole copy on each device, as Keras' `DataParallel` keeps it.",
+    )
     compilation_cache: bool | str = Field(
         "auto",
         description="JAX backend: a local folder where compiled programs are kept, so that a rerun, "

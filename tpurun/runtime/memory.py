@@ -18,6 +18,9 @@ having refused an uneven split):
   trainable variables), ``use_ema``'s averages, and Keras' scalars: the iteration counter (int32 on
   JAX, int64 on TensorFlow), the learning rate where it is a number rather than a schedule,
   Nadam's running product. An optimizer class tpurun does not know is counted as 2 slots, and said.
+  Under data parallelism the slots are split over the devices (``runtime.shard_optimizer_state``,
+  :mod:`tpurun.runtime.optimizer_split`): each device holds its share of a variable's slot where
+  the device count divides one of its dimensions.
 - **activations**, the approximate term (:mod:`tpurun.runtime.activations`): what the backward
   pass keeps of the forward pass for the per-device slice of the batch. XLA may fuse, rematerialise or keep temporaries this does not count. With
   ``train.remat`` (each block recomputed in the backward pass), a transformer's term is
@@ -39,6 +42,7 @@ from typing import Any
 
 from tpurun.config.mesh_config import AXES
 from tpurun.runtime.activations import Activations
+from tpurun.runtime.optimizer_split import split_dim
 from tpurun.runtime.sizes import itemsize, size
 
 Spec = tuple[Any, ...]  # per dimension: None, an axis name, or a tuple of axis names
@@ -181,6 +185,7 @@ class Estimate:
     counters: int = 4  # bytes of Keras' scalars (iteration, a learning-rate variable)
     activations: Activations | None = None
     notes: list[str] = field(default_factory=list)
+    optimizer_devices: int = 1  # the data-parallel devices the optimizer's slots are split over
 
     @property
     def trainable(self) -> list[Entry]:
@@ -196,11 +201,18 @@ class Estimate:
 
     @property
     def optimizer(self) -> int:
-        per_slot = self.gradients
+        per_slot = sum(self._slot_bytes(e) for e in self.trainable)
         total = per_slot * (self.slots.per_variable + (self.accumulation > 1))
         if self.slots.factored:
             total += sum(_factored(e) for e in self.trainable)
         return total + 4 * self.slots.scalars + self.counters
+
+    def _slot_bytes(self, entry: Entry) -> int:
+        """One optimizer slot of ``entry`` on a device: its share where the state is split
+        (:mod:`tpurun.runtime.optimizer_split`), else the variable's shard whole."""
+        whole = entry.shard_bytes(self.mesh)
+        devices = self.optimizer_devices
+        return whole // devices if split_dim(entry.shape, devices) is not None else whole
 
     @property
     def activation_bytes(self) -> int | None:
@@ -277,7 +289,10 @@ def estimate(
     accumulation: int = 1,
     counters: int = 4,
     activations: Activations | None = None,
+    optimizer_devices: int = 1,
 ) -> Estimate:
     """Bytes per device of ``entries`` on ``mesh`` (``(data, model)``; None: one replica per
-    device, every variable whole)."""
-    return Estimate(list(entries), mesh_sizes(mesh), slots, accumulation, counters, activations)
+    device, every variable whole); ``optimizer_devices``: the devices the optimizer's state is
+    split over (:func:`tpurun.runtime.optimizer_split.devices_for`)."""
+    return Estimate(list(entries), mesh_sizes(mesh), slots, accumulation, counters, activations,
+                    optimizer_devices=optimizer_devices)  # fmt: skip

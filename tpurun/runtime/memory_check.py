@@ -17,6 +17,7 @@ from typing import Any
 from tpurun.config import Config
 from tpurun.errors import EnvironmentSetupError
 from tpurun.runtime import devices as device_table
+from tpurun.runtime import optimizer_split
 from tpurun.runtime.activations import Activations, activations_of
 from tpurun.runtime.layout import auto_axes
 from tpurun.runtime.memory import (
@@ -121,6 +122,7 @@ def estimate_for_model(
         activations=activations_of(
             model, per_device_batch(plan, mesh), sequence, remat=config.train.remat
         ),
+        optimizer_devices=optimizer_split.devices_for(plan, config),
     )
 
 

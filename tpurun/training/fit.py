@@ -21,7 +21,7 @@ from tpurun.errors import DataError
 from tpurun.hub import batches, lengths, mesh_layout
 from tpurun.observe import curves, throughput
 from tpurun.plan.plan import Plan
-from tpurun.runtime import mesh
+from tpurun.runtime import mesh, optimizer_split
 from tpurun.runtime.memory_check import check_model
 from tpurun.storage.summary import steady_rate
 from tpurun.training import failures, schedule
@@ -30,7 +30,7 @@ from tpurun.training.loss_check import check_loss_fits
 from tpurun.training.model import build_model, compile_model
 from tpurun.training.monitored import apply_monitor_modes, resolve_monitors
 from tpurun.training.normalize import for_session
-from tpurun.training.restore import restore_after_nan, resume
+from tpurun.training.restore import build_variables, restore_after_nan, resume
 from tpurun.training.signals import Signalled, StopNow
 
 
@@ -72,6 +72,7 @@ def _train(job: TrainJob, model, preprocessor, transform, train_data, val_ds) ->
     checkpoint.lr_shape = schedule.schedule_shape(config, plan)  # a resume may stretch it
     control.committed = _keep_summary_current(job, progress, checkpoint)
     inputs, batch_spec = _first_inputs(job, model, transform)
+    _split_optimizer_state(job, model, inputs)  # before a resume assigns it, and the step compiles
     if job.point is not None:
         resume(job, model, inputs, checkpoint)
     first_writes = _once(_first_writes(job, model, control))
@@ -271,6 +272,15 @@ def _first_inputs(job: TrainJob, model, transform: Any = None) -> Any:
         raise
     check_loss_fits(model, config, first_batch[1])
     return first_batch[0], readers.element_spec(ds, first_batch)
+
+
+def _split_optimizer_state(job: TrainJob, model, inputs) -> None:
+    """The optimizer's state split over the data-parallel devices
+    (:mod:`tpurun.runtime.optimizer_split`), its variables built for it."""
+    devices = optimizer_split.devices_for(job.prepared.plan, job.prepared.config)
+    if devices > 1:
+        build_variables(model, inputs, job.runtime)
+        optimizer_split.place(model, job.runtime, devices)
 
 
 def _first_writes(job: TrainJob, model, control) -> Callable[..., None]:

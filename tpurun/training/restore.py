@@ -85,18 +85,24 @@ def restore_after_nan(job: TrainJob, model, inputs, checkpoint, restores: list[d
     return True
 
 
+def build_variables(model, inputs, runtime) -> None:
+    """Make the model's variables (called on ``inputs`` if not built yet) and its optimizer's,
+    in ``runtime``'s scope, before the first ``fit`` would."""
+    with runtime.scope():
+        if not model.built:
+            model(inputs)
+        if not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+
+
 def load_weights(model, inputs, weights: str, job: TrainJob, source: str) -> None:
     """Build the model and optimizer variables, then load the weights and optimizer state.
 
     A LoRA run's adapter checkpoint (or a ``.lora.h5`` to start from) goes into the model built
     from the preset with LoRA on: the base weights are the preset's.
     """
-
+    build_variables(model, inputs, job.runtime)
     with job.runtime.scope():
-        if not model.built:
-            model(inputs)
-        if not model.optimizer.built:
-            model.optimizer.build(model.trainable_variables)
         if weights.endswith(ADAPTER_SUFFIX):
             adapter.load(model, weights, source, preset=job.identity.get("model.preset"))
             return
