@@ -204,7 +204,9 @@ def _larger_model_axis(est: Estimate, limit: Limit, config: Config, plan: Any):
         acts = est.activations
         if acts is not None:  # the global batch stays: each data row takes more of it
             acts = replace(acts, batch=acts.batch * est.mesh["data"] // data)
-        trial = replace(est, entries=entries, mesh={"data": data, "model": model}, activations=acts)
+        # A mesh's layout places the optimizer's variables too: not split over the data axis.
+        trial = replace(est, entries=entries, mesh={"data": data, "model": model}, activations=acts,
+                        optimizer_devices=1)  # fmt: skip
         best = (model, data, trial.total)
         if trial.total <= limit.bytes:
             return True, (f"runtime.mesh: {{data: {data}, model: {model}}} (about "
