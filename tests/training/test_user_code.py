@@ -111,3 +111,27 @@ def test_no_loss_anywhere_is_a_clear_error(toy_data, tmp_path):
         match="model.loss is not set, and the factory returned a model it did not compile",
     ):
         tpurun.train(config, verbose=False)
+
+
+def test_a_factory_that_fails_leaves_no_stream_reading(toy_data, tmp_path, monkeypatch):
+    """The training stream starts reading before the model is built (tpurun.training.fit): a
+    factory that raises ends the session with its error, and the stream's reading with it."""
+    from tpurun.data.native import keras_input
+
+    started = []
+    read_ahead = keras_input.KerasBatches.read_ahead
+
+    def recorded(self):
+        read_ahead(self)
+        started.append((self, self._iterator.thread))
+
+    monkeypatch.setattr(keras_input.KerasBatches, "read_ahead", recorded)
+    config = toy_config(toy_data, tmp_path / "runs")
+    config["model"]["factory"] = f"{FACTORIES}:raises"
+    config["data"]["reader"] = "native"
+    with pytest.raises(TpurunError, match="the factory broke on purpose"):
+        tpurun.train(config, verbose=False)
+    [(stream, thread)] = started
+    assert stream._iterator is None  # closed
+    thread.join(5)  # it ends after the batch in hand
+    assert not thread.is_alive()

@@ -101,9 +101,10 @@ class RuntimeConfig(Section):
         True,
         description="JAX backend, data parallel over several devices of one process: each device "
         "keeps and updates its share of the optimizer's state (Adam's moments; ZeRO stage 1) "
-        "instead of a whole copy, the weights staying whole on each. The same updates, with less "
-        "memory per device, and faster steps where the update is bound by memory (simulated CPU "
-        "devices). `false`: a whole copy on each device, as Keras' `DataParallel` keeps it.",
+        "instead of a whole copy, the weights staying whole on each. The same updates (bit for "
+        "bit on 8 CPU devices), with less memory per device, and faster steps where the update "
+        "is bound by memory (simulated CPU devices). `false`: a whole copy on each device, as "
+        "Keras' `DataParallel` keeps it.",
     )
     compilation_cache: bool | str = Field(
         "auto",

@@ -48,12 +48,17 @@ def train(job: TrainJob) -> TrainResult:
     # A factory's batches take nothing from its model: its training stream starts reading (the
     # shuffle buffer's fill: 0.3-0.4 s of the NAIC-like run's start) while the model is built and
     # its initial weights compiled. A preset's waits for the preprocessing the model brings.
-    early = _datasets(job) if config.model.preset is None else None
-    model = _compiled_model(job)
-    preprocessor, transform = batches.take_preprocessing(model, config, prepared.data.tokenized)
-    lengths.say_truncation(model, preprocessor, prepared, reporter.message)
-    train_data, val_ds = early if early is not None else _datasets(job, transform)
-    with contextlib.closing(train_data):  # a stream read ahead and never fitted: its threads
+    # Whatever stops the session before a fit takes the stream (a model that fails to build, a
+    # stop while starting) stops its threads too.
+    with contextlib.ExitStack() as streams:
+        early = _datasets(job) if config.model.preset is None else None
+        if early is not None:
+            streams.callback(early[0].close)
+        model = _compiled_model(job)
+        preprocessor, transform = batches.take_preprocessing(model, config, prepared.data.tokenized)
+        lengths.say_truncation(model, preprocessor, prepared, reporter.message)
+        train_data, val_ds = early if early is not None else _datasets(job, transform)
+        streams.callback(train_data.close)
         return _train(job, model, preprocessor, transform, train_data, val_ds)
 
 
