@@ -72,12 +72,12 @@ PYTEST := $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadsc
 
 # The JAX path's own unit tests again in .venv-jax, where TensorFlow is absent (the ones comparing
 # with TensorFlow skip there): the reader, the events writer, gs:// through gcsfs, one device's
-# compiles. The commands themselves run there from the main suite: tests/test_without_tensorflow.py
+# compiles, the optimizer's state split. The commands themselves run there from the main suite: tests/test_without_tensorflow.py
 # uses .venv-jax's console script for every command.
 JAX_TESTS := tests/data/test_native_records.py tests/data/test_native_pipeline.py \
 	tests/data/test_native_fast_parse.py tests/data/test_native_recycle.py tests/observe/test_tensorboard_events.py \
 	tests/storage/test_storage_remote.py tests/storage/test_gcs_fileio.py \
-	tests/runtime/test_one_accelerator.py
+	tests/runtime/test_one_accelerator.py tests/runtime/test_optimizer_split.py
 
 test: install
 	$(PYTEST) -q -ra --durations=15
