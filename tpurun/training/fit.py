@@ -51,15 +51,17 @@ def train(job: TrainJob) -> TrainResult:
     # Whatever stops the session before a fit takes the stream (a model that fails to build, a
     # stop while starting) stops its threads too.
     with contextlib.ExitStack() as streams:
-        early = _datasets(job) if config.model.preset is None else None
-        if early is not None:
-            streams.callback(early[0].close)
+
+        def opened(datasets: tuple[_TrainingStreams, Any]) -> tuple[_TrainingStreams, Any]:
+            streams.callback(datasets[0].close)
+            return datasets
+
+        datasets = opened(_datasets(job)) if config.model.preset is None else None
         model = _compiled_model(job)
         preprocessor, transform = batches.take_preprocessing(model, config, prepared.data.tokenized)
         lengths.say_truncation(model, preprocessor, prepared, reporter.message)
-        train_data, val_ds = early if early is not None else _datasets(job, transform)
-        streams.callback(train_data.close)
-        return _train(job, model, preprocessor, transform, train_data, val_ds)
+        datasets = datasets or opened(_datasets(job, transform))
+        return _train(job, model, preprocessor, transform, *datasets)
 
 
 def _train(job: TrainJob, model, preprocessor, transform, train_data, val_ds) -> TrainResult:
